@@ -1,0 +1,52 @@
+# toolrail: the two commands of the README are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.toolrail-installed
+PYTEST_ARGS ?=
+
+.PHONY: help install model test test-slow checkov demo serve bench clean
+
+help:
+	@echo "make demo      run the main job end to end on the embedded defaults"
+	@echo "make test      install everything into $(VENV) and run the test suite"
+	@echo "make test-slow run the slow tests too (real model at scale, long chaos runs)"
+	@echo "make checkov   static checks of terraform/ (separate venv)"
+	@echo "make bench     run the benchmarks in bench/"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U pip
+	# the CPU build of torch first, so nothing pulls a CUDA build
+	$(PIP) install -q 'torch==2.13.0' || $(PIP) install -q 'torch>=2.4,<2.14' --index-url https://download.pytorch.org/whl/cpu
+	$(PIP) install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: $(STAMP)
+	$(VENV)/bin/toolrail model pull
+
+test: $(STAMP) model
+	$(PY) -m pytest $(PYTEST_ARGS)
+	bash scripts/checkov.sh
+
+test-slow: $(STAMP) model
+	$(PY) -m pytest -m "slow or not slow" $(PYTEST_ARGS)
+
+checkov:
+	bash scripts/checkov.sh
+
+demo: $(STAMP) model
+	$(VENV)/bin/toolrail demo
+
+serve: $(STAMP)
+	$(VENV)/bin/toolrail serve
+
+bench: $(STAMP) model
+	$(PY) bench/executor.py
+	$(PY) bench/decider.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

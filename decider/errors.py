@@ -1,0 +1,74 @@
+"""Decider errors.
+
+    DeciderError
+    ├── DeciderRetryableError        transport/backend trouble: retry the same request
+    │   ├── BackendUnavailableError
+    │   └── StreamInterruptedError
+    └── DeciderPermanentError        the request itself cannot be served
+        ├── UnsupportedSchemaError   (carries ``feature`` and ``path``)
+        ├── PromptTooLongError       (carries ``prompt_tokens`` and ``context_length``)
+        ├── InvalidRequestError
+        └── GuidedDecodingNotConfiguredError
+
+Retryable errors are never fed back to the model as "your output was wrong".
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailableError",
+    "DeciderError",
+    "DeciderPermanentError",
+    "DeciderRetryableError",
+    "GuidedDecodingNotConfiguredError",
+    "InvalidRequestError",
+    "PromptTooLongError",
+    "StreamInterruptedError",
+    "UnsupportedSchemaError",
+]
+
+
+class DeciderError(Exception):
+    """Base class of every decider error."""
+
+
+class DeciderRetryableError(DeciderError):
+    """A transient failure: the same request may succeed if retried."""
+
+
+class BackendUnavailableError(DeciderRetryableError):
+    """The inference backend could not be reached or is not ready."""
+
+
+class StreamInterruptedError(DeciderRetryableError):
+    """A response stream ended before its final response; no partial call is returned."""
+
+
+class DeciderPermanentError(DeciderError):
+    """The request cannot be served as given."""
+
+
+class InvalidRequestError(DeciderPermanentError):
+    """The request is malformed (e.g. tool_choice=required with no tools)."""
+
+
+class UnsupportedSchemaError(DeciderPermanentError):
+    """A JSON Schema feature the constraint engine cannot enforce and we cannot check after decoding."""
+
+    def __init__(self, feature: str, path: str = "", message: str | None = None) -> None:
+        self.feature = feature
+        self.path = path
+        super().__init__(message or f"unsupported JSON Schema feature {feature!r} at {path or '/'}")
+
+
+class PromptTooLongError(DeciderPermanentError):
+    """The rendered prompt does not fit the model's context."""
+
+    def __init__(self, prompt_tokens: int, context_length: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
+        super().__init__(f"prompt has {prompt_tokens} tokens; the model's context holds {context_length}")
+
+
+class GuidedDecodingNotConfiguredError(DeciderPermanentError):
+    """The server would decode without the schema constraint; refusing to run."""

@@ -1,0 +1,55 @@
+"""The boundary between the executor and the decider.
+
+The executor only knows ``Decider.decide(DecideRequest) -> Decision``; backends
+(embedded engine, Triton) live behind it in the decider package.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tools.calls import ToolCall
+from tools.spec import ToolSpec
+
+__all__ = ["DecideRequest", "Decider", "Decision"]
+
+
+class DecideRequest(BaseModel):
+    """One decision to make: a conversation, the tools allowed, and where we are in the re-ask loop."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str
+    messages: list[dict[str, Any]]
+    tools: list[ToolSpec]
+    #: 0 for the first try; n for the n-th re-ask (the messages then carry the errors).
+    attempt: int = 0
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    max_calls: int | None = None
+    max_tokens: int = 256
+    seed: int | None = 0
+
+
+class Decision(BaseModel):
+    """What the model decided, bound to its request."""
+
+    request_id: str
+    #: The decoded text exactly as the model produced it.
+    raw_output: str
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    #: Assistant text when the model answered without calling a tool.
+    content: str | None = None
+    backend: str = ""
+    usage: dict[str, int] = Field(default_factory=dict)
+
+
+@runtime_checkable
+class Decider(Protocol):
+    """Turns a conversation plus tool specs into tool calls (synchronous: called from Celery tasks)."""
+
+    def decide(self, request: DecideRequest) -> Decision:
+        """Decide for one request. Raises ``decider.errors.DeciderError`` subclasses."""
+        ...

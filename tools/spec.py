@@ -1,0 +1,130 @@
+"""Tool specs: a name, a description, a strict JSON Schema for the arguments, and flags.
+
+A spec is built from a pydantic parameter model (``ToolSpec.from_model``) or from an
+inline OpenAI-format function definition (``ToolSpec.from_openai``). Field-level
+extensions live in the schema itself so every stage reads the same document:
+
+- ``x-aliases``: ``{alias: canonical}`` for semantic normalization (沪 → Shanghai);
+- ``x-grounded``: the value must appear in the conversation (or be an enum/alias value);
+- ``x-enum-aliases``: ``{enum value: [cue words]}`` evidence for enum narrowing.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["ToolSpec", "strict_schema"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+def strict_schema(schema: dict[str, Any], *, allow_extra: bool = False) -> dict[str, Any]:
+    """Return a copy of ``schema`` with ``additionalProperties: false`` on every object.
+
+    ``$defs`` references are inlined by pydantic's ``model_json_schema`` when possible;
+    nested objects get the same treatment wherever they appear.
+    """
+    schema = copy.deepcopy(schema)
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" or "properties" in node:
+                if not allow_extra:
+                    node["additionalProperties"] = False
+                node.setdefault("properties", {})
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for item in node:
+                visit(item)
+
+    visit(schema)
+    schema.pop("title", None)
+    return schema
+
+
+class ToolSpec(BaseModel):
+    """Everything the platform knows about one tool."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(description="strict JSON Schema of the arguments object")
+    side_effects: bool = False
+    timeout_s: float = 10.0
+    memory_mb: int = 256
+    cpu_s: int | None = None
+    networked: bool = False
+    allow_extra: bool = False
+    queue: str | None = None
+    #: ``module:function`` executed in the sandbox; None for inline specs the client executes.
+    entrypoint: str | None = None
+    model: type[BaseModel] | None = Field(default=None, exclude=True)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"invalid tool name {value!r}: letters, digits, _ . - only, at most 64")
+        return value
+
+    @property
+    def queue_name(self) -> str:
+        """The Celery queue this tool's calls run on."""
+        return self.queue or f"tool.{self.name}"
+
+    @property
+    def schema_hash(self) -> str:
+        """A stable hash of the parameter schema (cache keys)."""
+        return hashlib.sha256(json.dumps(self.parameters, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+    def field_aliases(self) -> dict[str, dict[str, str]]:
+        """``{field: {alias: canonical}}`` for top-level fields that declare aliases."""
+        props = self.parameters.get("properties", {})
+        return {name: dict(prop["x-aliases"]) for name, prop in props.items() if isinstance(prop, dict) and prop.get("x-aliases")}
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI ``tools`` entry for this spec."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    def public(self) -> dict[str, Any]:
+        """What ``GET /v1/tools`` shows."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "side_effects": self.side_effects,
+            "timeout_s": self.timeout_s,
+            "memory_mb": self.memory_mb,
+            "queue": self.queue_name,
+        }
+
+    @classmethod
+    def from_model(cls, name: str, model: type[BaseModel], *, description: str = "", entrypoint: str | None = None,
+                   allow_extra: bool = False, **flags: Any) -> "ToolSpec":
+        """Build a spec from a pydantic parameter model."""
+        schema = strict_schema(model.model_json_schema(), allow_extra=allow_extra)
+        return cls(name=name, description=description or (model.__doc__ or "").strip(), parameters=schema,
+                   model=model, entrypoint=entrypoint, allow_extra=allow_extra, **flags)
+
+    @classmethod
+    def from_openai(cls, function: dict[str, Any]) -> "ToolSpec":
+        """Build a spec from an OpenAI function definition (``{"type": "function", "function": {...}}`` or the inner dict)."""
+        fn = function.get("function", function)
+        if not isinstance(fn, dict) or "name" not in fn:
+            raise ValueError("a function spec needs a 'name'")
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(params, dict) or params.get("type", "object") != "object":
+            raise ValueError(f"function {fn['name']!r}: 'parameters' must be a JSON Schema object")
+        return cls(name=fn["name"], description=fn.get("description", "") or "", parameters=strict_schema(params))
+
+
+ToolFunction = Callable[..., Any]
