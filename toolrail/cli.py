@@ -16,7 +16,7 @@ from toolrail import __version__
 __all__ = ["build_parser", "main"]
 
 #: Modules that contribute subcommands, in the order they appear in ``--help``.
-COMMAND_MODULES = ("executor.cli", "decider.cli", "engine_build.cli")
+COMMAND_MODULES = ("executor.cli", "decider.cli", "decider.model_cli", "engine_build.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
