@@ -1,0 +1,262 @@
+"""Tool sets for the decision-quality benchmark.
+
+Three sets, each a list of ``tools.spec.ToolSpec``:
+
+- ``builtin``: ``get_weather``, ``query_balance``, ``transfer`` from ``tools.registry`` (the
+  platform's own tools); a local copy with identical schemas is used until the registry imports.
+- ``calendar``: room booking, cancellation and meetings: ISO dates, HH:MM times, counts with
+  bounds, a defaulted duration, room and weekday enums with Chinese cue words.
+- ``orders``: order status, refunds (decimal amounts, a reason enum), quantity changes and
+  recipient changes (names, phone numbers), with order ids under a pattern.
+
+``calendar`` and ``orders`` exist only for evaluation, so that nothing in the decider can be
+tuned to the built-in tools without the harness noticing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tools.spec import ToolSpec
+
+__all__ = ["BUILTIN_TOOL_NAMES", "TOOLSETS", "builtin_specs", "calendar_specs", "load_toolset", "orders_specs",
+           "spec_map"]
+
+#: The built-in tools the benchmark asks about (the registry also holds test-only tools such as ``stress``).
+BUILTIN_TOOL_NAMES = ("get_weather", "query_balance", "transfer")
+
+
+def _enum_cues(aliases: dict[str, str]) -> dict[str, list[str]]:
+    """``{alias: canonical}`` → ``{canonical: [canonical, *aliases]}`` (``x-enum-aliases``)."""
+    cues: dict[str, list[str]] = {}
+    for alias, canonical in aliases.items():
+        cues.setdefault(canonical, [canonical]).append(alias)
+    return cues
+
+
+# --------------------------------------------------------------------------------------------
+# builtin: a copy of tools/builtin.py's parameter models, used only when the registry is absent
+# --------------------------------------------------------------------------------------------
+
+_CITY_ALIASES = {
+    "沪": "Shanghai", "上海": "Shanghai", "上海市": "Shanghai", "申城": "Shanghai", "魔都": "Shanghai",
+    "京": "Beijing", "北京": "Beijing", "北京市": "Beijing", "帝都": "Beijing", "Peking": "Beijing",
+    "深圳": "Shenzhen", "鹏城": "Shenzhen", "广州": "Guangzhou", "羊城": "Guangzhou", "穗": "Guangzhou",
+    "杭州": "Hangzhou", "成都": "Chengdu", "蓉城": "Chengdu", "南京": "Nanjing", "武汉": "Wuhan",
+    "西安": "Xi'an", "天津": "Tianjin", "重庆": "Chongqing", "香港": "Hong Kong", "东京": "Tokyo",
+    "纽约": "New York", "NYC": "New York", "伦敦": "London", "巴黎": "Paris", "柏林": "Berlin",
+}
+_DATE_ALIASES = {"今天": "today", "今日": "today", "明天": "tomorrow", "明日": "tomorrow"}
+_UNIT_ALIASES = {"摄氏": "celsius", "摄氏度": "celsius", "℃": "celsius", "°C": "celsius", "C": "celsius",
+                 "华氏": "fahrenheit", "华氏度": "fahrenheit", "℉": "fahrenheit", "°F": "fahrenheit", "F": "fahrenheit"}
+_CURRENCY_ALIASES = {"元": "CNY", "人民币": "CNY", "块": "CNY", "RMB": "CNY", "rmb": "CNY", "¥": "CNY",
+                     "美元": "USD", "美金": "USD", "刀": "USD", "$": "USD", "dollars": "USD", "dollar": "USD",
+                     "欧元": "EUR", "€": "EUR", "euros": "EUR", "euro": "EUR"}
+
+
+class _WeatherArgs(BaseModel):
+    """Get the weather forecast for a city today or tomorrow."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    city: str = Field(min_length=1, max_length=64, description="City name",
+                      json_schema_extra={"x-aliases": _CITY_ALIASES, "x-grounded": True})
+    date: Literal["today", "tomorrow"] = Field(description="Which day",
+                                               json_schema_extra={"x-aliases": _DATE_ALIASES,
+                                                                  "x-enum-aliases": _enum_cues(_DATE_ALIASES)})
+    unit: Literal["celsius", "fahrenheit"] = Field(default="celsius", description="Temperature unit",
+                                                   json_schema_extra={"x-aliases": _UNIT_ALIASES,
+                                                                      "x-enum-aliases": _enum_cues(_UNIT_ALIASES)})
+
+
+class _BalanceArgs(BaseModel):
+    """Query the balance of a bank account."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    account: str = Field(min_length=1, max_length=64, description="Account holder", json_schema_extra={"x-grounded": True})
+
+
+class _TransferArgs(BaseModel):
+    """Transfer money from one account to another."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_account: str = Field(min_length=1, max_length=64, description="Payer account", json_schema_extra={"x-grounded": True})
+    to: str = Field(min_length=1, max_length=64, description="Payee account", json_schema_extra={"x-grounded": True})
+    amount: float = Field(gt=0, le=1_000_000, description="Amount, up to two decimals", json_schema_extra={"x-grounded": True})
+    currency: Literal["CNY", "USD", "EUR"] = Field(description="ISO currency code",
+                                                   json_schema_extra={"x-aliases": _CURRENCY_ALIASES,
+                                                                      "x-enum-aliases": _enum_cues(_CURRENCY_ALIASES)})
+
+
+def _local_builtin_specs() -> list[ToolSpec]:
+    return [
+        ToolSpec.from_model("get_weather", _WeatherArgs),
+        ToolSpec.from_model("query_balance", _BalanceArgs),
+        ToolSpec.from_model("transfer", _TransferArgs, side_effects=True),
+    ]
+
+
+def builtin_specs() -> list[ToolSpec]:
+    """``get_weather``, ``query_balance``, ``transfer``: from the registry when it imports, else the local copy."""
+    try:
+        from tools.registry import default_registry
+    except ImportError:
+        return _local_builtin_specs()
+    return default_registry().specs(list(BUILTIN_TOOL_NAMES))
+
+
+# --------------------------------------------------------------------------------------------
+# calendar (evaluation only)
+# --------------------------------------------------------------------------------------------
+
+_ISO_DATE = r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$"
+_HH_MM = r"^([01]\d|2[0-3]):[0-5]\d$"
+
+_ROOM_CUES = {
+    "aurora": ["aurora", "Aurora", "极光", "极光厅"],
+    "cedar": ["cedar", "Cedar", "雪松", "雪松厅"],
+    "harbor": ["harbor", "Harbor", "港湾", "港湾厅"],
+}
+_WEEKDAY_CUES = {
+    "monday": ["monday", "Monday", "Mon", "周一", "星期一", "礼拜一"],
+    "tuesday": ["tuesday", "Tuesday", "Tue", "周二", "星期二", "礼拜二"],
+    "wednesday": ["wednesday", "Wednesday", "Wed", "周三", "星期三", "礼拜三"],
+    "thursday": ["thursday", "Thursday", "Thu", "周四", "星期四", "礼拜四"],
+    "friday": ["friday", "Friday", "Fri", "周五", "星期五", "礼拜五"],
+}
+
+
+class BookRoomArgs(BaseModel):
+    """Book a meeting room for a date, start time and number of attendees."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    room: Literal["aurora", "cedar", "harbor"] = Field(description="Room name",
+                                                       json_schema_extra={"x-enum-aliases": _ROOM_CUES})
+    date: str = Field(pattern=_ISO_DATE, description="Date, YYYY-MM-DD", json_schema_extra={"x-grounded": True})
+    start_time: str = Field(pattern=_HH_MM, description="Start time, HH:MM (24 h)", json_schema_extra={"x-grounded": True})
+    attendees: int = Field(ge=1, le=20, description="Number of people")
+    duration_minutes: int = Field(default=60, ge=15, le=240, description="Length of the booking in minutes")
+
+
+class CancelBookingArgs(BaseModel):
+    """Cancel a room booking by its id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    booking_id: str = Field(pattern=r"^BK-\d{4}$", description="Booking id like BK-1234",
+                            json_schema_extra={"x-grounded": True})
+
+
+class ScheduleMeetingArgs(BaseModel):
+    """Put a meeting with one person on a weekday at a time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(min_length=1, max_length=40, description="Meeting title", json_schema_extra={"x-grounded": True})
+    with_person: str = Field(min_length=1, max_length=40, description="The other participant",
+                             json_schema_extra={"x-grounded": True})
+    day: Literal["monday", "tuesday", "wednesday", "thursday", "friday"] = Field(
+        description="Weekday", json_schema_extra={"x-enum-aliases": _WEEKDAY_CUES})
+    time: str = Field(pattern=_HH_MM, description="Start time, HH:MM (24 h)", json_schema_extra={"x-grounded": True})
+
+
+def calendar_specs() -> list[ToolSpec]:
+    """The calendar set: ``book_room``, ``cancel_booking``, ``schedule_meeting``."""
+    return [
+        ToolSpec.from_model("book_room", BookRoomArgs, side_effects=True),
+        ToolSpec.from_model("cancel_booking", CancelBookingArgs, side_effects=True),
+        ToolSpec.from_model("schedule_meeting", ScheduleMeetingArgs, side_effects=True),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# orders (evaluation only)
+# --------------------------------------------------------------------------------------------
+
+_ORDER_ID = r"^SO\d{6}$"
+_REASON_CUES = {
+    "damaged": ["damaged", "broken", "cracked", "损坏", "坏了", "破损", "摔坏"],
+    "wrong_item": ["wrong item", "wrong", "发错", "错发"],
+    "not_received": ["not received", "never arrived", "didn't arrive", "没收到", "未收到", "没到"],
+    "changed_mind": ["changed my mind", "no longer need", "不想要", "不要了"],
+}
+
+
+class OrderStatusArgs(BaseModel):
+    """Look up where an order is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(pattern=_ORDER_ID, description="Order id like SO123456", json_schema_extra={"x-grounded": True})
+
+
+class RefundOrderArgs(BaseModel):
+    """Refund part or all of an order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(pattern=_ORDER_ID, description="Order id like SO123456", json_schema_extra={"x-grounded": True})
+    amount: float = Field(gt=0, le=5000, description="Refund amount, up to two decimals")
+    reason: Literal["damaged", "wrong_item", "not_received", "changed_mind"] = Field(
+        description="Why the customer wants a refund", json_schema_extra={"x-enum-aliases": _REASON_CUES})
+
+
+class ChangeQuantityArgs(BaseModel):
+    """Change how many units an order contains."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(pattern=_ORDER_ID, description="Order id like SO123456", json_schema_extra={"x-grounded": True})
+    quantity: int = Field(ge=1, le=99, description="New number of units")
+
+
+class UpdateRecipientArgs(BaseModel):
+    """Change who receives an order and their phone number."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(pattern=_ORDER_ID, description="Order id like SO123456", json_schema_extra={"x-grounded": True})
+    recipient: str = Field(min_length=1, max_length=30, description="Recipient's name", json_schema_extra={"x-grounded": True})
+    phone: str = Field(pattern=r"^\+?\d{7,15}$", description="Recipient's phone number",
+                       json_schema_extra={"x-grounded": True})
+
+
+def orders_specs() -> list[ToolSpec]:
+    """The orders set: ``get_order_status``, ``refund_order``, ``change_quantity``, ``update_recipient``."""
+    return [
+        ToolSpec.from_model("get_order_status", OrderStatusArgs),
+        ToolSpec.from_model("refund_order", RefundOrderArgs, side_effects=True),
+        ToolSpec.from_model("change_quantity", ChangeQuantityArgs, side_effects=True),
+        ToolSpec.from_model("update_recipient", UpdateRecipientArgs, side_effects=True),
+    ]
+
+
+TOOLSETS: dict[str, Callable[[], list[ToolSpec]]] = {
+    "builtin": builtin_specs,
+    "calendar": calendar_specs,
+    "orders": orders_specs,
+}
+
+
+@lru_cache(maxsize=None)
+def _cached(name: str) -> tuple[ToolSpec, ...]:
+    return tuple(TOOLSETS[name]())
+
+
+def load_toolset(name: str) -> list[ToolSpec]:
+    """The specs of tool set ``name`` (built once per process)."""
+    if name not in TOOLSETS:
+        raise KeyError(f"unknown tool set {name!r}; known: {sorted(TOOLSETS)}")
+    return list(_cached(name))
+
+
+def spec_map(name: str) -> dict[str, ToolSpec]:
+    """``{tool name: spec}`` of tool set ``name``."""
+    return {spec.name: spec for spec in load_toolset(name)}
