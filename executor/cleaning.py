@@ -1,0 +1,432 @@
+"""Cleaning raw model output into JSON values: small pure steps, run as lists.
+
+Two phases, each a list of functions with one signature:
+
+- text steps, ``(Draft) -> Draft``: strip code fences, cut the JSON out of prose, re-lex
+  leniently (Chinese/full-width quotes and punctuation *outside* strings, single quotes,
+  Python literals, bare words, missing and trailing commas), close truncated structure
+  only where the cut fell on a value boundary;
+- value steps, ``(value, schema) -> (value, notes)``: aliases to canonical values, scalar
+  coercion where the schema is unambiguous, enum case folding, defaults of optional fields.
+
+Nothing is dropped silently: a field outside the schema is left for validation to
+report. Every change is recorded as a note so the job record shows what was repaired.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from executor.errors import CleaningError
+
+__all__ = [
+    "TEXT_STEPS",
+    "VALUE_STEPS",
+    "Draft",
+    "apply_aliases",
+    "clean_text",
+    "clean_value",
+    "close_truncated",
+    "coerce_scalars",
+    "extract_json_span",
+    "fill_defaults",
+    "normalize_value",
+    "relex",
+    "strip_code_fences",
+]
+
+MAX_TEXT_CHARS = 200_000
+MAX_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Text on its way to JSON, and the notes of what was changed."""
+
+    text: str
+    notes: tuple[str, ...] = ()
+    #: Set by ``relex`` when the text ended inside open brackets.
+    open_brackets: tuple[str, ...] = field(default=())
+
+    def note(self, message: str, **changes: Any) -> "Draft":
+        return replace(self, notes=(*self.notes, message), **changes)
+
+
+TextStep = Callable[[Draft], Draft]
+ValueStep = Callable[[Any, dict[str, Any]], tuple[Any, list[str]]]
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_-]*)[ \t]*\n?(.*?)(?:```|$)", re.DOTALL)
+
+
+def strip_code_fences(draft: Draft) -> Draft:
+    """```json ... ``` → the inside (an unterminated fence keeps everything after it)."""
+    match = _FENCE.search(draft.text)
+    if not match:
+        return draft
+    return draft.note(f"stripped a ```{match.group(1)} code fence", text=match.group(2).strip())
+
+
+_OPENERS = {"{": "}", "[": "]", "｛": "｝", "［": "］"}
+_QUOTES = {'"': '"', "'": "'", "“": "”", "„": "”", "‘": "’", "「": "」", "『": "』", "＂": "＂"}
+
+
+def extract_json_span(draft: Draft) -> Draft:
+    """Cut the first JSON object/array out of surrounding prose."""
+    text = draft.text.strip()
+    if not text or text[0] in _OPENERS:
+        return draft if text == draft.text else replace(draft, text=text)
+    start = next((i for i, ch in enumerate(text) if ch in _OPENERS), None)
+    if start is None:
+        return draft
+    depth, end, quote = 0, None, None
+    i = start
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == quote:
+                quote = None
+        elif ch in _QUOTES and (ch != "'" or not text[i - 1].isalnum()):
+            quote = _QUOTES[ch]
+        elif ch in _OPENERS:
+            depth += 1
+        elif ch in ("}", "]", "｝", "］"):
+            depth -= 1
+            if depth == 0:
+                end = i + 1
+                break
+        i += 1
+    span = text[start:end] if end else text[start:]
+    dropped = len(text) - len(span)
+    return draft.note(f"extracted JSON from surrounding prose ({dropped} characters around it)", text=span)
+
+
+_PUNCT = {"{": "{", "}": "}", "[": "[", "]": "]", ":": ":", ",": ",",
+          "｛": "{", "｝": "}", "［": "[", "］": "]", "：": ":", "，": ",", "、": ","}
+_LITERALS = {"true": "true", "false": "false", "null": "null", "True": "true", "False": "false", "None": "null",
+             "TRUE": "true", "FALSE": "false", "NULL": "null", "nil": "null"}
+_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_WORD_STOP = set(" \t\r\n") | set(_PUNCT) | set(_QUOTES)
+
+
+def _value_end(tok: tuple[str, str] | None) -> bool:
+    return tok is not None and (tok[0] in {"str", "num", "lit"} or tok[1] in {"}", "]"})
+
+
+def _value_start(tok: tuple[str, str]) -> bool:
+    return tok[0] in {"str", "num", "lit"} or tok[1] in {"{", "["}
+
+
+def relex(draft: Draft) -> Draft:
+    """Re-lex leniently and re-emit canonical JSON text.
+
+    Strings may be delimited by any common quote pair; their contents are kept exactly.
+    Outside strings, full-width punctuation becomes JSON syntax, Python literals become JSON
+    ones, bare words become strings, missing commas are inserted and trailing ones removed.
+    """
+    text, notes = draft.text, []
+    tokens: list[tuple[str, str]] = []
+    stack: list[str] = []
+    i, n = 0, len(text)
+    unterminated = False
+    while i < n:
+        ch = text[i]
+        if ch in " \t\r\n\u3000":
+            i += 1
+            continue
+        if ch in _QUOTES:
+            close = _QUOTES[ch]
+            j, buf = i + 1, []
+            while j < n and text[j] != close:
+                if text[j] == "\\" and j + 1 < n:
+                    buf.append(text[j:j + 2])
+                    j += 2
+                    continue
+                buf.append(text[j])
+                j += 1
+            raw = "".join(buf)
+            if j >= n:
+                unterminated = True
+            if ch == '"':
+                try:
+                    value = json.loads(f'"{raw}"')
+                except json.JSONDecodeError:
+                    value = raw
+                    notes.append("fixed invalid escapes in a string")
+            else:
+                value = raw.replace("\\'", "'")
+                notes.append(f"requoted a {ch}…{close} string")
+            tokens.append(("str", json.dumps(value, ensure_ascii=False)))
+            i = j + 1
+            continue
+        if ch in _PUNCT:
+            sym = _PUNCT[ch]
+            if sym != ch:
+                notes.append(f"full-width {ch!r} → {sym!r}")
+            if sym in "{[":
+                stack.append("}" if sym == "{" else "]")
+            elif sym in "}]":
+                if tokens and tokens[-1][1] == ",":
+                    tokens.pop()
+                    notes.append("removed a trailing comma")
+                if stack and stack[-1] == sym:
+                    stack.pop()
+                else:
+                    raise CleaningError(f"unbalanced {sym!r} at offset {i}", errors=[{"path": "", "message": f"unbalanced {sym!r}"}])
+            tok = ("punct", sym)
+            if _value_start(tok) and _value_end(tokens[-1] if tokens else None):
+                tokens.append(("punct", ","))
+                notes.append("inserted a missing comma")
+            tokens.append(tok)
+            i += 1
+            continue
+        number = _NUMBER.match(text, i)
+        if number and (number.end() == n or text[number.end()] in _WORD_STOP):
+            tok = ("num", number.group())
+            i = number.end()
+        else:
+            j = i
+            while j < n and text[j] not in _WORD_STOP:
+                j += 1
+            word = text[i:j]
+            i = j
+            if word in _LITERALS:
+                if _LITERALS[word] != word:
+                    notes.append(f"literal {word} → {_LITERALS[word]}")
+                tok = ("lit", _LITERALS[word])
+            elif word in {"NaN", "Infinity", "-Infinity", "undefined"}:
+                raise CleaningError(f"{word} is not a JSON value", errors=[{"path": "", "message": f"{word} is not a JSON value"}])
+            else:
+                notes.append(f"quoted bare word {word!r}")
+                tok = ("str", json.dumps(word, ensure_ascii=False))
+        if _value_end(tokens[-1] if tokens else None) and _value_start(tok):
+            tokens.append(("punct", ","))
+            notes.append("inserted a missing comma")
+        tokens.append(tok)
+        if len(stack) > MAX_DEPTH:
+            raise CleaningError(f"nesting deeper than {MAX_DEPTH}", errors=[{"path": "", "message": "too deep"}])
+    if unterminated:
+        raise CleaningError("output was cut inside a string; its value is unknown",
+                            errors=[{"path": "", "message": "truncated inside a string"}])
+    rendered = "".join(tok for _, tok in tokens)
+    new = replace(draft, text=rendered, open_brackets=tuple(stack), notes=(*draft.notes, *dict.fromkeys(notes)))
+    return new
+
+
+def close_truncated(draft: Draft) -> Draft:
+    """Close brackets left open when output was cut on a value boundary; refuse otherwise.
+
+    A cut after a complete string, literal or closed container is safe to close. A cut
+    after a number (``100`` may have been ``1000``), a key or a colon is not.
+    """
+    if not draft.open_brackets:
+        return draft
+    text = draft.text.rstrip()
+    if text.endswith(","):
+        text = text[:-1]
+    if text.endswith(":") or re.search(r"[\d.]$", text):
+        raise CleaningError("output was cut before a value was complete",
+                            errors=[{"path": "", "message": "truncated output: the last value is incomplete"}])
+    try:
+        last_is_key = text.endswith('"') and _last_string_is_key(text)
+    except ValueError:
+        last_is_key = False
+    if last_is_key:
+        raise CleaningError("output was cut after a key", errors=[{"path": "", "message": "truncated output after a key"}])
+    closing = "".join(reversed(draft.open_brackets))
+    return draft.note(f"closed {len(closing)} bracket(s) of truncated output", text=text + closing, open_brackets=())
+
+
+def _last_string_is_key(text: str) -> bool:
+    """True when the final string token is an object key (preceded by '{' or ',' inside an object)."""
+    depth_kinds: list[str] = []
+    prev_sig = ""
+    last_string_prev = ""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            j = i + 1
+            while j < len(text) and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            last_string_prev = prev_sig
+            prev_sig = "s"
+            i = j + 1
+            continue
+        if ch in "{[":
+            depth_kinds.append(ch)
+        elif ch in "}]" and depth_kinds:
+            depth_kinds.pop()
+        if not ch.isspace():
+            prev_sig = ch
+        i += 1
+    return bool(depth_kinds) and depth_kinds[-1] == "{" and last_string_prev in {"{", ","}
+
+
+TEXT_STEPS: tuple[TextStep, ...] = (strip_code_fences, extract_json_span, relex, close_truncated)
+
+
+def clean_text(text: str, steps: tuple[TextStep, ...] = TEXT_STEPS) -> tuple[Any, tuple[str, ...]]:
+    """Parse ``text`` strictly, else run the text steps and parse the result.
+
+    Returns the parsed value and the notes of every change. Raises ``CleaningError``.
+    """
+    if len(text) > MAX_TEXT_CHARS:
+        raise CleaningError(f"output of {len(text)} characters exceeds {MAX_TEXT_CHARS}",
+                            errors=[{"path": "", "message": "output too large"}])
+    try:
+        return json.loads(text), ()
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    draft = Draft(text=text)
+    for step in steps:
+        draft = step(draft)
+    if not draft.text.strip():
+        raise CleaningError("no JSON found in the output", errors=[{"path": "", "message": "no JSON value found"}])
+    try:
+        return json.loads(draft.text), draft.notes
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise CleaningError(f"output is not repairable JSON: {exc}", errors=[{"path": "", "message": str(exc)}]) from None
+
+
+# ---------------------------------------------------------------- value steps
+
+
+def _types(schema: dict[str, Any]) -> set[str]:
+    t = schema.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return set(t)
+    if "enum" in schema:
+        return {type(v).__name__ for v in schema["enum"]} and {"enum"}
+    if "const" in schema:
+        return {"const"}
+    return set()
+
+
+def _walk_objects(value: Any, schema: dict[str, Any], fn: Callable[[dict, dict, str], list[str]], path: str = "") -> list[str]:
+    """Apply ``fn(obj, prop_schemas, path)`` to ``value`` and every nested object the schema describes."""
+    notes: list[str] = []
+    if isinstance(value, dict) and isinstance(schema.get("properties"), dict):
+        notes += fn(value, schema["properties"], path)
+        for key, sub in schema["properties"].items():
+            if key in value and isinstance(sub, dict):
+                notes += _walk_objects(value[key], sub, fn, f"{path}/{key}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            notes += _walk_objects(item, schema["items"], fn, f"{path}/{i}")
+    return notes
+
+
+def apply_aliases(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
+    """Map declared aliases (``x-aliases``) to canonical values: 沪 → Shanghai, 明天 → tomorrow."""
+
+    def visit(obj: dict, props: dict, path: str) -> list[str]:
+        out = []
+        for key, sub in props.items():
+            aliases = sub.get("x-aliases") if isinstance(sub, dict) else None
+            current = obj.get(key)
+            if not aliases or not isinstance(current, str):
+                continue
+            canonical = aliases.get(current) or aliases.get(current.strip())
+            if canonical is None:
+                folded = {a.casefold(): c for a, c in aliases.items()}
+                canonical = folded.get(current.strip().casefold())
+            if canonical is not None and canonical != current:
+                obj[key] = canonical
+                out.append(f"{path}/{key}: alias {current!r} → {canonical!r}")
+        return out
+
+    return value, _walk_objects(value, schema, visit)
+
+
+_INT = re.compile(r"^[+-]?\d+$")
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def coerce_scalars(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
+    """Coerce scalars where the schema names exactly one type: "100" → 100, "true" → true, 42 → "42".
+
+    Enum strings are case-folded to the unique enum member they match ("Today" → "today").
+    """
+
+    def visit(obj: dict, props: dict, path: str) -> list[str]:
+        out = []
+        for key, sub in props.items():
+            if key not in obj or not isinstance(sub, dict):
+                continue
+            current, types = obj[key], _types(sub)
+            new = current
+            if isinstance(current, str) and types == {"integer"}:
+                s = current.strip().replace(",", "") if re.fullmatch(r"\s*[+-]?\d{1,3}(,\d{3})+\s*", current) else current.strip()
+                if _INT.match(s):
+                    new = int(s)
+                elif _FLOAT.match(s) and float(s).is_integer():
+                    new = int(float(s))
+            elif isinstance(current, str) and types == {"number"}:
+                s = current.strip().replace(",", "") if re.fullmatch(r"\s*[+-]?\d{1,3}(,\d{3})+(\.\d+)?\s*", current) else current.strip()
+                if _FLOAT.match(s):
+                    number = float(s)
+                    new = int(number) if _INT.match(s) else number
+            elif isinstance(current, str) and types == {"boolean"} and current.strip().lower() in {"true", "false"}:
+                new = current.strip().lower() == "true"
+            elif isinstance(current, bool) is False and isinstance(current, (int, float)) and types == {"string"}:
+                new = str(current)
+            elif isinstance(current, float) and types == {"integer"} and current.is_integer():
+                new = int(current)
+            if isinstance(new, str) and isinstance(sub.get("enum"), list) and new not in sub["enum"]:
+                matches = [e for e in sub["enum"] if isinstance(e, str) and e.casefold() == new.strip().casefold()]
+                if len(matches) == 1:
+                    new = matches[0]
+            if new is not current and new != current or type(new) is not type(current):
+                obj[key] = new
+                out.append(f"{path}/{key}: coerced {current!r} → {new!r}")
+        return out
+
+    return value, _walk_objects(value, schema, visit)
+
+
+def fill_defaults(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
+    """Fill declared defaults of optional fields that are missing."""
+
+    def visit(obj: dict, props: dict, path: str) -> list[str]:
+        out = []
+        for key, sub in props.items():
+            if key not in obj and isinstance(sub, dict) and "default" in sub:
+                obj[key] = json.loads(json.dumps(sub["default"]))
+                out.append(f"{path}/{key}: default {sub['default']!r}")
+        return out
+
+    return value, _walk_objects(value, schema, visit)
+
+
+#: Semantic normalization, applied to every call, valid or not.
+NORMALIZE_STEPS: tuple[ValueStep, ...] = (apply_aliases, fill_defaults)
+#: Repairs, applied when validation failed.
+VALUE_STEPS: tuple[ValueStep, ...] = (coerce_scalars, apply_aliases, fill_defaults)
+
+
+def _run(value: Any, schema: dict[str, Any], steps: tuple[ValueStep, ...]) -> tuple[Any, tuple[str, ...]]:
+    value = json.loads(json.dumps(value))  # never mutate the caller's object
+    notes: list[str] = []
+    for step in steps:
+        value, step_notes = step(value, schema)
+        notes += step_notes
+    return value, tuple(notes)
+
+
+def normalize_value(value: Any, schema: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
+    """Aliases and defaults (semantic normalization)."""
+    return _run(value, schema, NORMALIZE_STEPS)
+
+
+def clean_value(value: Any, schema: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
+    """Coercion, aliases and defaults (repair)."""
+    return _run(value, schema, VALUE_STEPS)

@@ -1,0 +1,50 @@
+"""Celery settings, in one place, consistent with each other.
+
+The invariants (REFERENCE: Celery and Redis):
+- late acks + reject on worker lost: a call whose worker dies is redelivered, and every
+  task here is idempotent (job records, idempotency records) so running twice is safe;
+- ``visibility_timeout`` exceeds the hard time limit of every task, so a message is
+  never redelivered while its task may still be running;
+- prefetch 1: a long tool call does not hold other messages hostage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DEFAULT_TASK_TIME_LIMIT_S", "celery_config"]
+
+DEFAULT_TASK_TIME_LIMIT_S = 600
+DEFAULT_SOFT_TIME_LIMIT_S = 570
+
+
+def celery_config(redis_url: str, *, visibility_timeout_s: int = 3600, task_time_limit_s: int = DEFAULT_TASK_TIME_LIMIT_S) -> dict[str, Any]:
+    """The Celery configuration for a broker at ``redis_url``."""
+    if visibility_timeout_s <= task_time_limit_s:
+        raise ValueError(f"visibility_timeout ({visibility_timeout_s}s) must exceed the task time limit ({task_time_limit_s}s), "
+                         "or running tasks get redelivered")
+    transport = {"visibility_timeout": visibility_timeout_s, "socket_timeout": 10, "socket_connect_timeout": 5,
+                 "retry_on_timeout": True, "health_check_interval": 10}
+    return {
+        "broker_url": redis_url,
+        "broker_transport_options": transport,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "task_time_limit": task_time_limit_s,
+        "task_soft_time_limit": min(DEFAULT_SOFT_TIME_LIMIT_S, task_time_limit_s - 10),
+        "task_default_queue": "decide",
+        "task_create_missing_queues": True,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+        "enable_utc": True,
+    }

@@ -1,0 +1,115 @@
+"""Executor errors.
+
+    ExecutorError
+    ├── RetryableError              transport trouble; Celery's retry policy handles it
+    │   ├── StoreUnavailableError   Redis unreachable
+    │   └── CallInProgressError     another delivery holds the call's idempotency lock
+    └── PermanentError              retrying the same input cannot help
+        ├── JobNotFoundError
+        ├── IdempotencyConflictError   same key, different payload
+        ├── CleaningError           raw output that cannot be repaired (carries ``errors``)
+        └── SandboxError            a tool run that ended badly (carries ``type``)
+            ├── ToolTimeoutError
+            ├── ToolMemoryError
+            ├── ToolCpuLimitError
+            ├── ToolCrashedError
+            ├── ToolRaisedError     the tool raised; ``details`` carries its own error
+            └── ToolOutputError     the tool's result was not JSON or too large
+
+``to_dict()`` gives the ``{type, message, details}`` shape used in API bodies and job records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CallInProgressError",
+    "CleaningError",
+    "ExecutorError",
+    "IdempotencyConflictError",
+    "JobNotFoundError",
+    "PermanentError",
+    "RetryableError",
+    "SandboxError",
+    "StoreUnavailableError",
+    "ToolCpuLimitError",
+    "ToolCrashedError",
+    "ToolMemoryError",
+    "ToolOutputError",
+    "ToolRaisedError",
+    "ToolTimeoutError",
+]
+
+
+class ExecutorError(Exception):
+    """Base class; ``type`` is the stable machine-readable name."""
+
+    type = "executor_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "message": str(self), "details": self.details}
+
+
+class RetryableError(ExecutorError):
+    type = "retryable"
+
+
+class StoreUnavailableError(RetryableError):
+    type = "store_unavailable"
+
+
+class CallInProgressError(RetryableError):
+    type = "call_in_progress"
+
+
+class PermanentError(ExecutorError):
+    type = "permanent"
+
+
+class JobNotFoundError(PermanentError):
+    type = "not_found"
+
+
+class IdempotencyConflictError(PermanentError):
+    type = "idempotency_conflict"
+
+
+class CleaningError(PermanentError):
+    type = "invalid_output"
+
+    def __init__(self, message: str, errors: list[dict[str, Any]] | None = None, **details: Any) -> None:
+        super().__init__(message, errors=errors or [], **details)
+        self.errors = errors or []
+
+
+class SandboxError(PermanentError):
+    type = "sandbox_error"
+
+
+class ToolTimeoutError(SandboxError):
+    type = "tool_timeout"
+
+
+class ToolMemoryError(SandboxError):
+    type = "tool_memory_limit"
+
+
+class ToolCpuLimitError(SandboxError):
+    type = "tool_cpu_limit"
+
+
+class ToolCrashedError(SandboxError):
+    type = "tool_crashed"
+
+
+class ToolRaisedError(SandboxError):
+    type = "tool_error"
+
+
+class ToolOutputError(SandboxError):
+    type = "tool_output_invalid"

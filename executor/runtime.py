@@ -1,0 +1,105 @@
+"""Per-process dependencies of the executor, built once: Redis pool, stores, sandbox, decider.
+
+Tasks stay thin: they fetch the runtime and call plain functions in ``executor.jobs``.
+Tests build their own ``Runtime`` over their own Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from decider.protocol import Decider
+from executor.idempotency import IdempotencyStore
+from executor.sandbox import ProcessSandbox, Sandbox
+from executor.store import RedisJobStore
+from toolrail.logging import get_logger
+from toolrail.settings import Settings, get_settings
+from tools.registry import Registry, default_registry
+from tools.spec import ToolSpec
+
+__all__ = ["Runtime", "get_runtime", "load_decider"]
+
+log = get_logger("toolrail.runtime")
+
+
+def load_decider(settings: Settings) -> Decider | None:
+    """The configured decider, or None when ``TOOLRAIL_DECIDER=none`` or it cannot be built."""
+    if settings.decider == "none":
+        return None
+    from decider.service import get_default_decider  # noqa: PLC0415 - heavy (torch), only when deciding
+
+    return get_default_decider(settings)
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    redis: redis.Redis
+    store: RedisJobStore
+    idempotency: IdempotencyStore
+    registry: Registry
+    sandbox_factory: Callable[[], Sandbox]
+    decider_factory: Callable[[Settings], Decider | None] = load_decider
+    _sandbox: Sandbox | None = field(default=None, init=False)
+    _decider: Any = field(default=None, init=False)
+    _decider_loaded: bool = field(default=False, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, redis_url: str | None = None) -> "Runtime":
+        url = redis_url or settings.redis_url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+        client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10,
+                                      retry_on_timeout=True)
+        return cls(settings=settings, redis=client, store=RedisJobStore(client, ttl_s=settings.job_ttl_s),
+                   idempotency=IdempotencyStore(client, ttl_s=settings.idempotency_ttl_s), registry=default_registry(),
+                   sandbox_factory=lambda: ProcessSandbox(warm=1))
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = self.sandbox_factory()
+        return self._sandbox
+
+    def decider(self) -> Decider | None:
+        """The decider, built on first use (the model loads once per worker process)."""
+        with self._lock:
+            if not self._decider_loaded:
+                self._decider = self.decider_factory(self.settings)
+                self._decider_loaded = True
+                log.info("decider.loaded", available=self._decider is not None)
+            return self._decider
+
+    def tool_env(self, spec: ToolSpec) -> dict[str, str]:
+        """Capabilities granted to a tool process: only networked tools get the ledger's address."""
+        if not spec.networked:
+            return {}
+        url = os.environ.get("TOOLRAIL_LEDGER_URL") or self.redis.connection_pool.connection_kwargs and _url_of(self.redis)
+        env = {"TOOLRAIL_LEDGER_URL": url}
+        if os.environ.get("TOOLRAIL_LEDGER_PREFIX"):
+            env["TOOLRAIL_LEDGER_PREFIX"] = os.environ["TOOLRAIL_LEDGER_PREFIX"]
+        return env
+
+
+def _url_of(client: redis.Redis) -> str:
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return f"unix://{kw['path']}?db={kw.get('db', 0)}"
+    auth = f":{kw['password']}@" if kw.get("password") else ""
+    return f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+_runtime: Runtime | None = None
+
+
+def get_runtime() -> Runtime:
+    """The process-wide runtime, from the environment's settings."""
+    global _runtime
+    if _runtime is None:
+        _runtime = Runtime.from_settings(get_settings())
+    return _runtime

@@ -1,0 +1,263 @@
+"""Isolated tool runs: one OS process per call, limited, timed, scrubbed, disposable.
+
+``Sandbox`` is the boundary; ``ProcessSandbox`` is the implementation. Each call gets a
+child process (``executor.sandbox_child``) in its own session with rlimits on address
+space, CPU time, open files, file size and core dumps, a scratch working directory, an
+environment that carries none of the worker's variables, a fresh network namespace
+unless the tool is declared networked, and a wall-clock kill of its whole process group.
+
+Starting Python and importing the tool modules costs far more than the tool itself, so
+the sandbox keeps ``warm`` children started ahead of time, limits not yet applied and no
+request read. A warm child serves exactly one call and exits: isolation is unchanged,
+the start-up cost moves off the critical path (``bench/sandbox.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from executor.errors import (
+    SandboxError,
+    ToolCpuLimitError,
+    ToolCrashedError,
+    ToolMemoryError,
+    ToolOutputError,
+    ToolRaisedError,
+    ToolTimeoutError,
+)
+from toolrail.logging import get_logger
+from tools.spec import ToolSpec
+
+__all__ = ["CallRun", "ProcessSandbox", "Sandbox", "SandboxResult"]
+
+log = get_logger("toolrail.sandbox")
+
+#: Variables a tool process may see; everything else of the worker's environment is dropped.
+PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+RESULT_MARK = "\x00TOOLRAIL-RESULT "
+MAX_LOG_BYTES = 256_000
+_ERRORS: dict[str, type[SandboxError]] = {
+    "tool_memory_limit": ToolMemoryError,
+    "tool_output_invalid": ToolOutputError,
+}
+
+
+@dataclass(frozen=True)
+class CallRun:
+    """What the sandbox needs to know about one call."""
+
+    request_id: str
+    job_id: str
+    call_id: str
+    idempotency_key: str
+    arguments: dict[str, Any]
+    #: Extra variables granted to this tool (e.g. the ledger URL for networked tools).
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    result: Any
+    duration_s: float
+    pid: int
+    network: str
+    logs: list[dict[str, Any]]
+
+
+class Sandbox(Protocol):
+    def run(self, spec: ToolSpec, call: CallRun) -> SandboxResult:
+        """Run one call; raise a ``SandboxError`` subclass when it ends badly."""
+        ...
+
+
+@dataclass
+class _Warm:
+    proc: subprocess.Popen
+    nonce: str
+    started: float
+
+
+class ProcessSandbox:
+    """Spawn-per-call sandbox with an optional pool of pre-started children."""
+
+    def __init__(self, *, warm: int = 1, scratch_root: Path | None = None, python: str = sys.executable,
+                 preload: str = "tools.builtin") -> None:
+        self._warm_target = max(0, warm)
+        self._scratch_root = scratch_root or Path(tempfile.gettempdir()) / "toolrail-scratch"
+        self._scratch_root.mkdir(parents=True, exist_ok=True)
+        self._python = python
+        self._preload = preload
+        self._pool: deque[_Warm] = deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._refill()
+
+    # -- pool ---------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+        root = str(Path(__file__).resolve().parent.parent)
+        env.update({"PYTHONPATH": root, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+                    "HOME": str(self._scratch_root), "TOOLRAIL_SANDBOX_PRELOAD": self._preload})
+        return env
+
+    def _spawn(self) -> _Warm:
+        nonce = secrets.token_hex(8)
+        proc = subprocess.Popen(
+            [self._python, "-m", "executor.sandbox_child", nonce],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=self._env(), cwd=str(self._scratch_root), start_new_session=True, close_fds=True,
+        )
+        return _Warm(proc, nonce, time.monotonic())
+
+    def _refill(self) -> None:
+        with self._lock:
+            while not self._closed and len(self._pool) < self._warm_target:
+                self._pool.append(self._spawn())
+
+    def _take(self) -> _Warm:
+        with self._lock:
+            while self._pool:
+                warm = self._pool.popleft()
+                if warm.proc.poll() is None:
+                    break
+            else:
+                warm = None
+        if warm is None:
+            warm = self._spawn()
+        # Refill on this thread: children die with the thread that started them
+        # (PR_SET_PDEATHSIG), and a spawn is only fork+exec; the imports run in the child.
+        self._refill()
+        return warm
+
+    def close(self) -> None:
+        """Kill the warm children."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = list(self._pool), deque()
+        for warm in pool:
+            _kill_group(warm.proc)
+
+    # -- one call ------------------------------------------------------------
+
+    def run(self, spec: ToolSpec, call: CallRun) -> SandboxResult:
+        warm = self._take()
+        proc = warm.proc
+        scratch = Path(tempfile.mkdtemp(prefix=f"{spec.name}-", dir=self._scratch_root))
+        started = time.monotonic()
+        try:
+            _apply_limits(proc.pid, spec)
+            request = {
+                "entrypoint": spec.entrypoint, "arguments": call.arguments, "tool": spec.name,
+                "request_id": call.request_id, "job_id": call.job_id, "call_id": call.call_id,
+                "idempotency_key": call.idempotency_key, "scratch_dir": str(scratch),
+                "network": spec.networked, "env": {**call.env, "TOOLRAIL_REQUEST_ID": call.request_id,
+                                                   "TMPDIR": str(scratch), "HOME": str(scratch)},
+            }
+            try:
+                stdout, stderr = proc.communicate(json.dumps(request, ensure_ascii=False).encode() + b"\n",
+                                                  timeout=spec.timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                proc.communicate()
+                raise ToolTimeoutError(f"{spec.name} ran past its {spec.timeout_s:g} s limit and was killed",
+                                       timeout_s=spec.timeout_s) from None
+            finally:
+                _kill_group(proc)  # nothing the tool started outlives the call
+            duration = time.monotonic() - started
+            logs = _parse_logs(stderr)
+            payload = _parse_result(stdout, warm.nonce)
+            if payload is None:
+                raise _death_error(spec, proc.returncode, stderr)
+            if not payload.get("ok"):
+                error = payload.get("error") or {}
+                cls = _ERRORS.get(error.get("type", ""), ToolRaisedError)
+                exc = cls(error.get("message", "tool failed"), tool_error=error)
+                raise exc
+            return SandboxResult(result=payload.get("result"), duration_s=duration, pid=proc.pid,
+                                 network=payload.get("network", ""), logs=logs)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _apply_limits(pid: int, spec: ToolSpec) -> None:
+    """rlimits on the (waiting) child, before it reads its request."""
+    memory = spec.memory_mb * 1024 * 1024
+    cpu = int(spec.cpu_s or max(1, int(spec.timeout_s) + 1)) + 1  # +1: interpreter start-up already spent
+    limits = {
+        resource.RLIMIT_AS: (memory, memory),
+        resource.RLIMIT_CPU: (cpu, cpu + 1),
+        resource.RLIMIT_NOFILE: (64, 64),
+        resource.RLIMIT_FSIZE: (16 * 1024 * 1024, 16 * 1024 * 1024),
+        resource.RLIMIT_CORE: (0, 0),
+    }
+    for which, value in limits.items():
+        try:
+            resource.prlimit(pid, which, value)
+        except (ValueError, OSError) as exc:
+            raise SandboxError(f"could not limit the tool process: {exc}", limit=str(which)) from exc
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _parse_result(stdout: bytes, nonce: str) -> dict[str, Any] | None:
+    mark = f"{RESULT_MARK}{nonce} ".encode()
+    at = stdout.rfind(mark)
+    if at < 0:
+        return None
+    line = stdout[at + len(mark):].split(b"\n", 1)[0]
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return {"ok": False, "error": {"type": "tool_output_invalid", "message": "result line is not JSON"}}
+
+
+def _parse_logs(stderr: bytes) -> list[dict[str, Any]]:
+    out = []
+    for raw in stderr[-MAX_LOG_BYTES:].splitlines():
+        try:
+            item = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            item = {"event": "tool.stderr", "line": raw.decode(errors="replace")[:500]}
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+def _death_error(spec: ToolSpec, returncode: int | None, stderr: bytes) -> SandboxError:
+    tail = stderr[-600:].decode(errors="replace")
+    if returncode is not None and returncode < 0:
+        sig = -returncode
+        if sig == signal.SIGXCPU:
+            return ToolCpuLimitError(f"{spec.name} used more than its CPU time limit", signal="SIGXCPU")
+        if sig == signal.SIGKILL and "MemoryError" in tail:
+            return ToolMemoryError(f"{spec.name} exceeded its {spec.memory_mb} MB memory limit")
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        return ToolCrashedError(f"{spec.name} died of {name}", signal=name, stderr_tail=tail)
+    if "MemoryError" in tail or "Cannot allocate memory" in tail:
+        return ToolMemoryError(f"{spec.name} exceeded its {spec.memory_mb} MB memory limit", stderr_tail=tail)
+    return ToolCrashedError(f"{spec.name} exited with status {returncode} without a result", exit_status=returncode,
+                            stderr_tail=tail)

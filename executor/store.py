@@ -1,0 +1,256 @@
+"""Job records in Redis: the source of truth for every job's state.
+
+Celery's own result backend answers PENDING for unknown ids; clients need more, so
+every job has its own record, keyed by job id, owned by a tenant, carrying the
+``request_id``:
+
+    tr:job:<id>            JSON of the job (status, conversation, attempts, error, ...)
+    tr:job:<id>:calls      hash call_id → JSON of the call
+    tr:job:<id>:pending    calls not yet terminal
+    tr:job:<id>:events     stream of state changes (Server-Sent Events read it)
+    tr:tenant:<t>:jobs     sorted set of job ids by creation time
+    tr:idemkey:<t>:<key>   Idempotency-Key of the API → {job_id, body_hash}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, Protocol
+
+import redis
+from pydantic import BaseModel, Field
+
+from executor.errors import IdempotencyConflictError, JobNotFoundError, StoreUnavailableError
+
+__all__ = ["CallRecord", "JobRecord", "JobStore", "RedisJobStore", "TERMINAL_CALL", "TERMINAL_JOB"]
+
+JobStatus = Literal["queued", "deciding", "validating", "running", "succeeded", "failed", "needs_review"]
+CallStatus = Literal["pending", "running", "succeeded", "failed", "validated"]
+TERMINAL_JOB = frozenset({"succeeded", "failed", "needs_review"})
+TERMINAL_CALL = frozenset({"succeeded", "failed", "validated"})
+
+
+class CallRecord(BaseModel):
+    id: str
+    index: int
+    name: str
+    arguments: dict[str, Any] | None = None
+    status: CallStatus = "pending"
+    attempts: int = 0
+    result: Any = None
+    error: dict[str, Any] | None = None
+    repairs: list[str] = Field(default_factory=list)
+    queue: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    duration_s: float | None = None
+
+
+class JobRecord(BaseModel):
+    job_id: str
+    request_id: str
+    tenant: str
+    status: JobStatus = "queued"
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list)
+    inline_tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    max_reasks: int = 2
+    client_output: dict[str, Any] | None = None
+    attempts: list[dict[str, Any]] = Field(default_factory=list)
+    content: str | None = None
+    error: dict[str, Any] | None = None
+    calls: list[CallRecord] = Field(default_factory=list)
+
+    def public(self) -> dict[str, Any]:
+        """What the API returns."""
+        data = self.model_dump(exclude={"client_output", "inline_tools"})
+        data["calls"] = [c.model_dump(exclude={"queue"}) for c in sorted(self.calls, key=lambda c: c.index)]
+        return data
+
+
+class JobStore(Protocol):
+    def create(self, job: JobRecord, *, idempotency_key: str | None = None, body_hash: str | None = None) -> tuple[JobRecord, bool]: ...
+    def get(self, job_id: str, *, tenant: str | None = None) -> JobRecord: ...
+    def update(self, job_id: str, mutate: Callable[[JobRecord], None], *, event: dict[str, Any] | None = None) -> JobRecord: ...
+    def set_calls(self, job_id: str, calls: list[CallRecord]) -> None: ...
+    def get_call(self, job_id: str, call_id: str) -> CallRecord: ...
+    def put_call(self, job_id: str, call: CallRecord) -> None: ...
+    def finish_call(self, job_id: str, call: CallRecord) -> int: ...
+    def events(self, job_id: str, *, last_id: str = "0", block_ms: int = 15000) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+
+_FINISH_CALL = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if current then
+  local status = cjson.decode(current)['status']
+  if status == 'succeeded' or status == 'failed' or status == 'validated' then return -1 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', 1000, '*', 'data', ARGV[3])
+return redis.call('DECR', KEYS[2])
+"""
+
+
+def _guard(fn):
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(f"job store unavailable: {exc}") from exc
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+class RedisJobStore:
+    """``JobStore`` on Redis."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "tr", ttl_s: int = 7 * 24 * 3600) -> None:
+        self.redis = client
+        self._p = prefix
+        self._ttl = ttl_s
+        self._finish = client.register_script(_FINISH_CALL)
+
+    def _k(self, job_id: str, suffix: str = "") -> str:
+        return f"{self._p}:job:{job_id}{suffix}"
+
+    @_guard
+    def create(self, job: JobRecord, *, idempotency_key: str | None = None, body_hash: str | None = None) -> tuple[JobRecord, bool]:
+        """Store a new job; with an idempotency key, return the existing job for the same body.
+
+        Returns ``(job, created)``. Raises ``IdempotencyConflictError`` for the same key with another body.
+        """
+        if idempotency_key:
+            ikey = f"{self._p}:idemkey:{job.tenant}:{idempotency_key}"
+            claim = json.dumps({"job_id": job.job_id, "body_hash": body_hash})
+            if not self.redis.set(ikey, claim, nx=True, ex=self._ttl):
+                existing = json.loads(self.redis.get(ikey) or "{}")
+                if existing.get("body_hash") != body_hash:
+                    raise IdempotencyConflictError("Idempotency-Key was already used with a different request body",
+                                                   idempotency_key=idempotency_key)
+                for _ in range(50):  # the first request may still be writing its record
+                    try:
+                        return self.get(existing["job_id"], tenant=job.tenant), False
+                    except JobNotFoundError:
+                        time.sleep(0.02)
+                raise JobNotFoundError("job for this Idempotency-Key is not readable yet", job_id=existing.get("job_id"))
+        pipe = self.redis.pipeline()
+        pipe.set(self._k(job.job_id), job.model_dump_json(exclude={"calls"}), ex=self._ttl)
+        pipe.zadd(f"{self._p}:tenant:{job.tenant}:jobs", {job.job_id: job.created_at})
+        pipe.xadd(self._k(job.job_id, ":events"), {"data": json.dumps({"type": "status", "status": job.status,
+                                                                        "request_id": job.request_id})}, maxlen=1000)
+        pipe.expire(self._k(job.job_id, ":events"), self._ttl)
+        pipe.execute()
+        return job, True
+
+    @_guard
+    def get(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
+        """The job with its calls; ``JobNotFoundError`` if absent or owned by another tenant."""
+        pipe = self.redis.pipeline()
+        pipe.get(self._k(job_id))
+        pipe.hvals(self._k(job_id, ":calls"))
+        raw, calls = pipe.execute()
+        if raw is None:
+            raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
+        job = JobRecord.model_validate_json(raw)
+        if tenant is not None and job.tenant != tenant:
+            raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
+        job.calls = sorted((CallRecord.model_validate_json(c) for c in calls), key=lambda c: c.index)
+        return job
+
+    @_guard
+    def update(self, job_id: str, mutate: Callable[[JobRecord], None], *, event: dict[str, Any] | None = None) -> JobRecord:
+        """Read-modify-write the job under WATCH; emits a status event when the status changes."""
+        key = self._k(job_id)
+        with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    raw = pipe.get(key)
+                    if raw is None:
+                        raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
+                    job = JobRecord.model_validate_json(raw)
+                    before = job.status
+                    mutate(job)
+                    job.updated_at = time.time()
+                    pipe.multi()
+                    pipe.set(key, job.model_dump_json(exclude={"calls"}), keepttl=True)
+                    events = []
+                    if job.status != before:
+                        events.append({"type": "status", "status": job.status, "request_id": job.request_id,
+                                       **({"error": job.error} if job.error and job.status in TERMINAL_JOB else {})})
+                    if event:
+                        events.append(event)
+                    for item in events:
+                        pipe.xadd(self._k(job_id, ":events"), {"data": json.dumps(item, ensure_ascii=False, default=str)},
+                                  maxlen=1000)
+                    pipe.execute()
+                    return job
+                except redis.WatchError:
+                    continue
+
+    @_guard
+    def set_calls(self, job_id: str, calls: list[CallRecord]) -> None:
+        """Store the calls to run and arm the pending counter."""
+        pipe = self.redis.pipeline()
+        calls_key = self._k(job_id, ":calls")
+        pipe.delete(calls_key)
+        if calls:
+            pipe.hset(calls_key, mapping={c.id: c.model_dump_json() for c in calls})
+            pipe.expire(calls_key, self._ttl)
+        pending = sum(1 for c in calls if c.status not in TERMINAL_CALL)
+        pipe.set(self._k(job_id, ":pending"), pending, ex=self._ttl)
+        pipe.execute()
+
+    @_guard
+    def get_call(self, job_id: str, call_id: str) -> CallRecord:
+        raw = self.redis.hget(self._k(job_id, ":calls"), call_id)
+        if raw is None:
+            raise JobNotFoundError(f"call {call_id} of job {job_id} not found", job_id=job_id, call_id=call_id)
+        return CallRecord.model_validate_json(raw)
+
+    @_guard
+    def put_call(self, job_id: str, call: CallRecord) -> None:
+        """Overwrite a non-terminal call (e.g. mark it running) and emit an event."""
+        pipe = self.redis.pipeline()
+        pipe.hset(self._k(job_id, ":calls"), call.id, call.model_dump_json())
+        pipe.xadd(self._k(job_id, ":events"), {"data": json.dumps({"type": "call", "call_id": call.id, "index": call.index,
+                                                                    "name": call.name, "status": call.status})}, maxlen=1000)
+        pipe.execute()
+
+    @_guard
+    def finish_call(self, job_id: str, call: CallRecord) -> int:
+        """Record a terminal call once. Returns calls still pending, or -1 if it was already terminal."""
+        event = json.dumps({"type": "call", "call_id": call.id, "index": call.index, "name": call.name,
+                            "status": call.status, **({"error": call.error} if call.error else {})},
+                           ensure_ascii=False, default=str)
+        return int(self._finish(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"), self._k(job_id, ":events")],
+                                args=[call.id, call.model_dump_json(), event]))
+
+    @_guard
+    def list_jobs(self, tenant: str, *, limit: int = 50) -> list[str]:
+        return [j.decode() for j in self.redis.zrevrange(f"{self._p}:tenant:{tenant}:jobs", 0, limit - 1)]
+
+    def events(self, job_id: str, *, last_id: str = "0", block_ms: int = 15000) -> Iterator[tuple[str, dict[str, Any]]]:
+        """State changes after ``last_id``, blocking up to ``block_ms`` for new ones; ends on a terminal status."""
+        key = self._k(job_id, ":events")
+        deadline = time.monotonic() + block_ms / 1000
+        while time.monotonic() < deadline:
+            try:
+                chunk = self.redis.xread({key: last_id}, count=100, block=1000)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreUnavailableError(f"job store unavailable: {exc}") from exc
+            for _stream, entries in chunk or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id.decode()
+                    data = json.loads(fields[b"data"])
+                    yield last_id, data
+                    if data.get("type") == "status" and data.get("status") in TERMINAL_JOB:
+                        return

@@ -1,0 +1,61 @@
+"""Celery tasks: thin wrappers that bind context, call ``executor.jobs`` and own retries."""
+
+from __future__ import annotations
+
+import redis
+from celery import shared_task
+
+from decider.errors import DeciderRetryableError
+from executor import jobs
+from executor.errors import RetryableError
+from executor.runtime import get_runtime
+from executor.store import CallRecord, JobRecord
+from toolrail.context import CELERY_REQUEST_ID_HEADER, request_scope
+from toolrail.logging import get_logger
+
+__all__ = ["decide", "dispatch_call", "run_call"]
+
+log = get_logger("toolrail.tasks")
+
+_RETRY = {
+    "autoretry_for": (RetryableError, DeciderRetryableError, redis.ConnectionError, redis.TimeoutError),
+    "retry_backoff": 1,
+    "retry_backoff_max": 30,
+    "retry_jitter": True,
+    "max_retries": 20,
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+}
+
+
+def dispatch_call(job: JobRecord, call: CallRecord) -> None:
+    """Queue one call on its tool's queue, carrying the request id header."""
+    with request_scope(job.request_id):
+        run_call.apply_async(args=[job.job_id, call.id], queue=call.queue,
+                             headers={CELERY_REQUEST_ID_HEADER: job.request_id})
+
+
+@shared_task(name="toolrail.decide", bind=True, **_RETRY)
+def decide(self, job_id: str) -> str:
+    """Decide/validate one job and queue its calls."""
+    job = jobs.decide_job(get_runtime(), job_id, dispatch_call)
+    return job.status
+
+
+@shared_task(name="toolrail.run_call", bind=True, **_RETRY)
+def run_call(self, job_id: str, call_id: str) -> str:
+    """Run one call in the sandbox."""
+    try:
+        call = jobs.run_call(get_runtime(), job_id, call_id)
+    except RetryableError as exc:
+        retry_in = exc.details.get("retry_in_s")
+        if retry_in is not None:
+            raise self.retry(exc=exc, countdown=min(60.0, float(retry_in) + 0.5)) from exc
+        raise
+    return call.status
+
+
+def enqueue_decide(job: JobRecord) -> None:
+    """Queue the decide step of a new job (used by the API)."""
+    with request_scope(job.request_id):
+        decide.apply_async(args=[job.job_id], queue="decide", headers={CELERY_REQUEST_ID_HEADER: job.request_id})
