@@ -1,0 +1,101 @@
+"""Compile grammar schemas with xgrammar, cached by (schema hash, tokenizer hash).
+
+A compiled grammar is the expensive, shareable object (xgrammar's own advice: compile once,
+match per request); the per-request :class:`xgrammar.GrammarMatcher` is the backend's business.
+Base tool-call grammars hit the cache; per-request narrowed grammars (grounding) are compiled
+on demand and their compile time is measured and reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import xgrammar as xgr
+
+from decider.errors import UnsupportedSchemaError
+
+__all__ = ["CompiledConstraint", "DEFAULT_CACHE_SIZE", "DEFAULT_SEPARATORS", "GrammarCache", "tokenizer_hash"]
+
+#: Compiled grammars kept per cache (LRU).
+DEFAULT_CACHE_SIZE = 256
+#: Compact JSON with the separators ``json.dumps`` uses; a small model has seen this layout most.
+DEFAULT_SEPARATORS = (", ", ": ")
+
+
+@dataclass(frozen=True)
+class CompiledConstraint:
+    """A compiled grammar plus how it was obtained."""
+
+    grammar: xgr.CompiledGrammar
+    key: tuple[str, str]
+    compile_s: float
+    cache_hit: bool
+
+
+def tokenizer_hash(tokenizer_info: xgr.TokenizerInfo) -> str:
+    """A stable hash of an xgrammar tokenizer description (vocabulary and metadata)."""
+    digest = hashlib.sha256(tokenizer_info.dump_metadata().encode())
+    for token in tokenizer_info.decoded_vocab:
+        digest.update(len(token).to_bytes(4, "little"))
+        digest.update(token)
+    return digest.hexdigest()[:16]
+
+
+class GrammarCache:
+    """Compiles JSON-Schema grammars for one tokenizer and keeps the last ``maxsize`` of them.
+
+    Thread-safe: the decider's event loop thread and API threads may compile concurrently.
+    """
+
+    def __init__(self, compiler: xgr.GrammarCompiler, tokenizer_info: xgr.TokenizerInfo, *,
+                 maxsize: int = DEFAULT_CACHE_SIZE, any_whitespace: bool = False,
+                 separators: tuple[str, str] = DEFAULT_SEPARATORS) -> None:
+        self.compiler = compiler
+        self.tokenizer_hash = tokenizer_hash(tokenizer_info)
+        self.maxsize = maxsize
+        self.any_whitespace = any_whitespace
+        self.separators = separators
+        self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.compile_seconds: list[float] = []
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, **options: Any) -> "GrammarCache":
+        """A cache with its own compiler for a Hugging Face tokenizer."""
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=getattr(tokenizer, "vocab_size_padded", None) or len(tokenizer))
+        return cls(xgr.GrammarCompiler(info, max_threads=2), info, **options)
+
+    def compile(self, schema_json: str) -> CompiledConstraint:
+        """The compiled grammar of ``schema_json`` (a grammar schema as canonical JSON text)."""
+        key = (hashlib.sha256(schema_json.encode()).hexdigest()[:16], self.tokenizer_hash)
+        with self._lock:
+            grammar = self._cache.get(key)
+            if grammar is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return CompiledConstraint(grammar=grammar, key=key, compile_s=0.0, cache_hit=True)
+        start = time.perf_counter()
+        try:
+            grammar = self.compiler.compile_json_schema(schema_json, any_whitespace=self.any_whitespace,
+                                                        separators=self.separators, strict_mode=True)
+        except (RuntimeError, ValueError) as exc:
+            raise UnsupportedSchemaError("schema", "", f"the constraint engine cannot compile this schema: {exc}") from None
+        elapsed = time.perf_counter() - start
+        with self._lock:
+            self.misses += 1
+            self.compile_seconds.append(elapsed)
+            del self.compile_seconds[:-1000]
+            self._cache[key] = grammar
+            while len(self._cache) > self.maxsize:
+                self._cache.popitem(last=False)
+        return CompiledConstraint(grammar=grammar, key=key, compile_s=elapsed, cache_hit=False)
+
+    def __len__(self) -> int:
+        return len(self._cache)

@@ -1,0 +1,364 @@
+"""JSON Schemas for the constraint engine: tool-call schemas, feature checks, post-decoding checks.
+
+Two documents come out of every schema that enters the decider:
+
+- the **grammar schema**, what the constraint engine compiles (xgrammar here, TensorRT-LLM's
+  xgrammar on Triton): ``x-*`` extensions stripped, ``x-aliases`` folded in as allowed values,
+  ``allOf`` merged, ``$defs`` hoisted to the root so references still resolve once a tool's
+  parameters are nested inside the tool-call array;
+- the **validation schema**, the caller's schema untouched, checked with ``jsonschema`` after
+  decoding (and after alias normalization).
+
+Features the engine does not enforce are found up front. Those the grammar over-approximates
+(it accepts a superset) are listed as :class:`Postcheck` entries and enforced by validation after
+decoding; those it would get wrong in the other direction, or leave unconstrained, raise
+:class:`~decider.errors.UnsupportedSchemaError` naming the feature and its JSON Pointer. Nothing
+is ever silently unconstrained. The table below was probed against xgrammar 0.2.9
+(``tests/decider/test_schema_features.py`` re-probes it against the installed version).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from decider.errors import UnsupportedSchemaError
+from tools.spec import ToolSpec
+
+__all__ = [
+    "DEFAULT_MAX_CALLS",
+    "ENFORCED_FORMATS",
+    "POSTCHECK_KEYWORDS",
+    "Postcheck",
+    "PreparedSchema",
+    "REFUSED_KEYWORDS",
+    "TEXT_ANSWER_SCHEMA",
+    "canonical_json",
+    "prepare_schema",
+    "prepare_tool",
+    "schema_hash",
+    "tool_calls_schema",
+    "validation_errors",
+]
+
+#: Upper bound on parallel calls in one decision when the caller sets none.
+DEFAULT_MAX_CALLS = 4
+
+#: Keywords the engine accepts but does not enforce (the grammar allows a superset): checked after decoding.
+POSTCHECK_KEYWORDS: Mapping[str, str] = {
+    "not": "ignored by the grammar",
+    "if": "if/then/else ignored by the grammar",
+    "dependentRequired": "ignored by the grammar",
+    "dependentSchemas": "ignored by the grammar",
+    "dependencies": "ignored by the grammar",
+    "uniqueItems": "ignored by the grammar",
+    "contains": "ignored by the grammar",
+    "minContains": "ignored by the grammar",
+    "maxContains": "ignored by the grammar",
+    "oneOf": "decoded as anyOf; exactly-one checked after decoding",
+}
+
+#: Keywords the engine gets wrong (stricter than the schema, or unconstrained): refused.
+REFUSED_KEYWORDS: Mapping[str, str] = {
+    "patternProperties": "the grammar rejects every key matched by a pattern",
+    "propertyNames": "the grammar rejects every key",
+    "$dynamicRef": "dynamic references are not resolved by the grammar",
+    "$recursiveRef": "recursive references are not resolved by the grammar",
+}
+
+#: ``format`` values the grammar enforces; any other format is checked after decoding.
+ENFORCED_FORMATS = frozenset({
+    "date", "date-time", "time", "duration", "email", "uuid", "uri", "uri-reference",
+    "ipv4", "ipv6", "hostname", "json-pointer",
+})
+
+_REGEX_UNSUPPORTED = (
+    (re.compile(r"\(\?[=!]|\(\?<[=!]"), "pattern lookaround"),
+    (re.compile(r"\\[1-9]|\\k<"), "pattern backreference"),
+)
+
+#: A plain-text answer for ``tool_choice=auto``: the model may decline to call a tool.
+TEXT_ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"content": {"type": "string", "maxLength": 400}},
+    "required": ["content"],
+    "additionalProperties": False,
+}
+
+_SCHEMA_DICT_KEYWORDS = ("properties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LIST_KEYWORDS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_KEYWORDS = ("additionalProperties", "items", "contains", "not", "if", "then", "else",
+                    "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+
+
+@dataclass(frozen=True)
+class Postcheck:
+    """A constraint enforced by ``jsonschema`` after decoding rather than by the grammar."""
+
+    feature: str
+    path: str
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.feature} at {self.path or '/'}"
+
+
+@dataclass(frozen=True)
+class PreparedSchema:
+    """A schema checked for the constraint engine: what to compile, what to validate, what is postchecked."""
+
+    #: The caller's schema, used for validation after decoding.
+    schema: dict[str, Any]
+    #: The schema the constraint engine compiles.
+    grammar_schema: dict[str, Any]
+    postchecks: tuple[Postcheck, ...] = ()
+    grammar_json: str = field(default="", repr=False)
+    hash: str = ""
+
+    def errors(self, instance: Any) -> list[str]:
+        """Validation errors of ``instance`` against the caller's schema (empty when valid)."""
+        return validation_errors(self.schema, instance)
+
+
+def canonical_json(value: Any) -> str:
+    """A stable JSON text (sorted keys, UTF-8 kept): cache keys and the wire schema."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def schema_hash(value: Any) -> str:
+    """A short stable hash of a schema."""
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
+
+
+def validation_errors(schema: Mapping[str, Any], instance: Any) -> list[str]:
+    """Every ``jsonschema`` error of ``instance`` (formats checked), as ``path: message`` lines."""
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    out = []
+    for error in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path))):
+        where = "/" + "/".join(str(p) for p in error.absolute_path)
+        out.append(f"{where}: {error.message}")
+    return out
+
+
+def _pointer(path: str, *parts: Any) -> str:
+    for part in parts:
+        path += "/" + str(part).replace("~", "~0").replace("/", "~1")
+    return path
+
+
+def prepare_schema(schema: Mapping[str, Any]) -> PreparedSchema:
+    """Check ``schema`` for the constraint engine and build its grammar form.
+
+    Raises :class:`UnsupportedSchemaError` (with ``feature`` and ``path``) for anything the
+    grammar cannot represent without being looser in an unchecked way or stricter than the schema.
+    """
+    if not isinstance(schema, Mapping):
+        raise UnsupportedSchemaError("schema", "", "a JSON Schema must be an object")
+    original = copy.deepcopy(dict(schema))
+    try:
+        jsonschema.validators.validator_for(original, default=jsonschema.Draft202012Validator).check_schema(original)
+    except jsonschema.SchemaError as exc:
+        where = "/" + "/".join(str(p) for p in exc.absolute_schema_path)
+        raise UnsupportedSchemaError("invalid schema", where, f"invalid JSON Schema at {where}: {exc.message}") from None
+    postchecks: list[Postcheck] = []
+    grammar = _to_grammar(original, "", postchecks)
+    grammar_json = canonical_json(grammar)
+    return PreparedSchema(schema=original, grammar_schema=grammar, postchecks=tuple(dict.fromkeys(postchecks)),
+                          grammar_json=grammar_json, hash=hashlib.sha256(grammar_json.encode()).hexdigest()[:16])
+
+
+def _to_grammar(node: Any, path: str, postchecks: list[Postcheck]) -> Any:
+    """The grammar form of one schema node (recursive); records postchecks, raises on refused features."""
+    if isinstance(node, bool) or not isinstance(node, Mapping):
+        return node
+    for keyword, reason in REFUSED_KEYWORDS.items():
+        if keyword in node:
+            raise UnsupportedSchemaError(keyword, path, f"unsupported JSON Schema feature {keyword!r} at {path or '/'}: {reason}")
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#"):
+        raise UnsupportedSchemaError("$ref", _pointer(path, "$ref"),
+                                     f"unsupported JSON Schema feature '$ref' at {path or '/'}: only local references (#/...) are resolved, got {ref!r}")
+    for keyword, reason in POSTCHECK_KEYWORDS.items():
+        if keyword in node and not (keyword == "oneOf" and len(node["oneOf"]) <= 1):
+            postchecks.append(Postcheck(keyword, path, reason))
+    pattern = node.get("pattern")
+    if isinstance(pattern, str):
+        for regex, feature in _REGEX_UNSUPPORTED:
+            if regex.search(pattern):
+                raise UnsupportedSchemaError(feature, _pointer(path, "pattern"),
+                                             f"unsupported JSON Schema feature {feature!r} at {_pointer(path, 'pattern')}: {pattern!r}")
+    fmt = node.get("format")
+    if isinstance(fmt, str) and fmt not in ENFORCED_FORMATS:
+        postchecks.append(Postcheck(f"format:{fmt}", path, "format not enforced by the grammar"))
+    multiple = node.get("multipleOf")
+    if multiple is not None and not (node.get("type") == "integer" and float(multiple).is_integer()):
+        postchecks.append(Postcheck("multipleOf", path, "enforced by the grammar on integers only"))
+
+    node = dict(node)
+    if "allOf" in node:
+        node = _merge_all_of(node, path)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key.startswith("x-") or key in ("title", "examples", "$comment", "$schema", "$id", "deprecated",
+                                           "readOnly", "writeOnly", "nullable"):
+            continue
+        if key in POSTCHECK_KEYWORDS and key != "oneOf":
+            continue  # the grammar ignores it; validation enforces it
+        if key in ("then", "else", "contains"):
+            continue
+        if key in _SCHEMA_DICT_KEYWORDS and isinstance(value, Mapping):
+            out[key] = {name: _to_grammar(sub, _pointer(path, key, name), postchecks) for name, sub in value.items()}
+        elif key in _SCHEMA_LIST_KEYWORDS and isinstance(value, list):
+            out["anyOf" if key == "oneOf" else key] = [_to_grammar(sub, _pointer(path, key, i), postchecks) for i, sub in enumerate(value)]
+        elif key in _SCHEMA_KEYWORDS:
+            if isinstance(value, list):  # draft-4 tuple ``items``
+                out["prefixItems"] = [_to_grammar(sub, _pointer(path, key, i), postchecks) for i, sub in enumerate(value)]
+            else:
+                out[key] = _to_grammar(value, _pointer(path, key), postchecks)
+        else:
+            out[key] = copy.deepcopy(value)
+    if "anyOf" in out and len(out["anyOf"]) == 1 and set(out) == {"anyOf"}:
+        out = out["anyOf"][0] if isinstance(out["anyOf"][0], dict) else out
+    aliases = node.get("x-aliases")
+    if isinstance(aliases, Mapping) and aliases:
+        out = _allow_aliases(out, list(aliases))
+    return out
+
+
+def _allow_aliases(grammar: dict[str, Any], aliases: Sequence[str]) -> dict[str, Any]:
+    """Let the grammar also produce the alias spellings of a field (normalized to canonical later)."""
+    if "enum" in grammar and set(grammar) <= {"enum", "type", "description", "default"}:
+        merged = dict(grammar)
+        merged["enum"] = list(dict.fromkeys([*grammar["enum"], *aliases]))
+        return merged
+    if "const" in grammar and set(grammar) <= {"const", "type", "description", "default"}:
+        return {**{k: v for k, v in grammar.items() if k != "const"}, "enum": list(dict.fromkeys([grammar["const"], *aliases]))}
+    restricting = {"enum", "const", "pattern", "format", "minLength", "maxLength", "anyOf", "$ref", "type"}
+    if grammar.get("type") == "string" and not (set(grammar) & (restricting - {"type"})):
+        return grammar  # a free string already admits every alias
+    if not set(grammar) & restricting:
+        return grammar
+    return {"anyOf": [grammar, {"enum": list(aliases)}]}
+
+
+def _merge_all_of(node: dict[str, Any], path: str) -> dict[str, Any]:
+    """Merge ``allOf`` branches into one schema (the grammar mishandles multi-branch ``allOf``)."""
+    branches = node.pop("allOf")
+    merged = dict(node)
+    for index, branch in enumerate(branches):
+        if branch is True:
+            continue
+        if not isinstance(branch, Mapping) or "$ref" in branch or "allOf" in branch and len(branch["allOf"]) > 1:
+            raise UnsupportedSchemaError("allOf", _pointer(path, "allOf", index),
+                                         f"unsupported JSON Schema feature 'allOf' at {_pointer(path, 'allOf', index)}: "
+                                         "only branches of plain keywords can be merged for the grammar")
+        for key, value in branch.items():
+            if key not in merged or merged[key] == value:
+                merged[key] = copy.deepcopy(value)
+            elif key == "required":
+                merged[key] = list(dict.fromkeys([*merged[key], *value]))
+            elif key == "properties":
+                props = dict(merged[key])
+                for name, sub in value.items():
+                    if name in props and props[name] != sub:
+                        raise UnsupportedSchemaError("allOf", _pointer(path, "allOf", index, "properties", name),
+                                                     f"unsupported JSON Schema feature 'allOf' at {path or '/'}: "
+                                                     f"branches constrain property {name!r} differently")
+                    props[name] = sub
+                merged[key] = props
+            elif key == "additionalProperties":
+                merged[key] = False if False in (merged[key], value) else merged[key]
+            elif key in ("minimum", "minLength", "minItems", "minProperties", "exclusiveMinimum"):
+                merged[key] = max(merged[key], value)
+            elif key in ("maximum", "maxLength", "maxItems", "maxProperties", "exclusiveMaximum"):
+                merged[key] = min(merged[key], value)
+            elif key in ("description", "title"):
+                continue
+            else:
+                raise UnsupportedSchemaError("allOf", _pointer(path, "allOf", index, key),
+                                             f"unsupported JSON Schema feature 'allOf' at {path or '/'}: "
+                                             f"branches disagree on {key!r}")
+    return merged
+
+
+def _hoist_defs(grammar: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """Move ``$defs``/``definitions`` of a nested schema to the root under ``prefix``, rewriting refs."""
+    grammar = copy.deepcopy(grammar)
+    local = {**grammar.pop("definitions", {}), **grammar.pop("$defs", {})}
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                if key == "$ref" and isinstance(value, str):
+                    if value == "#":
+                        raise UnsupportedSchemaError("$ref", "", "a tool's parameters cannot refer to their own root ('#')")
+                    match = re.match(r"^#/(?:\$defs|definitions)/(.+)$", value)
+                    out[key] = f"#/$defs/{prefix}{match.group(1)}" if match else value
+                else:
+                    out[key] = rewrite(value)
+            return out
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        return node
+
+    for name, sub in local.items():
+        defs[f"{prefix}{name}"] = rewrite(sub)
+    return rewrite(grammar)
+
+
+def tool_calls_schema(
+    tools: Iterable[tuple[str, Mapping[str, Any]]],
+    *,
+    min_calls: int = 1,
+    max_calls: int | None = DEFAULT_MAX_CALLS,
+    allow_text: bool = False,
+) -> dict[str, Any]:
+    """The grammar schema of "the assistant's tool calls".
+
+    ``tools`` yields ``(name, grammar parameters)`` pairs (already prepared, possibly narrowed).
+    The result is an array of ``{"name": <const>, "arguments": <parameters>}`` objects, one
+    ``anyOf`` branch per tool, ``min_calls..max_calls`` long; with ``allow_text`` it may
+    instead be ``{"content": "..."}`` (the model answers without calling a tool).
+    """
+    defs: dict[str, Any] = {}
+    branches = []
+    for position, (name, parameters) in enumerate(tools):
+        arguments = _hoist_defs(dict(parameters), f"t{position}_", defs)
+        branches.append({
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": arguments},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        })
+    options: list[dict[str, Any]] = []
+    if branches:
+        calls: dict[str, Any] = {"type": "array", "items": branches[0] if len(branches) == 1 else {"anyOf": branches},
+                                 "minItems": max(1, min_calls)}
+        if max_calls is not None:
+            calls["maxItems"] = max(calls["minItems"], max_calls)
+        options.append(calls)
+    if allow_text or not branches:
+        options.append(copy.deepcopy(TEXT_ANSWER_SCHEMA))
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    if defs:
+        schema = {**schema, "$defs": defs}
+    return schema
+
+
+def prepare_tool(spec: ToolSpec) -> PreparedSchema:
+    """Prepare a tool's parameter schema (feature check + grammar form)."""
+    try:
+        return prepare_schema(spec.parameters)
+    except UnsupportedSchemaError as exc:
+        path = f"/tools/{spec.name}/parameters{exc.path}"
+        raise UnsupportedSchemaError(exc.feature, path, f"tool {spec.name!r}: {exc}") from None
+
