@@ -1,0 +1,896 @@
+"""The embedded engine: in-process continuous batching with torch and xgrammar.
+
+One background scheduler thread owns the model and a preallocated KV cache of
+``max_batch_size`` slots. Every iteration it
+
+1. takes in new and cancelled requests,
+2. admits waiting requests into free slots (copying any cached shared-prefix KV into the slot),
+3. runs **one decode step for every running request at once**, while a grammar thread fills
+   each constrained request's token bitmask for that step (the forward pass never waits on
+   grammar work until the logits exist),
+4. prefills at most ``prefill_chunk`` prompt tokens of admitted requests,
+
+so requests join and leave the running batch at every decode step. Everything a request owns
+lives in one ``_Sequence`` keyed by its request id: its KV slot, its ``GrammarMatcher``, its
+sampling parameters and RNG, its incremental detokenizer and its output sink. The batch order
+of a step is rebuilt from those objects every step; no state is kept by batch position.
+
+Greedy is the default and deterministic; sampling is deterministic per ``seed``. Generation
+stops at EOS, when the request's matcher has terminated, at a stop string or at ``max_tokens``.
+
+Attention is written out here (not through ``model.forward``) for Llama-family decoders
+(Llama, SmolLM, Mistral, Qwen2/3): the HF module's weights, norms, MLP and rotary embedding are
+reused; only the KV cache and the batched masked attention over ragged lengths are ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import heapq
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from decider.backend import GenerationChunk, GenerationRequest
+from decider.errors import (
+    BackendUnavailableError,
+    DeciderError,
+    InvalidRequestError,
+    PromptTooLongError,
+    StreamInterruptedError,
+)
+
+__all__ = [
+    "DEFAULT_MAX_BATCH_SIZE",
+    "DEFAULT_MAX_SEQ_LEN",
+    "DEFAULT_PREFILL_CHUNK",
+    "DEFAULT_PREFIX_BLOCK",
+    "DEFAULT_PREFIX_CACHE_BYTES",
+    "EmbeddedEngine",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_SIZE = 32
+#: Upper bound on the context; the model's own ``max_position_embeddings`` may lower it.
+DEFAULT_MAX_SEQ_LEN = 4096
+#: Prompt tokens prefilled per scheduler iteration (between two decode steps).
+DEFAULT_PREFILL_CHUNK = 256
+#: Prefix-cache granularity in tokens.
+DEFAULT_PREFIX_BLOCK = 32
+DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
+#: Grammars compiled on demand (requests without ``compiled_grammar``), kept by schema hash.
+COMPILED_GRAMMAR_CACHE_SIZE = 256
+#: Prompt tokens given to the detokenizer as context (leading-space handling of SentencePiece vocabularies).
+DETOKENIZER_CONTEXT = 4
+
+
+def _schema_key(schema: str) -> str:
+    return hashlib.sha256(schema.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Per-request pieces
+# --------------------------------------------------------------------------------------------
+
+
+class _IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas without splitting UTF-8 characters.
+
+    Byte-level BPE splits one Chinese character over several tokens; decoding them one by one
+    yields U+FFFD. We decode a short window and only emit once the window's text no longer ends
+    in a replacement character (the scheme vLLM and TGI use).
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], context: list[int]) -> None:
+        self._decode = decode
+        self._ids = list(context)
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+
+    def push(self, token_ids: list[int]) -> str:
+        self._ids.extend(token_ids)
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+            return new_text[len(prefix_text) :]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at a length stop)."""
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset :])
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
+
+
+@dataclass(eq=False, kw_only=True)
+class _Sequence:
+    """Everything one request owns inside the engine."""
+
+    key: str
+    request: GenerationRequest
+    prompt_ids: list[int]
+    max_new_tokens: int
+    matcher: xgr.GrammarMatcher | None
+    generator: torch.Generator | None
+    detokenizer: _IncrementalDetokenizer
+    sink: Callable[[GenerationChunk | BaseException], None]
+    slot: int = -1
+    #: Tokens whose KV is in the slot (prompt first, then generated tokens once fed back).
+    cached_len: int = 0
+    prefix_hit_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    #: Text decoded but not yet sent (held back while it could be the start of a stop string).
+    pending_text: str = ""
+    text: str = ""
+    cancel_requested: bool = False
+    finished: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prefilled(self) -> bool:
+        return self.cached_len >= len(self.prompt_ids)
+
+    def usage(self) -> dict[str, int]:
+        prompt = len(self.prompt_ids)
+        completion = len(self.output_ids)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "cached_tokens": self.prefix_hit_tokens,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Prefix cache
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _PrefixBlock:
+    parent: int | None
+    tokens: tuple[int, ...]
+    k: torch.Tensor  # [layers, kv_heads, block, head_dim]
+    v: torch.Tensor
+
+
+class _PrefixCache:
+    """KV of prompt prefixes in fixed blocks, chained by hash, evicted LRU by bytes.
+
+    A request whose prompt starts with blocks seen before (the system prompt, tool list and
+    examples rendered identically) copies their KV into its slot instead of recomputing it.
+    """
+
+    def __init__(self, *, block: int, capacity_bytes: int) -> None:
+        self.block = block
+        self.capacity_bytes = capacity_bytes
+        self.size_bytes = 0
+        self._blocks: OrderedDict[int, _PrefixBlock] = OrderedDict()
+
+    def _chain(self, ids: list[int], limit: int) -> Iterator[tuple[int, int | None, tuple[int, ...]]]:
+        parent: int | None = None
+        for start in range(0, limit - self.block + 1, self.block):
+            tokens = tuple(ids[start : start + self.block])
+            key = hash((parent, tokens))
+            yield key, parent, tokens
+            parent = key
+
+    def match(self, ids: list[int], limit: int) -> list[_PrefixBlock]:
+        """The longest run of cached blocks at the start of ``ids[:limit]``."""
+        found: list[_PrefixBlock] = []
+        for key, parent, tokens in self._chain(ids, limit):
+            block = self._blocks.get(key)
+            if block is None or block.parent != parent or block.tokens != tokens:
+                break
+            self._blocks.move_to_end(key)
+            found.append(block)
+        return found
+
+    def insert(self, ids: list[int], limit: int, read: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if self.capacity_bytes <= 0:
+            return
+        for index, (key, parent, tokens) in enumerate(self._chain(ids, limit)):
+            if key in self._blocks:
+                self._blocks.move_to_end(key)
+                continue
+            k, v = read(index * self.block, (index + 1) * self.block)
+            self._blocks[key] = _PrefixBlock(parent, tokens, k, v)
+            self.size_bytes += k.numel() * k.element_size() * 2
+        while self.size_bytes > self.capacity_bytes and self._blocks:
+            _, evicted = self._blocks.popitem(last=False)
+            self.size_bytes -= evicted.k.numel() * evicted.k.element_size() * 2
+
+
+# --------------------------------------------------------------------------------------------
+# The model runner: Llama-family forward over a slot-addressed KV cache
+# --------------------------------------------------------------------------------------------
+
+
+class _LlamaRunner:
+    """Forward passes of a HF Llama-family decoder over a preallocated, slot-addressed KV cache.
+
+    KV layout: ``[layers, slots, kv_heads, max_seq_len, head_dim]``. A decode step attends over
+    the view ``[:, :highest_active_slot+1, :, :longest+1]`` (no gather, no concatenation);
+    rows of idle slots compute garbage that is never read.
+    """
+
+    def __init__(self, model: Any, *, num_slots: int, max_seq_len: int, device: torch.device, dtype: torch.dtype) -> None:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        config = model.config
+        inner = getattr(model, "model", None)
+        layers = getattr(inner, "layers", None)
+        if inner is None or layers is None or not hasattr(layers[0], "self_attn") or not hasattr(model, "lm_head"):
+            raise InvalidRequestError(f"{type(model).__name__} is not a Llama-family decoder the embedded engine can run")
+        self._apply_rope = apply_rotary_pos_emb
+        self.model = model
+        self.embed = inner.embed_tokens
+        self.norm = inner.norm
+        self.rotary = inner.rotary_emb
+        self.lm_head = model.lm_head
+        self.layers = list(layers)
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.groups = self.num_heads // self.num_kv_heads
+        self.scaling = getattr(self.layers[0].self_attn, "scaling", self.head_dim**-0.5)
+        self.vocab_size = config.vocab_size
+        self.device = device
+        self.dtype = dtype
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        shape = (len(self.layers), num_slots, self.num_kv_heads, max_seq_len, self.head_dim)
+        # torch.empty: pages are only touched as slots fill up. Positions are zeroed lazily up
+        # to each slot's high-water mark, because masked-out attention weights (exact zeros)
+        # times uninitialised memory (possibly NaN) would still poison a row.
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self._clean_upto = [0] * num_slots
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * len(self.layers) * self.num_kv_heads * self.head_dim * self.k.element_size()
+
+    def _ensure_clean(self, slot: int, upto: int) -> None:
+        start = self._clean_upto[slot]
+        if upto > start:
+            self.k[:, slot, :, start:upto].zero_()
+            self.v[:, slot, :, start:upto].zero_()
+            self._clean_upto[slot] = upto
+
+    def _project(self, layer: Any, hidden: torch.Tensor, batch: int, length: int) -> tuple[torch.Tensor, ...]:
+        attn = layer.self_attn
+        q = attn.q_proj(hidden).view(batch, length, self.num_heads, self.head_dim)
+        k = attn.k_proj(hidden).view(batch, length, self.num_kv_heads, self.head_dim)
+        v = attn.v_proj(hidden).view(batch, length, self.num_kv_heads, self.head_dim)
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        if q_norm is not None:  # Qwen3-style per-head norms
+            q = q_norm(q)
+        if k_norm is not None:
+            k = k_norm(k)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _finish_layer(self, layer: Any, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + layer.self_attn.o_proj(attn_out)
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden)).float()
+
+    def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """One token for each of ``len(slots)`` sequences; returns float logits ``[B, vocab]``."""
+        batch = len(slots)
+        device = self.device
+        slot_t = torch.tensor(slots, device=device)
+        pos_t = torch.tensor(positions, device=device)
+        rows = max(slots) + 1
+        span = max(positions) + 1
+        for slot in slots:
+            self._ensure_clean(slot, span)
+        # Per-slot query positions for the view over slots [0, rows); idle rows attend to position 0.
+        pos_rows = torch.zeros(rows, dtype=torch.long, device=device)
+        pos_rows[slot_t] = pos_t
+        key_pos = torch.arange(span, device=device)
+        blocked = (key_pos.view(1, span) > pos_rows.view(rows, 1)).view(rows, 1, 1, span)
+
+        hidden = self.embed(torch.tensor(tokens, device=device).view(batch, 1))
+        cos, sin = self.rotary(hidden, pos_t.view(batch, 1))
+        q_rows = torch.zeros(rows, self.num_kv_heads, self.groups, self.head_dim, dtype=hidden.dtype, device=device)
+        for index, layer in enumerate(self.layers):
+            normed = layer.input_layernorm(hidden)
+            q, k, v = self._project(layer, normed, batch, 1)
+            q, k = self._apply_rope(q, k, cos, sin)
+            self.k[index][slot_t, :, pos_t] = k[:, :, 0]
+            self.v[index][slot_t, :, pos_t] = v[:, :, 0]
+            keys = self.k[index, :rows, :, :span]  # views: [rows, kv, span, hd]
+            values = self.v[index, :rows, :, :span]
+            q_rows[slot_t] = q.view(batch, self.num_kv_heads, self.groups, self.head_dim)
+            scores = torch.matmul(q_rows, keys.transpose(-1, -2)).float() * self.scaling  # [rows, kv, g, span]
+            scores.masked_fill_(blocked, float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(values.dtype)
+            out = torch.matmul(probs, values)[slot_t]  # [B, kv, g, hd]
+            hidden = self._finish_layer(layer, hidden, out.reshape(batch, 1, self.num_heads * self.head_dim))
+        return self._logits(hidden[:, -1])
+
+    def prefill(self, slot: int, tokens: list[int], start: int) -> torch.Tensor:
+        """Write the KV of ``tokens`` at ``start..`` of ``slot``; returns float logits of the last token."""
+        length = len(tokens)
+        end = start + length
+        device = self.device
+        self._ensure_clean(slot, end)
+        hidden = self.embed(torch.tensor(tokens, device=device).view(1, length))
+        positions = torch.arange(start, end, device=device).view(1, length)
+        cos, sin = self.rotary(hidden, positions)
+        allowed = torch.arange(end, device=device).view(1, end) <= positions.view(length, 1)  # [T, end]
+        for index, layer in enumerate(self.layers):
+            normed = layer.input_layernorm(hidden)
+            q, k, v = self._project(layer, normed, 1, length)
+            q, k = self._apply_rope(q, k, cos, sin)
+            self.k[index, slot, :, start:end] = k[0]
+            self.v[index, slot, :, start:end] = v[0]
+            keys = self.k[index, slot : slot + 1, :, :end]
+            values = self.v[index, slot : slot + 1, :, :end]
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, keys, values, attn_mask=allowed, scale=self.scaling, enable_gqa=self.groups > 1
+            )
+            hidden = self._finish_layer(layer, hidden, out.transpose(1, 2).reshape(1, length, self.num_heads * self.head_dim))
+        return self._logits(hidden[:, -1])[0]
+
+    def read_block(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[:, slot, :, start:end].clone(), self.v[:, slot, :, start:end].clone()
+
+    def write_block(self, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        end = start + k.shape[2]
+        self.k[:, slot, :, start:end] = k
+        self.v[:, slot, :, start:end] = v
+        self._clean_upto[slot] = max(self._clean_upto[slot], end)
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        # bf16 decodes faster than fp32 on CPUs with bf16 support and is the GPU default.
+        return torch.bfloat16
+    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
+             "float16": torch.float16, "fp16": torch.float16}
+    try:
+        return names[dtype]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {dtype!r}") from None
+
+
+class EmbeddedEngine:
+    """In-process continuous-batching engine implementing ``InferenceBackend``.
+
+    Build it once with :meth:`load` (model, tokenizer, ``TokenizerInfo`` and the
+    ``GrammarCompiler`` are the expensive, shared objects); submit any number of concurrent
+    requests through :meth:`generate` (async) or :meth:`generate_sync` / :meth:`stream_sync`
+    (threads).
+    """
+
+    name = "embedded"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        device: torch.device | str | None = None,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefix_block: int = DEFAULT_PREFIX_BLOCK,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        model_path: Path | None = None,
+    ) -> None:
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.model = model.eval()
+        self.model_path = model_path
+        self.tokenizer = tokenizer
+        config = model.config
+        self.context_length = min(max_seq_len, getattr(config, "max_position_embeddings", max_seq_len) or max_seq_len)
+        self.max_batch_size = max_batch_size
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.eos_token_ids = self._eos_ids(model, tokenizer)
+        self.vocab_size = config.vocab_size
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=config.vocab_size, stop_token_ids=sorted(self.eos_token_ids)
+        )
+        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=2, cache_enabled=True)
+        self._grammar_cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+        self._grammar_lock = threading.Lock()
+        self._fast_tokenizer = getattr(tokenizer, "_tokenizer", None)
+
+        self._runner = _LlamaRunner(model, num_slots=max_batch_size, max_seq_len=self.context_length,
+                                    device=self.device, dtype=self.dtype)
+        self._prefix_cache = _PrefixCache(block=prefix_block, capacity_bytes=prefix_cache_bytes)
+        self._bitmask = xgr.allocate_token_bitmask(max_batch_size, self.tokenizer_info.vocab_size)
+        self._free_slots = list(range(max_batch_size))
+        heapq.heapify(self._free_slots)
+
+        self._lock = threading.Condition()
+        self._inbox: list[_Sequence] = []
+        self._by_key: dict[str, _Sequence] = {}
+        self._waiting: list[_Sequence] = []
+        self._prefilling: list[_Sequence] = []
+        self._decoding: list[_Sequence] = []
+        self._grammar_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolrail-grammar")
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._counter = itertools.count()
+        self.stats: dict[str, float] = {
+            "decode_steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "prefix_hit_tokens": 0,
+            "forward_s": 0.0, "grammar_wait_s": 0.0, "mask_apply_rows": 0, "max_batch_seen": 0,
+        }
+
+    # ---------------------------------------------------------------- construction
+
+    @classmethod
+    def load(
+        cls,
+        model_path: str | Path | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        **options: Any,
+    ) -> EmbeddedEngine:
+        """Load a local HF model directory (default: the converted SmolLM2, pulled if missing)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from decider.model import resolve_model_path
+
+        path = resolve_model_path(model_path)
+        torch_device = torch.device(device) if device is not None else _default_device()
+        torch_dtype = _resolve_dtype(dtype, torch_device)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+        model = model.to(torch_device).eval()
+        return cls(model, tokenizer, device=torch_device, model_path=path, **options)
+
+    @staticmethod
+    def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+        ids: set[int] = set()
+        candidates = [getattr(model.config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)]
+        generation_config = getattr(model, "generation_config", None)
+        if generation_config is not None:
+            candidates.append(getattr(generation_config, "eos_token_id", None))
+        for value in candidates:
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(item) for item in value)
+        return ids
+
+    # ---------------------------------------------------------------- grammar
+
+    def compile_json_schema(self, schema: str) -> xgr.CompiledGrammar:
+        """Compile (or fetch from cache) a JSON Schema against this engine's tokenizer."""
+        key = _schema_key(schema)
+        with self._grammar_lock:
+            cached = self._grammar_cache.get(key)
+            if cached is not None:
+                self._grammar_cache.move_to_end(key)
+                return cached
+        try:
+            compiled = self.compiler.compile_json_schema(schema, any_whitespace=False)
+        except Exception as exc:  # xgrammar raises RuntimeError / InvalidJSONError subclasses
+            raise InvalidRequestError(f"JSON Schema does not compile: {exc}") from exc
+        with self._grammar_lock:
+            self._grammar_cache[key] = compiled
+            while len(self._grammar_cache) > COMPILED_GRAMMAR_CACHE_SIZE:
+                self._grammar_cache.popitem(last=False)
+        return compiled
+
+    # ---------------------------------------------------------------- submission
+
+    def _decode_ids(self, ids: list[int]) -> str:
+        if self._fast_tokenizer is not None:
+            return self._fast_tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of an already rendered prompt (the chat template supplies special tokens)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    @staticmethod
+    def _key(request: GenerationRequest) -> str:
+        return request.request_id if request.attempt == 0 else f"{request.request_id}#{request.attempt}"
+
+    def _prepare(self, request: GenerationRequest, sink: Callable[[GenerationChunk | BaseException], None]) -> _Sequence:
+        """Validate, tokenize and compile on the caller's thread; the scheduler only decodes."""
+        if self._closed:
+            raise BackendUnavailableError("the embedded engine is closed")
+        if request.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be at least 1, got {request.max_tokens}")
+        if request.temperature < 0 or not 0 < request.top_p <= 1:
+            raise InvalidRequestError("temperature must be >= 0 and top_p in (0, 1]")
+        prompt_ids = self.encode(request.prompt)
+        if not prompt_ids:
+            raise InvalidRequestError("empty prompt")
+        if len(prompt_ids) >= self.context_length:
+            raise PromptTooLongError(len(prompt_ids), self.context_length)
+        compiled = request.compiled_grammar
+        if compiled is None and request.json_schema is not None:
+            compiled = self.compile_json_schema(request.json_schema)
+        if compiled is not None:
+            info = getattr(compiled, "tokenizer_info", None)
+            if info is not None and info.vocab_size != self.tokenizer_info.vocab_size:
+                raise InvalidRequestError("compiled_grammar was compiled for a different tokenizer")
+        matcher = xgr.GrammarMatcher(compiled) if compiled is not None else None
+        generator = None
+        if request.temperature > 0:
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(request.seed if request.seed is not None else torch.seed())
+        return _Sequence(
+            key=self._key(request),
+            request=request,
+            prompt_ids=prompt_ids,
+            max_new_tokens=min(request.max_tokens, self.context_length - len(prompt_ids)),
+            matcher=matcher,
+            generator=generator,
+            detokenizer=_IncrementalDetokenizer(self._decode_ids, prompt_ids[-DETOKENIZER_CONTEXT:]),
+            sink=sink,
+        )
+
+    def _enqueue(self, seq: _Sequence) -> None:
+        with self._lock:
+            if self._closed:
+                raise BackendUnavailableError("the embedded engine is closed")
+            if seq.key in self._by_key:
+                raise InvalidRequestError(f"request {seq.key!r} is already running")
+            self._by_key[seq.key] = seq
+            self._inbox.append(seq)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="toolrail-engine", daemon=True)
+                self._thread.start()
+            self._lock.notify()
+
+    def cancel(self, request_id: str, attempt: int = 0) -> bool:
+        """Stop a request; its slot and matcher are freed at the next scheduler iteration."""
+        key = request_id if attempt == 0 else f"{request_id}#{attempt}"
+        with self._lock:
+            seq = self._by_key.get(key)
+            if seq is None:
+                return False
+            seq.cancel_requested = True
+            self._lock.notify()
+            return True
+
+    def _cancel_seq(self, seq: _Sequence) -> None:
+        with self._lock:
+            if not seq.finished:
+                seq.cancel_requested = True
+                self._lock.notify()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Stream ``request``'s output; closing the iterator or cancelling the task cancels it."""
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[GenerationChunk | BaseException] = asyncio.Queue()
+
+        def sink(item: GenerationChunk | BaseException) -> None:
+            try:
+                loop.call_soon_threadsafe(chunks.put_nowait, item)
+            except RuntimeError:  # the consumer's loop is gone: nobody will read this request
+                self._cancel_seq(seq)
+
+        seq = await asyncio.to_thread(self._prepare, request, sink)
+        self._enqueue(seq)
+        try:
+            while True:
+                item = await chunks.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            self._cancel_seq(seq)
+
+    def stream_sync(self, request: GenerationRequest, *, timeout: float | None = None) -> Iterator[GenerationChunk]:
+        """Blocking variant of :meth:`generate` for callers in threads."""
+        chunks: queue.Queue[GenerationChunk | BaseException] = queue.Queue()
+        seq = self._prepare(request, chunks.put)
+        self._enqueue(seq)
+        try:
+            while True:
+                try:
+                    item = chunks.get(timeout=timeout)
+                except queue.Empty:
+                    raise StreamInterruptedError(f"no output for {timeout}s from request {request.request_id}") from None
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            self._cancel_seq(seq)
+
+    def generate_sync(self, request: GenerationRequest, *, timeout: float | None = None) -> tuple[str, str, dict[str, int]]:
+        """Run ``request`` to the end: ``(text, finish_reason, usage)``."""
+        parts: list[str] = []
+        finish_reason, usage = "stop", {}
+        for chunk in self.stream_sync(request, timeout=timeout):
+            parts.append(chunk.text)
+            if chunk.finished:
+                finish_reason, usage = chunk.finish_reason or "stop", chunk.usage
+        return "".join(parts), finish_reason, usage
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Cancel everything in flight and stop the scheduler thread."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=30)
+        self._grammar_pool.shutdown(wait=False)
+
+    def __enter__(self) -> EmbeddedEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def active_requests(self) -> int:
+        with self._lock:
+            return len(self._by_key)
+
+    # ---------------------------------------------------------------- scheduler
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._lock:
+                    while not self._closed and not (self._inbox or self._waiting or self._prefilling or self._decoding):
+                        self._lock.wait()
+                    if self._closed:
+                        break
+                    self._waiting.extend(self._inbox)
+                    self._inbox.clear()
+                try:
+                    self._iteration()
+                except Exception as exc:  # a failed step fails the requests in it, not the process
+                    logger.exception("embedded engine step failed")
+                    error = BackendUnavailableError(f"embedded engine step failed: {exc}")
+                    error.__cause__ = exc
+                    for seq in self._prefilling + self._decoding:
+                        self._finish(seq, None, error=error)
+        shutdown = StreamInterruptedError("the embedded engine was closed")
+        with self._lock:
+            self._waiting.extend(self._inbox)
+            self._inbox.clear()
+        for seq in self._waiting + self._prefilling + self._decoding:
+            self._finish(seq, None, error=shutdown)
+
+    def _iteration(self) -> None:
+        # Cancellations: free slot + matcher right away.
+        for group in (self._waiting, self._prefilling, self._decoding):
+            for seq in [s for s in group if s.cancel_requested]:
+                self._finish(seq, "cancelled")
+        # Admission into free slots, reusing cached prefix KV.
+        while self._waiting and self._free_slots:
+            seq = self._waiting.pop(0)
+            seq.slot = heapq.heappop(self._free_slots)
+            self._attach_prefix(seq)
+            self._prefilling.append(seq)
+        if self._decoding:
+            self._decode_step(list(self._decoding))
+        budget = self.prefill_chunk
+        while budget > 0 and self._prefilling:
+            seq = self._prefilling[0]
+            budget -= self._prefill_step(seq, budget)
+
+    def _attach_prefix(self, seq: _Sequence) -> None:
+        # Keep at least one prompt token to compute: its logits give the first output token.
+        blocks = self._prefix_cache.match(seq.prompt_ids, len(seq.prompt_ids) - 1)
+        position = 0
+        for block in blocks:
+            self._runner.write_block(seq.slot, position, block.k, block.v)
+            position += len(block.tokens)
+        seq.cached_len = seq.prefix_hit_tokens = position
+        self.stats["prefix_hit_tokens"] += position
+
+    def _prefill_step(self, seq: _Sequence, budget: int) -> int:
+        start = seq.cached_len
+        tokens = seq.prompt_ids[start : start + budget]
+        started = time.perf_counter()
+        logits = self._runner.prefill(seq.slot, tokens, start)
+        self.stats["forward_s"] += time.perf_counter() - started
+        self.stats["prefill_tokens"] += len(tokens)
+        seq.cached_len += len(tokens)
+        if seq.prefilled:
+            self._prefilling.remove(seq)
+            self._prefix_cache.insert(seq.prompt_ids, len(seq.prompt_ids),
+                                      lambda s, e: self._runner.read_block(seq.slot, s, e))
+            if seq.matcher is not None:
+                need_mask = seq.matcher.fill_next_token_bitmask(self._bitmask, 0)
+                token = self._pick([seq], logits.view(1, -1), [need_mask])[0]
+            else:
+                token = self._pick([seq], logits.view(1, -1), [False])[0]
+            seq.first_token_at = time.perf_counter()
+            if self._accept(seq, token):
+                self._decoding.append(seq)
+        return len(tokens)
+
+    def _fill_masks(self, batch: list[_Sequence]) -> list[bool]:
+        # Row i of the scratch bitmask belongs to batch[i] for this step only.
+        return [seq.matcher.fill_next_token_bitmask(self._bitmask, row) if seq.matcher is not None else False
+                for row, seq in enumerate(batch)]
+
+    def _decode_step(self, batch: list[_Sequence]) -> None:
+        constrained = any(seq.matcher is not None for seq in batch)
+        masks = self._grammar_pool.submit(self._fill_masks, batch) if constrained else None
+        started = time.perf_counter()
+        logits = self._runner.decode(
+            [seq.slot for seq in batch],
+            [seq.output_ids[-1] for seq in batch],
+            [seq.cached_len for seq in batch],
+        )
+        waited = time.perf_counter()
+        need_mask = masks.result() if masks is not None else [False] * len(batch)
+        self.stats["grammar_wait_s"] += time.perf_counter() - waited
+        self.stats["forward_s"] += waited - started
+        self.stats["decode_steps"] += 1
+        self.stats["decode_tokens"] += len(batch)
+        self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(batch))
+        for seq in batch:
+            seq.cached_len += 1  # the fed-back token's KV is now in the slot
+        tokens = self._pick(batch, logits, need_mask)
+        for seq, token in zip(batch, tokens):
+            self._accept(seq, token)  # a finished request leaves the batch in _finish
+
+    def _pick(self, batch: list[_Sequence], logits: torch.Tensor, need_mask: list[bool]) -> list[int]:
+        """Choose the next token per row; masks only the rows whose pick the grammar forbids."""
+        logits = logits.cpu()
+        tokens = logits.argmax(dim=-1).tolist()
+        bitmask = self._bitmask
+        mask_rows = []
+        for row, seq in enumerate(batch):
+            if not need_mask[row]:
+                continue
+            if seq.generator is None:
+                token = tokens[row]
+                word = int(bitmask[row, token >> 5]) & 0xFFFFFFFF
+                if (word >> (token & 31)) & 1:
+                    continue  # the unmasked argmax is allowed, so it is the masked argmax too
+            mask_rows.append(row)
+        if mask_rows:
+            self.stats["mask_apply_rows"] += len(mask_rows)
+            xgr.apply_token_bitmask_inplace(logits, bitmask[: len(batch)], indices=mask_rows)
+            for row in mask_rows:
+                tokens[row] = int(logits[row].argmax())
+        for row, seq in enumerate(batch):
+            if seq.generator is not None:
+                tokens[row] = self._sample(logits[row], seq.request.temperature, seq.request.top_p, seq.generator)
+        return tokens
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            keep = (sorted_probs.cumsum(0) - sorted_probs) < top_p
+            sorted_probs = sorted_probs * keep
+            choice = torch.multinomial(sorted_probs, 1, generator=generator)
+            return int(order[choice])
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    def _accept(self, seq: _Sequence, token: int) -> bool:
+        """Record ``token`` for ``seq``, stream its text, finish it if done. True if it keeps running."""
+        if seq.cancel_requested:
+            self._finish(seq, "cancelled")
+            return False
+        seq.output_ids.append(token)
+        if seq.matcher is not None and not seq.matcher.accept_token(token):
+            self._finish(seq, None, error=StreamInterruptedError(
+                f"grammar rejected token {token} for request {seq.request_id}"))
+            return False
+        is_eos = token in self.eos_token_ids
+        if not is_eos:
+            seq.pending_text += seq.detokenizer.push([token])
+        if self._check_stop_strings(seq):
+            self._finish(seq, "stop")
+            return False
+        if is_eos or (seq.matcher is not None and seq.matcher.is_terminated()):
+            self._finish(seq, "stop")
+            return False
+        if len(seq.output_ids) >= seq.max_new_tokens:
+            seq.pending_text += seq.detokenizer.flush()
+            self._finish(seq, "length")
+            return False
+        self._emit(seq)
+        return True
+
+    def _check_stop_strings(self, seq: _Sequence) -> bool:
+        stops = seq.request.stop
+        if not stops or not seq.pending_text:
+            return False
+        # Search the sent tail too: a stop string may straddle two chunks' boundary.
+        tail = max(len(stop) for stop in stops)
+        window_start = max(0, len(seq.text) - tail)
+        window = seq.text[window_start:] + seq.pending_text
+        hits = [window.find(stop) for stop in stops if stop in window]
+        if not hits:
+            return False
+        cut = window_start + min(hits)  # absolute offset in the full text
+        full = seq.text + seq.pending_text
+        seq.pending_text = full[len(seq.text) : max(cut, len(seq.text))]
+        return True
+
+    def _emit(self, seq: _Sequence) -> None:
+        text = seq.pending_text
+        if seq.request.stop and text:
+            # Hold back a suffix that could start a stop string.
+            hold = 0
+            for stop in seq.request.stop:
+                for size in range(min(len(stop) - 1, len(text)), 0, -1):
+                    if text.endswith(stop[:size]):
+                        hold = max(hold, size)
+                        break
+            text = text[: len(text) - hold]
+        if not text:
+            return
+        seq.pending_text = seq.pending_text[len(text) :]
+        seq.text += text
+        seq.sink(GenerationChunk(request_id=seq.request_id, text=text, token_ids=(seq.output_ids[-1],)))
+
+    def _finish(self, seq: _Sequence, reason: str | None, *, error: DeciderError | None = None) -> None:
+        """Free the slot and matcher, send the final chunk (or the error), forget the request."""
+        if seq.finished:
+            return
+        seq.finished = True
+        for group in (self._waiting, self._prefilling, self._decoding):
+            if seq in group:
+                group.remove(seq)
+        if seq.slot >= 0:
+            heapq.heappush(self._free_slots, seq.slot)
+            seq.slot = -1
+        seq.matcher = None
+        with self._lock:
+            if self._by_key.get(seq.key) is seq:
+                del self._by_key[seq.key]
+        if error is not None:
+            seq.sink(error)
+            return
+        text = seq.pending_text
+        seq.text += text
+        seq.pending_text = ""
+        seq.sink(GenerationChunk(request_id=seq.request_id, text=text, finished=True, finish_reason=reason,
+                                 usage=seq.usage()))
