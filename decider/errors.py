@@ -8,7 +8,8 @@
         ├── UnsupportedSchemaError   (carries ``feature`` and ``path``)
         ├── PromptTooLongError       (carries ``prompt_tokens`` and ``context_length``)
         ├── InvalidRequestError
-        └── GuidedDecodingNotConfiguredError
+        ├── GuidedDecodingNotConfiguredError
+        └── OutputValidationError    (carries ``errors``, ``attempts``, ``last_output``)
 
 Retryable errors are never fed back to the model as "your output was wrong".
 """
@@ -22,6 +23,7 @@ __all__ = [
     "DeciderRetryableError",
     "GuidedDecodingNotConfiguredError",
     "InvalidRequestError",
+    "OutputValidationError",
     "PromptTooLongError",
     "StreamInterruptedError",
     "UnsupportedSchemaError",
@@ -72,3 +74,14 @@ class PromptTooLongError(DeciderPermanentError):
 
 class GuidedDecodingNotConfiguredError(DeciderPermanentError):
     """The server would decode without the schema constraint; refusing to run."""
+
+
+class OutputValidationError(DeciderPermanentError):
+    """Decoded output still failed validation (post-decoding checks) after every re-ask."""
+
+    def __init__(self, errors: list[str], *, attempts: int, last_output: str) -> None:
+        self.errors = list(errors)
+        self.attempts = attempts
+        self.last_output = last_output
+        shown = "; ".join(self.errors[:3])
+        super().__init__(f"output failed validation after {attempts} attempt(s): {shown}")
