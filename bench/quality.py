@@ -44,6 +44,7 @@ import importlib
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -448,14 +449,42 @@ class EmptyDecider:
 DeciderFactory = Callable[..., Decider]
 
 
+#: Named rungs of the technique ladder, as ``decider.service.DeciderConfig`` overrides. The
+#: decider may publish its own ``TECHNIQUES`` mapping in ``decider.service``; it takes precedence.
+#: Any ``field=value+field=value`` string also works (``grounding=false+allow_text=false``).
+TECHNIQUES: dict[str, dict[str, Any]] = {
+    "grammar": {"grounding": False},  # tool-call grammar only: the model generates every value
+    "grounded": {"grounding": True},  # the decider's default: narrowing to the conversation, tools dropped
+    "grounded-all": {"grounding": True, "ground_all": True},  # every string/number field grounded
+    "no-text": {"grounding": True, "allow_text": False},  # the model must call a tool
+}
+
+_ENGINES: dict[str, Any] = {}
+
+
+def _parse_technique(technique: str, presets: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    if technique in presets:
+        return dict(presets[technique])
+    if "=" not in technique:
+        raise SystemExit(f"unknown technique {technique!r}: one of {sorted(presets)} or field=value+field=value")
+    overrides: dict[str, Any] = {}
+    for part in technique.split("+"):
+        key, _, raw = part.partition("=")
+        overrides[key.strip()] = json.loads(raw.strip().lower()) if raw.strip().lower() in {"true", "false", "null"} or \
+            raw.strip().lstrip("-").replace(".", "", 1).isdigit() else raw.strip()
+    return overrides
+
+
 def _embedded_factory(technique: str | None = None, **_: Any) -> Decider:
-    # The real decider: the service with its default (embedded SmolLM2) backend.
+    """The real decider over the embedded engine; the engine (model weights) loads once per process."""
     service = importlib.import_module("decider.service")
-    for name in ("build_decider", "default_decider", "make_decider", "create_decider"):
-        factory = getattr(service, name, None)
-        if callable(factory):
-            return factory(technique=technique) if technique else factory()
-    raise SystemExit("decider.service exposes no factory (build_decider/default_decider/make_decider/create_decider)")
+    presets = {**TECHNIQUES, **getattr(service, "TECHNIQUES", {})}
+    config = service.DeciderConfig(**_parse_technique(technique, presets)) if technique else service.DeciderConfig()
+    if "engine" not in _ENGINES:
+        from decider.embedded import EmbeddedEngine
+
+        _ENGINES["engine"] = EmbeddedEngine.load()
+    return service.EmbeddedDecider.from_engine(_ENGINES["engine"], config=config)
 
 
 DECIDERS: dict[str, Callable[..., Decider]] = {
@@ -504,6 +533,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON report path (default: bench/out/quality-...json)")
     parser.add_argument("--quiet", action="store_true", help="no per-row progress on stderr")
     args = parser.parse_args(argv)
+    from toolrail.logging import configure_logging
+
+    # Logs go to stderr at WARNING so the tables on stdout stay readable (TOOLRAIL_LOG_LEVEL overrides).
+    configure_logging(json=False, level=os.environ.get("TOOLRAIL_LOG_LEVEL", "WARNING"))
 
     cases = load_cases(split=args.split, toolset=args.toolset, lang=args.lang, limit=args.limit)
     if not cases:
