@@ -529,6 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--toolset", choices=sorted(TOOLSETS), default=None)
     parser.add_argument("--lang", choices=LANGS, default=None)
     parser.add_argument("--limit", type=int, default=None, help="at most n rows, mixed over tool sets")
+    parser.add_argument("--ids", default=None, help="only these row ids (comma separated), e.g. to rerun failures")
     parser.add_argument("--tags", action="store_true", help="also print exact match per tag")
     parser.add_argument("--out", type=Path, default=None, help="JSON report path (default: bench/out/quality-...json)")
     parser.add_argument("--quiet", action="store_true", help="no per-row progress on stderr")
@@ -538,7 +539,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Logs go to stderr at WARNING so the tables on stdout stay readable (TOOLRAIL_LOG_LEVEL overrides).
     configure_logging(json=False, level=os.environ.get("TOOLRAIL_LOG_LEVEL", "WARNING"))
 
-    cases = load_cases(split=args.split, toolset=args.toolset, lang=args.lang, limit=args.limit)
+    cases = load_cases(split=args.split, toolset=args.toolset, lang=args.lang)
+    if args.ids:
+        wanted = {i.strip() for i in args.ids.split(",")}
+        cases = [c for c in cases if c.id in wanted]
+    if args.limit is not None:
+        cases = load_cases(split=args.split, toolset=args.toolset, lang=args.lang, limit=args.limit) if not args.ids \
+            else cases[: args.limit]
     if not cases:
         raise SystemExit("no rows match the filters")
     factory = resolve_factory(args.decider)

@@ -300,3 +300,18 @@ def test_cli_ladder_runs_each_technique(tmp_path, capsys, monkeypatch):
     quality.main(["--decider", "fake", "--technique", "a,b", "--limit", "6", "--quiet", "--out", str(tmp_path / "r.json")])
     assert seen == ["a", "b"]
     assert "| a / dev |" in capsys.readouterr().out
+
+
+def test_techniques_are_presets_or_config_overrides():
+    assert quality._parse_technique("grammar", quality.TECHNIQUES) == {"grounding": False}
+    assert quality._parse_technique("grounding=false+max_calls=2+system_prompt=hi", quality.TECHNIQUES) == {
+        "grounding": False, "max_calls": 2, "system_prompt": "hi"}
+    with pytest.raises(SystemExit):
+        quality._parse_technique("nonsense", quality.TECHNIQUES)
+
+
+def test_cli_reruns_chosen_ids(tmp_path, capsys):
+    quality.main(["--decider", "oracle", "--split", "all", "--ids", "bi-01-zh,ord-03-en", "--quiet",
+                  "--out", str(tmp_path / "r.json")])
+    report = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
+    assert sorted(r["id"] for r in report["runs"][0]["rows"]) == ["bi-01-zh", "ord-03-en"]
