@@ -23,6 +23,9 @@ locals {
 # --- KMS: engine artifacts and the GPU instances' EBS volumes ---
 
 data "aws_iam_policy_document" "kms" {
+  #checkov:skip=CKV_AWS_109:Key policy, not an identity policy: Resource "*" means this key, and the account-root statement is the AWS default that delegates access to IAM.
+  #checkov:skip=CKV_AWS_111:Key policy, not an identity policy: Resource "*" means this key; service statements are scoped by principal and condition.
+  #checkov:skip=CKV_AWS_356:Key policy, not an identity policy: Resource "*" means this key and cannot be narrowed further.
   statement {
     sid       = "AccountAdministers"
     actions   = ["kms:*"]
@@ -188,6 +191,7 @@ resource "aws_s3_bucket_policy" "artifacts" {
 # clients (decide workers) -> load balancer :8001 -> Triton tasks :8001 (gRPC), :8000 (health)
 
 resource "aws_security_group" "client" {
+  #checkov:skip=CKV2_AWS_5:Attached outside this module, by the executor module, to the decide workers that call Triton.
   name_prefix = "${var.name}-triton-client-"
   description = "Attach to tasks that call Triton gRPC"
   vpc_id      = var.vpc_id
@@ -611,7 +615,7 @@ resource "aws_ecs_task_definition" "triton" {
       { name = "HOME", value = "/tmp" },
     ]
     healthCheck = {
-      command     = ["CMD-SHELL", "curl -fsS http://127.0.0.1:8000/v2/health/ready || exit 1"]
+      command     = ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=3)"]
       interval    = 15
       timeout     = 5
       retries     = 4
