@@ -128,13 +128,17 @@ class PreparedSchema:
 
 
 def canonical_json(value: Any) -> str:
-    """A stable JSON text (sorted keys, UTF-8 kept): cache keys and the wire schema."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    """The wire text of a grammar schema: compact, UTF-8 kept, keys in their given order.
+
+    Keys are not sorted: the grammar emits object properties in schema order, and
+    ``name`` must come before ``arguments``.
+    """
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def schema_hash(value: Any) -> str:
     """A short stable hash of a schema."""
-    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
 def validation_errors(schema: Mapping[str, Any], instance: Any) -> list[str]:
@@ -198,6 +202,8 @@ def _to_grammar(node: Any, path: str, postchecks: list[Postcheck]) -> Any:
     fmt = node.get("format")
     if isinstance(fmt, str) and fmt not in ENFORCED_FORMATS:
         postchecks.append(Postcheck(f"format:{fmt}", path, "format not enforced by the grammar"))
+    if isinstance(fmt, str) and ("minLength" in node or "maxLength" in node):
+        postchecks.append(Postcheck("minLength/maxLength with format", path, "the grammar enforces the format and ignores the length"))
     multiple = node.get("multipleOf")
     if multiple is not None and not (node.get("type") == "integer" and float(multiple).is_integer()):
         postchecks.append(Postcheck("multipleOf", path, "enforced by the grammar on integers only"))
@@ -214,6 +220,8 @@ def _to_grammar(node: Any, path: str, postchecks: list[Postcheck]) -> Any:
             continue  # the grammar ignores it; validation enforces it
         if key in ("then", "else", "contains"):
             continue
+        if key in ("minLength", "maxLength") and "format" in node:
+            continue  # ignored by the grammar next to a format; postchecked
         if key in _SCHEMA_DICT_KEYWORDS and isinstance(value, Mapping):
             out[key] = {name: _to_grammar(sub, _pointer(path, key, name), postchecks) for name, sub in value.items()}
         elif key in _SCHEMA_LIST_KEYWORDS and isinstance(value, list):

@@ -1,0 +1,296 @@
+"""OpenAI-compatible ``POST /v1/chat/completions`` over the decider.
+
+Mount :func:`create_router` into an app under ``/v1`` (the job API does), or serve
+:func:`create_app` standalone. Supported: ``tools``, ``tool_choice`` (auto / required / none /
+a named function), ``parallel_tool_calls``, ``stream`` (SSE, ``data: [DONE]``), ``stream_options.
+include_usage``, ``response_format`` (``json_schema``, ``json_object``), ``max_tokens`` /
+``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``. Extensions (send through the
+SDK's ``extra_body``): ``min_tool_calls``, ``max_tool_calls``, ``max_reasks``.
+
+The request id comes from ``X-Request-ID`` (else a new one) and is returned in that header and
+in the completion id ``chatcmpl-<request_id>``; tool-call ids are ``call_<request_id>_<n>``.
+Errors are ``{"error": {"type", "message", "details"}}`` with a 4xx status for anything the
+caller can fix, raised before any decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from decider.errors import (
+    BackendUnavailableError,
+    DeciderError,
+    DeciderRetryableError,
+    InvalidRequestError,
+    OutputValidationError,
+    PromptTooLongError,
+    UnsupportedSchemaError,
+)
+from decider.protocol import DecideRequest, Decision
+from decider.service import BackendDecider, DecisionPlan
+from toolrail.context import REQUEST_ID_HEADER, request_scope, sanitize_request_id
+from tools.spec import ToolSpec
+
+__all__ = ["ChatCompletionRequest", "create_app", "create_router", "error_response"]
+
+DeciderFactory = Callable[[], BackendDecider]
+
+
+class ChatCompletionRequest(BaseModel):
+    """The subset of the Chat Completions request this endpoint honours (unknown fields ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = "toolrail"
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    n: int | None = None
+    min_tool_calls: int | None = None
+    max_tool_calls: int | None = None
+    max_reasks: int | None = None
+
+
+def error_response(status: int, kind: str, message: str, request_id: str, **details: Any) -> JSONResponse:
+    """An OpenAI-style error body (the SDK raises the matching ``APIStatusError`` subclass)."""
+    return JSONResponse(status_code=status, headers={REQUEST_ID_HEADER: request_id},
+                        content={"error": {"type": kind, "message": message, "code": kind, "details": details}})
+
+
+def _error_for(exc: DeciderError, request_id: str) -> JSONResponse:
+    if isinstance(exc, UnsupportedSchemaError):
+        return error_response(422, "unsupported_schema", str(exc), request_id, feature=exc.feature, path=exc.path)
+    if isinstance(exc, PromptTooLongError):
+        return error_response(400, "context_length_exceeded", str(exc), request_id,
+                              prompt_tokens=exc.prompt_tokens, context_length=exc.context_length)
+    if isinstance(exc, InvalidRequestError):
+        return error_response(400, "invalid_request_error", str(exc), request_id)
+    if isinstance(exc, OutputValidationError):
+        return error_response(502, "output_validation_failed", str(exc), request_id,
+                              errors=exc.errors[:20], attempts=exc.attempts)
+    if isinstance(exc, (BackendUnavailableError, DeciderRetryableError)):
+        return error_response(503, "backend_unavailable", str(exc), request_id)
+    return error_response(400, "invalid_request_error", str(exc), request_id)
+
+
+def _completion_id(request_id: str) -> str:
+    return f"chatcmpl-{request_id}"
+
+
+def _usage(decision: Decision) -> dict[str, int]:
+    usage = dict(decision.usage)
+    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _arguments_text(call: Any) -> str:
+    if call.arguments is not None:
+        return json.dumps(call.arguments, ensure_ascii=False)
+    return call.raw_arguments or ""
+
+
+def _message(decision: Decision, plan: DecisionPlan) -> tuple[dict[str, Any], str]:
+    if plan.mode == "tools" and decision.tool_calls:
+        calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments_text(c)}}
+                 for c in decision.tool_calls]
+        return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": decision.content if decision.content is not None else decision.raw_output}, "stop"
+
+
+def _finish(reason: str, backend_reason: str | None) -> str:
+    return "length" if backend_reason == "length" and reason != "tool_calls" else reason
+
+
+class _ChatCompletions:
+    """The endpoint's logic, holding how to get the decider."""
+
+    def __init__(self, get_decider: DeciderFactory) -> None:
+        self.get_decider = get_decider
+
+    def _decide_request(self, body: ChatCompletionRequest, request_id: str) -> DecideRequest:
+        try:
+            tools = [ToolSpec.from_openai(tool) for tool in body.tools or []]
+        except (ValueError, ValidationError) as exc:
+            raise InvalidRequestError(f"invalid tool definition: {exc}") from None
+        choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
+        if choice == "required" and not tools:
+            raise InvalidRequestError("tool_choice='required' needs a non-empty 'tools' list")
+        if isinstance(choice, dict) and not tools:
+            raise InvalidRequestError("a named tool_choice needs a non-empty 'tools' list")
+        if body.n not in (None, 1):
+            raise InvalidRequestError("only n=1 is supported")
+        if not body.messages:
+            raise InvalidRequestError("'messages' must not be empty")
+        return DecideRequest(
+            request_id=request_id, messages=body.messages, tools=tools, tool_choice=choice,
+            parallel_tool_calls=body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
+            max_calls=body.max_tool_calls, max_tokens=body.max_completion_tokens or body.max_tokens or 256,
+            seed=body.seed if body.seed is not None else 0,
+        )
+
+    @staticmethod
+    def _json_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
+        fmt = body.response_format or {}
+        kind = fmt.get("type", "text")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return {"type": "object"}
+        if kind == "json_schema":
+            spec = fmt.get("json_schema") or {}
+            schema = spec.get("schema")
+            if not isinstance(schema, dict):
+                raise InvalidRequestError("response_format.json_schema.schema must be a JSON Schema object")
+            return schema
+        raise InvalidRequestError(f"unsupported response_format type {kind!r}")
+
+    async def handle(self, request: Request) -> Any:
+        request_id = sanitize_request_id(request.headers.get(REQUEST_ID_HEADER))
+        with request_scope(request_id):
+            try:
+                raw = await request.json()
+            except ValueError:
+                return error_response(400, "invalid_request_error", "the body is not JSON", request_id)
+            try:
+                body = ChatCompletionRequest.model_validate(raw)
+            except ValidationError as exc:
+                return error_response(400, "invalid_request_error", "invalid request body", request_id,
+                                      errors=json.loads(exc.json(include_url=False, include_input=False)))
+            try:
+                return await self._complete(body, request_id)
+            except DeciderError as exc:
+                return _error_for(exc, request_id)
+
+    async def _complete(self, body: ChatCompletionRequest, request_id: str) -> Any:
+        import asyncio
+
+        decider = self.get_decider()
+        schema = self._json_schema(body)
+        decide = self._decide_request(body, request_id)
+        temperature = body.temperature or 0.0
+        top_p = body.top_p if body.top_p is not None else 1.0
+        if schema is not None and decide.tool_choice in ("none",) or schema is not None and not decide.tools:
+            plan = await asyncio.to_thread(decider.plan_json, request_id, decide.messages, schema,
+                                           max_tokens=decide.max_tokens, seed=decide.seed,
+                                           temperature=temperature, top_p=top_p)
+        else:
+            plan = await asyncio.to_thread(decider.plan, decide, min_calls=body.min_tool_calls)
+            plan.temperature, plan.top_p = temperature, top_p
+        headers = {REQUEST_ID_HEADER: request_id}
+        if body.stream:
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            return StreamingResponse(self._sse(decider, plan, body.model, include_usage), media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache"})
+        max_reasks = body.max_reasks if body.max_reasks is not None else 2
+        if plan.mode == "json":
+            value, decision = await decider.agenerate_json(schema, decide.messages, request_id=request_id,
+                                                           max_tokens=decide.max_tokens, max_reasks=max_reasks,
+                                                           seed=decide.seed, temperature=temperature, top_p=top_p)
+            finish_reason = "stop"
+        elif plan.mode == "tools" and temperature == 0.0:
+            decision = await decider.adecide_validated(decide, max_reasks=max_reasks, min_calls=body.min_tool_calls)
+            finish_reason = None
+        else:
+            decision = await decider.arun(plan)
+            finish_reason = None
+        message, reason = _message(decision, plan)
+        payload = {
+            "id": _completion_id(request_id), "object": "chat.completion", "created": int(time.time()),
+            "model": body.model, "system_fingerprint": f"toolrail-{decider.name}",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason or reason, "logprobs": None}],
+            "usage": _usage(decision),
+        }
+        return JSONResponse(payload, headers=headers)
+
+    async def _sse(self, decider: BackendDecider, plan: DecisionPlan, model: str, include_usage: bool) -> AsyncIterator[str]:
+        created = int(time.time())
+        base = {"id": _completion_id(plan.request_id), "object": "chat.completion.chunk", "created": created,
+                "model": model, "system_fingerprint": f"toolrail-{decider.name}"}
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, int] | None = None) -> str:
+            payload = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            if include_usage:
+                payload["usage"] = usage
+            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+        yield chunk({"role": "assistant", "content": None if plan.mode == "tools" else ""})
+        # Tools with alias fields get their arguments once, normalized, when the call is complete:
+        # a raw fragment already sent (沪) could not be taken back for the canonical value.
+        deferred = {name for name, spec in plan.tools.items() if "x-aliases" in json.dumps(spec.parameters)}
+        names: dict[int, str] = {}
+        try:
+            async for event in decider.astream(plan):
+                if event.deltas:
+                    out = []
+                    for delta in event.deltas:
+                        if delta.name is not None:
+                            names[delta.index] = delta.name
+                        entry = delta.to_openai()
+                        if names.get(delta.index) in deferred:
+                            if delta.name is None:
+                                continue
+                            entry["function"]["arguments"] = ""
+                        out.append(entry)
+                    if out:
+                        yield chunk({"tool_calls": out})
+                elif event.content and plan.mode in ("text", "json"):
+                    yield chunk({"content": event.content})
+                if event.decision is not None:
+                    decision = event.decision
+                    if plan.mode == "tools" and not decision.tool_calls and decision.content is not None:
+                        yield chunk({"content": decision.content})
+                    late = [{"index": c.index, "id": c.id, "function": {"arguments": _arguments_text(c)}}
+                            for c in decision.tool_calls if c.name in deferred]
+                    if late:
+                        yield chunk({"tool_calls": late})
+                    _, reason = _message(decision, plan)
+                    yield chunk({}, _finish(reason, event.finish_reason))
+                    if include_usage:
+                        payload = {**base, "choices": [], "usage": _usage(decision)}
+                        yield f"data: {json.dumps(payload)}\n\n"
+        except DeciderError as exc:
+            error = {"error": {"type": type(exc).__name__, "message": str(exc), "details": {}}}
+            yield f"data: {json.dumps(error)}\n\n"
+        yield "data: [DONE]\n\n"
+
+
+def create_router(get_decider: DeciderFactory | None = None) -> APIRouter:
+    """A router with ``POST /chat/completions`` (mount it under ``/v1``).
+
+    ``get_decider`` returns the decider to use (called per request; make it cheap);
+    by default it is :func:`decider.service.get_default_decider` with the process settings.
+    """
+    if get_decider is None:
+        def get_decider() -> BackendDecider:
+            from decider.service import get_default_decider
+            from toolrail.settings import get_settings
+
+            return get_default_decider(get_settings())
+
+    endpoint = _ChatCompletions(get_decider)
+    router = APIRouter()
+    router.add_api_route("/chat/completions", endpoint.handle, methods=["POST"], name="chat_completions")
+    return router
+
+
+def create_app(get_decider: DeciderFactory | None = None) -> FastAPI:
+    """A standalone app serving the router under ``/v1``."""
+    app = FastAPI(title="toolrail decider", version="0.1.0")
+    app.include_router(create_router(get_decider), prefix="/v1")
+    return app
