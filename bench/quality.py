@@ -238,6 +238,7 @@ class RowResult:
     error: str | None = None
     content: str | None = None
     raw_output: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
 
 
 def _pair_fields(expected: list[dict[str, Any]], predicted: list[dict[str, Any]]) -> list[tuple[dict, dict | None]]:
@@ -420,6 +421,7 @@ def run_cases(decider: Decider, cases: Sequence[Case], *, progress: Callable[[Ro
                 error = f"decision for {decision.request_id!r}, asked {request.request_id!r}"
             result = score_row(case, decision.tool_calls, seconds=elapsed, error=error, content=decision.content,
                                raw_output=decision.raw_output)
+            result.usage = dict(decision.usage)
         results.append(result)
         if progress is not None:
             progress(result)
@@ -520,6 +522,21 @@ def _progress_printer(total: int) -> Callable[[RowResult], None]:
     return report
 
 
+def _git_revision() -> str | None:
+    """``<sha>`` or ``<sha>+dirty`` of the working tree the run measured (None outside git)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{sha}+dirty" if dirty else sha
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -550,7 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("no rows match the filters")
     factory = resolve_factory(args.decider)
     techniques: list[str | None] = [t.strip() for t in args.technique.split(",")] if args.technique else [None]
-    report: dict[str, Any] = {"decider": args.decider, "split": args.split, "toolset": args.toolset, "lang": args.lang,
+    report: dict[str, Any] = {"commit": _git_revision(), "decider": args.decider, "split": args.split, "toolset": args.toolset, "lang": args.lang,
                               "limit": args.limit, "rows": len(cases), "runs": []}
     ladder: dict[str, dict[str, Any]] = {}
     for technique in techniques:
