@@ -167,6 +167,9 @@ def decoder_model_name(configs: Mapping[str, mc.ModelConfig], entry: str) -> str
     named = parameter(config, "tensorrt_llm_model_name")
     if named:
         return named
+    if not config.ensemble_scheduling.step:
+        # A model that names no other model decodes itself (the LLM-API model).
+        return entry
     for step in config.ensemble_scheduling.step:
         if step.model_name in configs and "guided_decoding_backend" in configs[step.model_name].parameters:
             return step.model_name
