@@ -170,7 +170,7 @@ def prepare_schema(schema: Mapping[str, Any]) -> PreparedSchema:
     try:
         jsonschema.validators.validator_for(original, default=jsonschema.Draft202012Validator).check_schema(original)
     except jsonschema.SchemaError as exc:
-        where = "/" + "/".join(str(p) for p in exc.absolute_schema_path)
+        where = "/" + "/".join(str(p) for p in exc.absolute_path)
         raise UnsupportedSchemaError("invalid schema", where, f"invalid JSON Schema at {where}: {exc.message}") from None
     postchecks: list[Postcheck] = []
     grammar = _to_grammar(original, "", postchecks)
