@@ -75,8 +75,10 @@ class DeciderConfig:
     grounding: bool = True
     #: Treat every string/number field as grounded unless it says ``"x-grounded": false``.
     ground_all: bool = False
-    #: With ``tool_choice=auto`` the model may answer in text instead of calling a tool.
-    allow_text: bool = True
+    #: With ``tool_choice=auto``, also offer a text answer when some tool keeps its evidence. Off by
+    #: default: a small model then declines calls it should make (SmolLM2 answered 北京明天天气 in
+    #: text); grounding already leaves text as the only option when no tool has evidence.
+    allow_text: bool = False
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     system_prompt: str | None = None
 

@@ -1,0 +1,100 @@
+"""The decider service: planning, the sync facade, re-asks, and the real model end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from decider.errors import InvalidRequestError, PromptTooLongError, UnsupportedSchemaError
+from decider.prompt import PromptRenderer, reask_messages
+from decider.protocol import DecideRequest, Decider
+from decider_fixtures import marker_tools, real_decider, tiny_decider, tiny_engine, weather_tools  # noqa: F401
+from tools.spec import ToolSpec
+
+
+def req(text, tools, **kw):
+    return DecideRequest(request_id=kw.pop("request_id", "svc-1"), messages=[{"role": "user", "content": text}], tools=tools, **kw)
+
+
+def test_implements_the_protocol(tiny_decider):  # noqa: F811
+    assert isinstance(tiny_decider, Decider)
+
+
+def test_sync_decide_from_many_threads(tiny_decider):  # noqa: F811
+    def one(i):
+        marker = f"M{i:06x}"
+        decision = tiny_decider.decide(req(f"balance of {marker} please", marker_tools(), request_id=f"thr-{i}",
+                                           tool_choice="required", max_calls=1, max_tokens=128))
+        return marker, decision
+
+    with ThreadPoolExecutor(8) as pool:
+        for marker, decision in pool.map(one, range(8)):
+            assert len(decision.tool_calls) == 1
+            assert decision.tool_calls[0].arguments["account"] == marker
+            assert decision.tool_calls[0].id == f"call_{decision.request_id}_0"
+
+
+def test_plan_grounds_and_drops(tiny_decider):  # noqa: F811
+    plan = tiny_decider.plan(req("北京明天天气怎么样", weather_tools()))
+    assert plan.dropped == {"transfer": "a required argument has no evidence in the conversation"}
+    assert '"get_weather"' in plan.grammar_json and '"transfer"' not in plan.grammar_json
+    assert "get_weather(city: \"Beijing\", date: \"tomorrow\")" in plan.prompt
+    assert plan.usage()["grammar_compile_us"] >= 0
+
+
+def test_no_evidence_means_text_answer_only(tiny_decider):  # noqa: F811
+    decision = tiny_decider.decide(req("北京后天天气", weather_tools(), max_tokens=64))
+    assert decision.tool_calls == []
+
+
+def test_tool_choice_errors(tiny_decider):  # noqa: F811
+    with pytest.raises(InvalidRequestError):
+        tiny_decider.plan(req("x", [], tool_choice="required"))
+    with pytest.raises(InvalidRequestError):
+        tiny_decider.plan(req("x", weather_tools(), tool_choice={"type": "function", "function": {"name": "nope"}}))
+
+
+def test_unsupported_tool_schema_refused_before_decoding(tiny_decider):  # noqa: F811
+    bad = ToolSpec.from_openai({"name": "bad", "parameters": {"type": "object", "properties": {
+        "x": {"type": "string", "pattern": "^(?!a).*$"}}}})
+    with pytest.raises(UnsupportedSchemaError) as info:
+        tiny_decider.plan(req("x", [bad]))
+    assert info.value.path == "/tools/bad/parameters/properties/x/pattern"
+
+
+def test_prompt_too_long(tiny_decider):  # noqa: F811
+    with pytest.raises(PromptTooLongError):
+        tiny_decider.decide(req("word " * 3000, marker_tools()))
+
+
+def test_tool_choice_none_is_plain_text(tiny_decider):  # noqa: F811
+    decision = tiny_decider.decide(req("hello", marker_tools(), tool_choice="none", max_tokens=8))
+    assert decision.tool_calls == [] and decision.content == decision.raw_output
+
+
+def test_reask_and_render_never_mutate_the_callers_messages(tiny_engine):  # noqa: F811
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                                      "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+    before = copy.deepcopy(messages)
+    out = reask_messages(messages, output="[]", errors=["/x: bad"])
+    PromptRenderer(tiny_engine.tokenizer).render_tools(messages, weather_tools())
+    assert messages == before
+    assert out[:4] == before and out[-1]["role"] == "user" and "/x: bad" in out[-1]["content"]
+
+
+@pytest.mark.model
+def test_real_model_end_to_end(real_decider):  # noqa: F811
+    """SmolLM2-135M-Instruct with grounding: 北京明天天气 → get_weather(Beijing, tomorrow)."""
+    decision = real_decider.decide(req("北京明天天气怎么样", weather_tools(), request_id="real-1", max_tokens=64))
+    assert [c.name for c in decision.tool_calls] == ["get_weather"]
+    assert decision.tool_calls[0].arguments == {"city": "Beijing", "date": "tomorrow"}
+    assert decision.tool_calls[0].id == "call_real-1_0"
+    value, _ = real_decider.generate_json({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                                           "required": ["city"], "additionalProperties": False},
+                                          "Name a city in France as JSON.", request_id="real-2", max_tokens=48)
+    assert isinstance(value["city"], str) and json.dumps(value)
