@@ -127,3 +127,14 @@ def test_defs_are_hoisted_with_refs_rewritten():
     assert accepts(schema, '[{"name": "t", "arguments": {"p": 2}}]')
     assert not accepts(schema, '[{"name": "t", "arguments": {"p": 9}}]')
     assert validation_errors(schema, [{"name": "t", "arguments": {"p": 2}}]) == []
+
+
+@pytest.mark.parametrize("module", ["decider.schema", "decider.grammar", "decider.grounding", "decider.normalize",
+                                    "decider.prompt", "decider.parser", "decider.service", "decider.openai_api",
+                                    "decider.errors"])
+def test_public_names_sorted_and_present(module):
+    import importlib
+
+    mod = importlib.import_module(module)
+    assert mod.__all__ == sorted(mod.__all__)
+    assert all(hasattr(mod, name) for name in mod.__all__)

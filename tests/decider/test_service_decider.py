@@ -98,3 +98,23 @@ def test_real_model_end_to_end(real_decider):  # noqa: F811
                                            "required": ["city"], "additionalProperties": False},
                                           "Name a city in France as JSON.", request_id="real-2", max_tokens=48)
     assert isinstance(value["city"], str) and json.dumps(value)
+
+
+def test_cli_generate_prints_valid_json(tiny_engine, capsys):  # noqa: F811
+    from decider.schema import validation_errors
+    from decider_fixtures import SCHEMA_DIR
+    from toolrail.cli import main
+
+    path = SCHEMA_DIR / "27_weather_call.json"
+    assert main(["generate", "--schema", str(path), "--prompt", "weather", "--model", str(tiny_engine.model_path)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert validation_errors(json.loads(path.read_text()), json.loads(printed)) == []
+
+
+def test_cli_generate_refuses_unsupported_schema(tmp_path, capsys):
+    from toolrail.cli import main
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"type": "object", "propertyNames": {"pattern": "^x"}}))
+    assert main(["generate", "--schema", str(path), "--prompt", "x"]) == 1
+    assert "propertyNames" in capsys.readouterr().err
