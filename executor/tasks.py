@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import redis
-from celery import shared_task
 
 from decider.errors import DeciderRetryableError
 from executor import jobs
+from executor.celery import app
 from executor.errors import RetryableError
 from executor.runtime import get_runtime
 from executor.store import CallRecord, JobRecord
@@ -35,14 +35,14 @@ def dispatch_call(job: JobRecord, call: CallRecord) -> None:
                              headers={CELERY_REQUEST_ID_HEADER: job.request_id})
 
 
-@shared_task(name="toolrail.decide", bind=True, **_RETRY)
+@app.task(name="toolrail.decide", bind=True, **_RETRY)
 def decide(self, job_id: str) -> str:
     """Decide/validate one job and queue its calls."""
     job = jobs.decide_job(get_runtime(), job_id, dispatch_call)
     return job.status
 
 
-@shared_task(name="toolrail.run_call", bind=True, **_RETRY)
+@app.task(name="toolrail.run_call", bind=True, **_RETRY)
 def run_call(self, job_id: str, call_id: str) -> str:
     """Run one call in the sandbox."""
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -38,10 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``toolrail`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # SIGTERM runs the same clean-up as Ctrl-C: child workers and an embedded Redis are stopped.
+    signal.signal(signal.SIGTERM, _terminate)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -1,0 +1,483 @@
+"""The job API (FastAPI).
+
+    POST /v1/jobs               submit a job → 202 {job_id, request_id, status}
+    GET  /v1/jobs               the tenant's recent jobs
+    GET  /v1/jobs/{id}          status and every call with its outcome
+    GET  /v1/jobs/{id}/events   Server-Sent Events of each state change
+    GET  /v1/tools              registered tools and their schemas
+    GET  /healthz  /readyz  /metrics
+
+Every error a client can cause is a 4xx with ``{"error": {"type", "message", "details"}}``;
+Redis being down is a 503; nothing answers with a stack trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, Literal
+
+import redis
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from executor.errors import ExecutorError, IdempotencyConflictError, JobNotFoundError, StoreUnavailableError
+from executor.runtime import Runtime
+from executor.store import JobRecord
+from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
+from toolrail.logging import get_logger
+from toolrail.settings import Settings
+from tools.errors import UnknownToolError
+from tools.spec import ToolSpec
+
+__all__ = ["ApiError", "JobCreate", "create_app"]
+
+log = get_logger("toolrail.api")
+
+
+class ApiError(Exception):
+    """An error with an HTTP status and the standard error body."""
+
+    def __init__(self, status: int, type_: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.status, self.type, self.details = status, type_, details
+
+
+def _error_body(type_: str, message: str, details: Any = None) -> dict[str, Any]:
+    return {"error": {"type": type_, "message": message, "details": details or {}}}
+
+
+# ----------------------------------------------------------------- request bodies
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = Field(default=None, max_length=20_000)
+    name: str | None = Field(default=None, max_length=64)
+    tool_call_id: str | None = Field(default=None, max_length=200)
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, max_length=16)
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+    description: str = Field(default="", max_length=2_000)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class InlineTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class ClientCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    id: str | None = Field(default=None, max_length=200)
+
+
+class NamedChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"] = "function"
+    function: dict[str, str]
+
+
+class JobCreate(BaseModel):
+    """A job: a conversation to decide on, or tool calls/raw output the client brings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[Message] = Field(default_factory=list, max_length=64)
+    tools: list[str | InlineTool] | None = Field(default=None, max_length=32,
+                                                 description="registered tool names or inline OpenAI function specs; default: all registered")
+    tool_calls: list[ClientCall] | None = Field(default=None, max_length=16)
+    raw_output: str | None = Field(default=None, max_length=100_000)
+    tool_choice: Literal["auto", "required", "none"] | NamedChoice = "auto"
+    parallel_tool_calls: bool = True
+    max_reasks: int | None = Field(default=None, ge=0, le=10)
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, value: list[str | InlineTool] | None) -> list[str | InlineTool] | None:
+        if value is not None:
+            names = [v if isinstance(v, str) else v.function.name for v in value]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"tools listed twice: {dupes}")
+        return value
+
+
+# ----------------------------------------------------------------- middleware
+
+
+def _json_depth_exceeds(body: bytes, limit: int) -> bool:
+    depth, in_string, escape = 0, False, False
+    for byte in body:
+        if in_string:
+            if escape:
+                escape = False
+            elif byte == 0x5C:
+                escape = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x7B, 0x5B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x7D, 0x5D):
+            depth -= 1
+    return False
+
+
+class BodyGuard:
+    """ASGI middleware: JSON content type, size and nesting limits before any parsing."""
+
+    def __init__(self, app: Any, *, max_bytes: int, max_depth: int) -> None:
+        self.app, self.max_bytes, self.max_depth = app, max_bytes, max_depth
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["method"] not in {"POST", "PUT", "PATCH"}:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode().lower(): v.decode(errors="replace") for k, v in scope.get("headers", [])}
+        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            await _send_json(send, 415, _error_body("unsupported_media_type", "send the body as application/json",
+                                                    {"content_type": ctype or None}))
+            return
+        declared = headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_bytes:
+            await _send_json(send, 413, _error_body("body_too_large", f"body exceeds {self.max_bytes} bytes"))
+            return
+        chunks, size = [], 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await _send_json(send, 413, _error_body("body_too_large", f"body exceeds {self.max_bytes} bytes"))
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if _json_depth_exceeds(body, self.max_depth):
+            await _send_json(send, 400, _error_body("too_deep", f"JSON nested deeper than {self.max_depth} levels"))
+            return
+        sent = False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _send_json(send: Callable, status: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+# ----------------------------------------------------------------- auth
+
+
+def tenant_of(request: Request, authorization: Annotated[str | None, Header()] = None,
+              x_api_key: Annotated[str | None, Header()] = None) -> str:
+    """The tenant of the caller's API key; ``default`` when no keys are configured."""
+    tenants: dict[str, str] = request.app.state.tenants
+    if not tenants:
+        return "default"
+    key = x_api_key
+    if authorization and authorization.lower().startswith("bearer "):
+        key = authorization[7:].strip()
+    tenant = tenants.get(key or "")
+    if tenant is None:
+        raise ApiError(401, "unauthorized", "a valid API key is required (Authorization: Bearer <key> or X-API-Key)")
+    return tenant
+
+
+Tenant = Annotated[str, Depends(tenant_of)]
+
+
+# ----------------------------------------------------------------- app
+
+
+def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRecord], None] | None = None,
+               ping_workers: Callable[[], int] | None = None, mount_openai: bool | None = None) -> FastAPI:
+    """Build the API over a runtime. ``enqueue`` queues a job's decide step (Celery by default)."""
+    if enqueue is None:
+        from executor.tasks import enqueue_decide as enqueue  # noqa: PLC0415
+    if ping_workers is None:
+        ping_workers = _celery_ping
+    tenants = settings.tenants_by_key()
+    app = FastAPI(title="toolrail", version="0.1.0", description="Serverless tool execution for LLM agents.")
+    app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth)
+    metrics = CollectorRegistry()
+    jobs_created = Counter("toolrail_jobs_created_total", "Jobs accepted", ["tenant"], registry=metrics)
+    http_latency = Histogram("toolrail_http_request_duration_seconds", "API latency", ["method", "route", "status"],
+                             registry=metrics, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+    metrics.register(_QueueDepth(runtime))
+
+    @app.middleware("http")
+    async def correlate(request: Request, call_next: Callable) -> Response:
+        request_id = sanitize_request_id(request.headers.get(REQUEST_ID_HEADER))
+        bind_request(request_id)
+        request.state.request_id = request_id
+        started = time.perf_counter()
+        try:
+            response = await call_next(request)
+        except Exception:  # noqa: BLE001 - last line of defence: no stack traces to clients
+            log.exception("http.unhandled", path=request.url.path)
+            response = JSONResponse(_error_body("internal", "internal error; quote the request id", {"request_id": request_id}),
+                                    status_code=500)
+        elapsed = time.perf_counter() - started
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        http_latency.labels(request.method, route, str(response.status_code)).observe(elapsed)
+        response.headers[REQUEST_ID_HEADER] = request_id
+        if request.url.path not in {"/healthz", "/metrics"}:
+            log.info("http.request", method=request.method, path=request.url.path, status=response.status_code,
+                     duration_ms=round(elapsed * 1000, 2))
+        return response
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(_error_body(exc.type, str(exc), exc.details), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [{"loc": list(e.get("loc", ())), "message": e.get("msg"), "type": e.get("type")} for e in exc.errors()[:20]]
+        return JSONResponse(_error_body("validation_error", "the request body is invalid", {"errors": details}),
+                            status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        type_ = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
+        return JSONResponse(_error_body(type_, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(StoreUnavailableError)
+    async def _store_down(_: Request, exc: StoreUnavailableError) -> JSONResponse:
+        return JSONResponse(_error_body("unavailable", "the job store is unavailable; retry shortly"), status_code=503,
+                            headers={"Retry-After": "1"})
+
+    @app.exception_handler(redis.RedisError)
+    async def _redis_down(_: Request, exc: redis.RedisError) -> JSONResponse:
+        return JSONResponse(_error_body("unavailable", "the job store is unavailable; retry shortly"), status_code=503,
+                            headers={"Retry-After": "1"})
+
+    @app.exception_handler(JobNotFoundError)
+    async def _not_found(_: Request, exc: JobNotFoundError) -> JSONResponse:
+        return JSONResponse(_error_body("not_found", str(exc)), status_code=404)
+
+    @app.exception_handler(IdempotencyConflictError)
+    async def _conflict(_: Request, exc: IdempotencyConflictError) -> JSONResponse:
+        return JSONResponse(_error_body("idempotency_conflict", str(exc), exc.details), status_code=409)
+
+    @app.exception_handler(ExecutorError)
+    async def _executor_error(_: Request, exc: ExecutorError) -> JSONResponse:
+        return JSONResponse(_error_body(exc.type, str(exc), exc.details), status_code=400)
+
+    app.state.tenants = tenants
+
+    @app.get("/healthz", tags=["ops"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"])
+    def readyz() -> JSONResponse:
+        checks: dict[str, Any] = {}
+        try:
+            runtime.redis.ping()
+            checks["redis"] = "ok"
+        except redis.RedisError as exc:
+            checks["redis"] = f"down: {type(exc).__name__}"
+        workers = 0
+        if checks["redis"] == "ok":
+            try:
+                workers = ping_workers()
+            except Exception as exc:  # noqa: BLE001 - readiness reports, never raises
+                checks["workers_error"] = type(exc).__name__
+        checks["workers"] = workers
+        ready = checks["redis"] == "ok" and workers > 0
+        return JSONResponse({"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503)
+
+    @app.get("/metrics", tags=["ops"])
+    def metrics_endpoint() -> Response:
+        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/tools", tags=["tools"])
+    def list_tools() -> dict[str, Any]:
+        return {"tools": [spec.public() for spec in runtime.registry.specs()]}
+
+    @app.post("/v1/jobs", status_code=202, tags=["jobs"])
+    def create_job(body: JobCreate, request: Request, tenant: Tenant,
+                   idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
+        request_id = request.state.request_id
+        names, inline = _resolve_tools(runtime, body)
+        if not body.messages and body.tool_calls is None and body.raw_output is None:
+            raise ApiError(422, "validation_error", "give messages to decide on, or tool_calls / raw_output to validate")
+        if body.tool_calls is not None and body.raw_output is not None:
+            raise ApiError(422, "validation_error", "give tool_calls or raw_output, not both")
+        if isinstance(body.tool_choice, NamedChoice):
+            chosen = body.tool_choice.function.get("name")
+            if chosen not in names and chosen not in {t["function"]["name"] for t in inline}:
+                raise ApiError(422, "unknown_tool", f"tool_choice names {chosen!r}, which is not among the job's tools",
+                               tool=chosen)
+        if body.tool_choice == "required" and not names and not inline:
+            raise ApiError(400, "invalid_request", "tool_choice=required with an empty tool list")
+        client_output = None
+        if body.tool_calls is not None:
+            client_output = {"tool_calls": [c.model_dump(exclude_none=True) for c in body.tool_calls]}
+        elif body.raw_output is not None:
+            client_output = {"raw_output": body.raw_output}
+        max_reasks = settings.default_max_reasks if body.max_reasks is None else body.max_reasks
+        if max_reasks > settings.max_reasks_limit:
+            raise ApiError(422, "validation_error", f"max_reasks may be at most {settings.max_reasks_limit}")
+        job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
+                        messages=[m.model_dump(exclude_none=True) for m in body.messages], tools=names,
+                        inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
+                        else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
+                        max_reasks=max_reasks, client_output=client_output)
+        body_hash = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+        job, created = runtime.store.create(job, idempotency_key=idempotency_key, body_hash=body_hash)
+        if created:
+            jobs_created.labels(tenant).inc()
+            try:
+                enqueue(job)
+            except Exception as exc:  # noqa: BLE001 - the broker is down: the job must not stay queued silently
+                runtime.store.update(job.job_id, lambda j: _fail_enqueue(j, exc))
+                raise StoreUnavailableError(f"could not queue the job: {exc}") from exc
+            log.info("job.created", job_id=job.job_id, tenant=tenant, tools=len(names) + len(inline))
+        return JSONResponse({"job_id": job.job_id, "request_id": job.request_id, "status": job.status},
+                            status_code=202 if created else 200, headers={"Location": f"/v1/jobs/{job.job_id}"})
+
+    @app.get("/v1/jobs", tags=["jobs"])
+    def list_jobs(tenant: Tenant, limit: int = 50) -> dict[str, Any]:
+        limit = max(1, min(limit, 200))
+        return {"jobs": runtime.store.list_jobs(tenant, limit=limit)}
+
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    def get_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
+        return runtime.store.get(_checked_id(job_id), tenant=tenant).public()
+
+    @app.get("/v1/jobs/{job_id}/events", tags=["jobs"])
+    def job_events(job_id: str, tenant: Tenant, last_event_id: Annotated[str | None, Header()] = None,
+                   timeout_s: float = 60.0) -> StreamingResponse:
+        runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 for other tenants, before streaming
+        start = last_event_id if last_event_id and _valid_stream_id(last_event_id) else "0"
+        block_ms = int(max(1.0, min(timeout_s, 300.0)) * 1000)
+
+        def stream() -> Iterator[bytes]:
+            try:
+                for event_id, data in runtime.store.events(job_id, last_id=start, block_ms=block_ms):
+                    yield (f"id: {event_id}\nevent: {data.get('type', 'message')}\n"
+                           f"data: {json.dumps(data, ensure_ascii=False, default=str)}\n\n").encode()
+            except StoreUnavailableError:
+                yield b"event: error\ndata: {\"type\": \"unavailable\"}\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    if mount_openai is None:
+        mount_openai = settings.decider != "none"
+    if mount_openai:
+        try:
+            from decider.openai_api import router as openai_router  # noqa: PLC0415 - optional, heavy
+
+            app.include_router(openai_router, prefix="/v1")
+        except ImportError as exc:
+            log.warning("openai_endpoint.unavailable", error=str(exc))
+    return app
+
+
+def _fail_enqueue(job: JobRecord, exc: Exception) -> None:
+    job.status = "failed"
+    job.error = {"type": "enqueue_failed", "message": f"could not queue the job: {type(exc).__name__}", "details": {}}
+
+
+def _checked_id(job_id: str) -> str:
+    if len(job_id) > 100 or not all(c.isalnum() or c in "_-" for c in job_id):
+        raise JobNotFoundError(f"job {job_id[:100]!r} not found")
+    return job_id
+
+
+def _valid_stream_id(value: str) -> bool:
+    left, _, right = value.partition("-")
+    return left.isdigit() and (right.isdigit() or right == "")
+
+
+def _resolve_tools(runtime: Runtime, body: JobCreate) -> tuple[list[str], list[dict[str, Any]]]:
+    if body.tools is None:
+        return runtime.registry.names(), []
+    names, inline = [], []
+    for item in body.tools:
+        if isinstance(item, str):
+            try:
+                runtime.registry.get(item)
+            except UnknownToolError:
+                raise ApiError(422, "unknown_tool", f"unknown tool {item!r}", tool=item, known=runtime.registry.names()) from None
+            names.append(item)
+        else:
+            fn = item.function
+            if fn.name in runtime.registry:
+                raise ApiError(422, "tool_name_taken", f"inline tool {fn.name!r} has the name of a registered tool", tool=fn.name)
+            try:
+                Draft202012Validator.check_schema(fn.parameters)
+                spec = ToolSpec.from_openai(item.model_dump())
+            except (SchemaError, ValueError) as exc:
+                message = exc.message if isinstance(exc, SchemaError) else str(exc)
+                raise ApiError(422, "invalid_tool_schema", f"tool {fn.name!r}: {message}", tool=fn.name) from None
+            inline.append(spec.to_openai())
+    return names, inline
+
+
+def _celery_ping() -> int:
+    from executor.celery import app as celery_app  # noqa: PLC0415
+
+    replies = celery_app.control.ping(timeout=0.5) or []
+    return len(replies)
+
+
+class _QueueDepth:
+    """Prometheus collector: the depth of every Celery queue, read at scrape time."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def collect(self):  # noqa: ANN201 - prometheus collector protocol
+        gauge = GaugeMetricFamily("toolrail_queue_depth", "Messages waiting per Celery queue", labels=["queue"])
+        try:
+            queues = ["decide", *self._runtime.registry.queues()]
+            pipe = self._runtime.redis.pipeline()
+            for queue in queues:
+                pipe.llen(queue)
+            for queue, depth in zip(queues, pipe.execute(), strict=True):
+                gauge.add_metric([queue], depth)
+        except redis.RedisError:
+            pass
+        yield gauge

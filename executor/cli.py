@@ -1,0 +1,265 @@
+"""``toolrail serve | worker | repair | run | demo``."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import sys
+import time
+from typing import Any
+
+__all__ = ["register"]
+
+DEMO_PROMPT = "北京明天天气怎么样"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser("serve", help="run the API, a worker pool and (if needed) an embedded Redis",
+                                  description="Run the job API with a Celery worker pool. Without REDIS_URL and with "
+                                              "nothing on 127.0.0.1:6379, an embedded redis-server is started.")
+    serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1; others need API keys)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    serve.add_argument("--concurrency", type=int, default=2, help="worker processes (default 2)")
+    serve.add_argument("--no-worker", action="store_true", help="API only (workers run elsewhere)")
+    serve.set_defaults(handler=_serve)
+
+    worker = subparsers.add_parser("worker", help="run a Celery worker (same as: celery -A executor.celery worker)",
+                                   description="Run a Celery worker for the given queues.")
+    worker.add_argument("-Q", "--queues", default=None, help="comma-separated queues (default: decide and every tool queue)")
+    worker.add_argument("-c", "--concurrency", type=int, default=2)
+    worker.add_argument("--loglevel", default="INFO")
+    worker.set_defaults(handler=_worker)
+
+    repair = subparsers.add_parser("repair", help="clean and validate raw model output for one tool (stdin → stdout)",
+                                   description="Read a tool's raw arguments (or a whole call) on stdin; print the cleaned, "
+                                               "validated arguments as JSON and exit 0, or the errors and exit 2.")
+    repair.add_argument("--tool", required=True, help="registered tool name")
+    repair.add_argument("--notes", action="store_true", help="also print the repairs made (to stderr)")
+    repair.set_defaults(handler=_repair)
+
+    run = subparsers.add_parser("run", help="submit one job and print the result",
+                                description="Submit one job (to --url, or to a local stack started for the purpose) "
+                                            "and print its calls and results.")
+    run.add_argument("prompt", nargs="?", default=None, help="the user's message")
+    run.add_argument("--tools", default=None, help="comma-separated registered tool names (default: all)")
+    run.add_argument("--raw-output", default=None, help="validate and run this raw model output instead of deciding")
+    run.add_argument("--tool-calls", default=None, help="JSON list of {name, arguments} to validate and run")
+    run.add_argument("--max-reasks", type=int, default=None)
+    run.add_argument("--url", default=os.environ.get("TOOLRAIL_URL"), help="a running API (default: start a local stack)")
+    run.add_argument("--api-key", default=os.environ.get("TOOLRAIL_API_KEY"))
+    run.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for a terminal status")
+    run.add_argument("--json", action="store_true", help="print the final job record as JSON")
+    run.set_defaults(handler=_run)
+
+    demo = subparsers.add_parser("demo", help="run the main job end to end on the embedded defaults",
+                                 description="Start a local stack and run two jobs: broken raw output cleaned, validated "
+                                             "and executed; and a decision by the embedded model on a Chinese prompt.")
+    demo.add_argument("--json", action="store_true")
+    demo.set_defaults(handler=_demo)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn  # noqa: PLC0415
+
+    from executor.stack import start_worker, stop_process  # noqa: PLC0415
+    from toolrail.logging import configure_logging, get_logger  # noqa: PLC0415
+    from toolrail.redis_embed import ensure_redis  # noqa: PLC0415
+    from toolrail.settings import get_settings  # noqa: PLC0415
+
+    configure_logging()
+    log = get_logger("toolrail.serve")
+    settings = get_settings()
+    host = args.host or settings.host
+    port = args.port or settings.port
+    if not settings.tenants_by_key() and not _is_loopback(host):
+        print(f"refusing to bind {host}: no API keys are configured (set TOOLRAIL_API_KEYS=key:tenant,...) "
+              "— without keys only loopback addresses are allowed", file=sys.stderr)
+        return 2
+    url, embedded = ensure_redis(settings.redis_url, settings.cache_dir)
+    os.environ["REDIS_URL"] = url
+    get_settings.cache_clear()
+    settings = get_settings()
+    log.info("serve.redis", url=url.split("@")[-1], embedded=embedded is not None)
+    worker = None
+    try:
+        if not args.no_worker:
+            from tools.registry import default_registry  # noqa: PLC0415
+
+            worker = start_worker(url, queues=["decide", *default_registry().queues()], concurrency=args.concurrency)
+        from executor.api import create_app  # noqa: PLC0415
+        from executor.runtime import Runtime  # noqa: PLC0415
+
+        app = create_app(settings, Runtime.from_settings(settings, redis_url=url))
+        log.info("serve.listening", url=f"http://{host}:{port}")
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        stop_process(worker)
+        if embedded:
+            embedded.stop()
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from tools.registry import default_registry  # noqa: PLC0415
+
+    queues = args.queues or ",".join(["decide", *default_registry().queues()])
+    argv = [sys.executable, "-m", "celery", "-A", "executor.celery", "worker", "-Q", queues, "-c", str(args.concurrency),
+            "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"]
+    os.execvp(argv[0], argv)
+    return 0  # pragma: no cover
+
+
+def _repair(args: argparse.Namespace) -> int:
+    from executor.pipeline import check_arguments  # noqa: PLC0415
+    from tools.errors import UnknownToolError  # noqa: PLC0415
+    from tools.registry import default_registry  # noqa: PLC0415
+
+    try:
+        spec = default_registry().get(args.tool)
+    except UnknownToolError as exc:
+        print(json.dumps({"error": exc.to_dict()}, ensure_ascii=False), file=sys.stderr)
+        return 2
+    raw = sys.stdin.read()
+    unwrapped: Any = raw
+    try:
+        value = json.loads(raw)
+        if isinstance(value, dict) and value.get("name") == args.tool and "arguments" in value:
+            unwrapped = value["arguments"]
+    except json.JSONDecodeError:
+        pass
+    check = check_arguments(spec, unwrapped)
+    if args.notes and check.repairs:
+        for note in check.repairs:
+            print(f"repaired: {note}", file=sys.stderr)
+    if check.ok:
+        print(json.dumps(check.arguments, ensure_ascii=False))
+        return 0
+    print(json.dumps({"error": {"type": "invalid_arguments", "message": f"arguments for {args.tool} are invalid",
+                                "details": {"errors": check.errors}}}, ensure_ascii=False), file=sys.stderr)
+    return 2
+
+
+def _submit_and_wait(client: Any, body: dict[str, Any], *, timeout: float, show: bool) -> dict[str, Any]:
+    response = client.post("/v1/jobs", json=body)
+    if response.status_code >= 400:
+        raise SystemExit(f"the API refused the job ({response.status_code}): {response.text}")
+    job_id = response.json()["job_id"]
+    if show:
+        print(f"job {job_id}  request_id={response.json()['request_id']}", file=sys.stderr)
+        try:
+            with client.stream("GET", f"/v1/jobs/{job_id}/events", params={"timeout_s": timeout}, timeout=timeout + 5) as stream:
+                for line in stream.iter_lines():
+                    if line.startswith("data: "):
+                        event = json.loads(line[6:])
+                        if event.get("type") == "status":
+                            print(f"  status → {event['status']}", file=sys.stderr)
+                        elif event.get("type") == "call":
+                            print(f"  call {event.get('index')} {event.get('name')} → {event.get('status')}", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - progress display only; polling below decides
+            print(f"  (event stream ended: {type(exc).__name__})", file=sys.stderr)
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in {"succeeded", "failed", "needs_review"} or time.monotonic() > deadline:
+            return job
+        time.sleep(0.2)
+
+
+def _print_job(job: dict[str, Any]) -> None:
+    print(f"status: {job['status']}   request_id: {job['request_id']}")
+    for attempt in job.get("attempts", []):
+        errs = "; ".join(f"{e.get('path')}: {e.get('message')}" for e in attempt.get("errors", [])) or "ok"
+        print(f"  attempt {attempt['attempt']} ({attempt['source']}): {errs}")
+        for note in attempt.get("repairs", [])[:8]:
+            print(f"    repaired {note}")
+    for call in job.get("calls", []):
+        outcome = call.get("result") if call["status"] == "succeeded" else call.get("error")
+        print(f"  [{call['index']}] {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)}) "
+              f"→ {call['status']}: {json.dumps(outcome, ensure_ascii=False)}")
+    if job.get("content"):
+        print(f"  assistant: {job['content']}")
+    if job.get("error") and job["status"] != "succeeded":
+        print(f"  error: {job['error'].get('type')}: {job['error'].get('message')}")
+
+
+def _job_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if args.prompt:
+        body["messages"] = [{"role": "user", "content": args.prompt}]
+    if args.tools:
+        body["tools"] = [t.strip() for t in args.tools.split(",") if t.strip()]
+    if args.raw_output is not None:
+        body["raw_output"] = args.raw_output
+    if args.tool_calls is not None:
+        try:
+            body["tool_calls"] = json.loads(args.tool_calls)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"--tool-calls is not JSON: {exc}") from None
+    if args.max_reasks is not None:
+        body["max_reasks"] = args.max_reasks
+    if not body.get("messages") and "raw_output" not in body and "tool_calls" not in body:
+        raise SystemExit("give a prompt, --raw-output or --tool-calls (see toolrail run --help)")
+    return body
+
+
+def _client(url: str, api_key: str | None) -> Any:
+    import httpx  # noqa: PLC0415
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=30)
+
+
+def _quiet_server_logs() -> None:
+    os.environ.setdefault("TOOLRAIL_LOG_LEVEL", "WARNING")
+
+
+def _run(args: argparse.Namespace) -> int:
+    body = _job_body(args)
+    _quiet_server_logs()
+    if args.url:
+        with _client(args.url, args.api_key) as client:
+            job = _submit_and_wait(client, body, timeout=args.timeout, show=not args.json)
+    else:
+        from executor.stack import LocalStack  # noqa: PLC0415
+
+        if not args.json:
+            print("starting a local stack (Redis, worker pool, API)…", file=sys.stderr)
+        with LocalStack() as stack, _client(stack.url, None) as client:
+            job = _submit_and_wait(client, body, timeout=args.timeout, show=not args.json)
+    if args.json:
+        print(json.dumps(job, ensure_ascii=False, indent=2))
+    else:
+        _print_job(job)
+    return 0 if job["status"] == "succeeded" else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from executor.stack import LocalStack  # noqa: PLC0415
+
+    _quiet_server_logs()
+    broken = ("好的，我来查询：\n```json\n{“name”：“get_weather”，“arguments”：{“city”：“沪”，“date”：“明天”，}}\n```")
+    print("starting a local stack (Redis, worker pool, API)…", file=sys.stderr)
+    status = 0
+    with LocalStack() as stack, _client(stack.url, None) as client:
+        print("\n== 1. a model's broken output, cleaned, validated and executed ==")
+        print(f"raw output: {broken!r}")
+        job = _submit_and_wait(client, {"raw_output": broken, "tools": ["get_weather"]}, timeout=120, show=not args.json)
+        print(json.dumps(job, ensure_ascii=False, indent=2)) if args.json else _print_job(job)
+        status |= job["status"] != "succeeded"
+        print(f"\n== 2. the embedded model decides: {DEMO_PROMPT!r} ==")
+        job = _submit_and_wait(client, {"messages": [{"role": "user", "content": DEMO_PROMPT}]}, timeout=600,
+                               show=not args.json)
+        print(json.dumps(job, ensure_ascii=False, indent=2)) if args.json else _print_job(job)
+        status |= job["status"] != "succeeded"
+    return int(status)

@@ -1,0 +1,153 @@
+"""A whole toolrail on one machine: Redis (embedded if needed), a Celery worker pool, the API.
+
+Used by ``toolrail serve``, ``toolrail run`` and ``toolrail demo``, and by the test
+session — the same real components everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from toolrail.logging import get_logger
+from toolrail.redis_embed import EmbeddedRedis, ensure_redis, free_port
+
+__all__ = ["LocalStack", "start_worker", "wait_for_workers"]
+
+log = get_logger("toolrail.stack")
+
+
+def start_worker(redis_url: str, *, queues: list[str], concurrency: int = 2, env: dict[str, str] | None = None,
+                 hostname: str | None = None, log_file: Path | None = None) -> subprocess.Popen:
+    """Start ``celery -A executor.celery worker`` as a child process."""
+    child_env = {**os.environ, **(env or {}), "REDIS_URL": redis_url}
+    root = str(Path(__file__).resolve().parent.parent)
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, child_env.get("PYTHONPATH")]))
+    args = [sys.executable, "-m", "celery", "-A", "executor.celery", "worker", "-Q", ",".join(queues),
+            "-c", str(concurrency), "--pool", "prefork", "-n", hostname or f"toolrail-{os.getpid()}-{free_port()}@%h",
+            "--without-gossip", "--without-mingle", "--loglevel", "WARNING"]
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
+    return subprocess.Popen(args, env=child_env, stdout=out, stderr=subprocess.STDOUT if log_file else None,
+                            start_new_session=True)
+
+
+def wait_for_workers(redis_url: str, *, count: int = 1, timeout_s: float = 60.0) -> int:
+    """Block until ``count`` workers answer a ping."""
+    from celery import Celery  # noqa: PLC0415
+
+    probe = Celery("toolrail-probe", broker=redis_url)
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while time.monotonic() < deadline:
+        try:
+            seen = len(probe.control.ping(timeout=0.5) or [])
+        except (redis.RedisError, OSError):
+            seen = 0
+        if seen >= count:
+            return seen
+        time.sleep(0.3)
+    raise TimeoutError(f"{count} worker(s) did not answer within {timeout_s}s (saw {seen})")
+
+
+def stop_process(proc: subprocess.Popen | None, *, grace_s: float = 10.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=5)
+
+
+@dataclass
+class LocalStack:
+    """Redis + worker pool + API in a background thread, torn down on exit."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    concurrency: int = 2
+    with_worker: bool = True
+    worker_env: dict[str, str] = field(default_factory=dict)
+    redis_url: str | None = None
+    cache_dir: Path | None = None
+    log_file: Path | None = None
+    _redis: EmbeddedRedis | None = None
+    _worker: subprocess.Popen | None = None
+    _server: object | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, *, wait_workers: bool = True) -> "LocalStack":
+        from toolrail.settings import DEFAULT_CACHE_DIR, get_settings  # noqa: PLC0415
+
+        settings = get_settings()
+        url, self._redis = ensure_redis(self.redis_url or settings.redis_url, self.cache_dir or settings.cache_dir or DEFAULT_CACHE_DIR)
+        self.redis_url = url
+        os.environ["REDIS_URL"] = url
+        get_settings.cache_clear()
+        if self.with_worker:
+            from tools.registry import default_registry  # noqa: PLC0415
+
+            queues = ["decide", *default_registry().queues()]
+            self._worker = start_worker(url, queues=queues, concurrency=self.concurrency, env=self.worker_env,
+                                        log_file=self.log_file)
+        self._start_api()
+        if self.with_worker and wait_workers:
+            wait_for_workers(url, count=1, timeout_s=90)
+        return self
+
+    def _start_api(self) -> None:
+        import uvicorn  # noqa: PLC0415
+
+        from executor.api import create_app  # noqa: PLC0415
+        from executor.runtime import Runtime  # noqa: PLC0415
+        from toolrail.settings import get_settings  # noqa: PLC0415
+
+        settings = get_settings()
+        runtime = Runtime.from_settings(settings, redis_url=self.redis_url)
+        app = create_app(settings, runtime)
+        self.port = self.port or free_port()
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False)
+        server = uvicorn.Server(config)
+        self._server = server
+        self._thread = threading.Thread(target=server.run, name="toolrail-api", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise TimeoutError("the API did not come up within 30 s")
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True  # type: ignore[attr-defined]
+            if self._thread:
+                self._thread.join(timeout=10)
+        stop_process(self._worker)
+        if self._redis is not None:
+            self._redis.stop()
+
+    def __enter__(self) -> "LocalStack":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
