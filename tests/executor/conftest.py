@@ -1,0 +1,144 @@
+"""Executor fixtures: real Redis (the session's), real Celery workers, the real API.
+
+The worker pool is started once per session as a child process running
+``celery -A executor.celery worker`` on every queue, with the test-only tools loaded,
+no decider (spine tests bring their own tool calls), and the ledger on the session Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from executor.stack import start_worker, stop_process, wait_for_workers
+from tools.ledger import Ledger
+
+TEST_TOOL_MODULES = "tests.executor.tools_for_tests"
+LEDGER_PREFIX = "test:ledger"
+SECRET = "s3cr3t-worker-only"
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return os.environ["REDIS_URL"]
+
+
+@pytest.fixture(scope="session")
+def redis_client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+@pytest.fixture(scope="session")
+def worker_env() -> dict[str, str]:
+    marker_dir = tempfile.mkdtemp(prefix="toolrail-markers-")
+    return {"TOOLRAIL_DECIDER": "none", "TOOLRAIL_TOOL_MODULES": TEST_TOOL_MODULES, "TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX,
+            "TOOLRAIL_TEST_SECRET": SECRET, "TOOLRAIL_TEST_MARKER_DIR": marker_dir, "TOOLRAIL_LOG_JSON": "1"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _executor_env(worker_env: dict[str, str]) -> Iterator[None]:
+    """The pytest process sees the same tools and settings as the workers."""
+    from toolrail.settings import get_settings
+    from tools.registry import default_registry
+
+    saved = {k: os.environ.get(k) for k in worker_env}
+    os.environ.update({k: v for k, v in worker_env.items() if k != "TOOLRAIL_TEST_SECRET"})
+    default_registry.cache_clear()
+    get_settings.cache_clear()
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    default_registry.cache_clear()
+    get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def worker_log() -> Path:
+    return Path(tempfile.mkdtemp(prefix="toolrail-worker-log-")) / "worker.log"
+
+
+@pytest.fixture(scope="session")
+def worker(redis_url: str, worker_env: dict[str, str], worker_log: Path) -> Iterator[object]:
+    """A real Celery worker pool (2 processes) on every queue."""
+    from tools.registry import default_registry
+
+    queues = ["decide", *default_registry().queues()]
+    proc = start_worker(redis_url, queues=queues, concurrency=2, env=worker_env, log_file=worker_log,
+                        hostname="toolrail-test@%h")
+    try:
+        wait_for_workers(redis_url, count=1, timeout_s=60)
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def runtime(redis_url: str):
+    from executor.runtime import Runtime
+    from toolrail.settings import get_settings
+
+    return Runtime.from_settings(get_settings(), redis_url=redis_url)
+
+
+@pytest.fixture(scope="session")
+def api(runtime, worker) -> Iterator[str]:
+    """The API on a loopback port, over the session Redis and workers."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from executor.api import create_app
+    from toolrail.redis_embed import free_port
+    from toolrail.settings import get_settings
+
+    app = create_app(get_settings(), runtime, mount_openai=False)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield base
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture()
+def client(api: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def ledger(redis_client: redis.Redis) -> Ledger:
+    book = Ledger(redis_client, prefix=LEDGER_PREFIX)
+    book.seed()
+    return book
+
+
+def wait_terminal(client: httpx.Client, job_id: str, timeout_s: float = 60.0) -> dict:
+    """Poll a job until it reaches a terminal status."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in {"succeeded", "failed", "needs_review"}:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} not terminal after {timeout_s}s: {job}")

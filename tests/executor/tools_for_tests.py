@@ -1,0 +1,60 @@
+"""Tools registered only in the test session (``TOOLRAIL_TOOL_MODULES``).
+
+They let tests look at the sandbox from the inside: what a tool process sees of its
+environment and of the request id, and how it behaves when killed mid-call.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tools.context import current_call
+from tools.spec import ToolSpec
+
+
+class InspectArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    variable: str = Field(default="TOOLRAIL_TEST_SECRET", max_length=64)
+
+
+def inspect_sandbox(args: InspectArgs) -> dict[str, Any]:
+    """Report what the sandbox exposes: one env variable, the request id, the cwd, the pid."""
+    call = current_call()
+    return {"variable": args.variable, "value": os.environ.get(args.variable), "env_keys": sorted(os.environ),
+            "request_id_env": os.environ.get("TOOLRAIL_REQUEST_ID"), "request_id_ctx": call.request_id,
+            "cwd": os.getcwd(), "pid": os.getpid(), "ppid": os.getppid()}
+
+
+class SlowTransferArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    from_account: str
+    to: str
+    amount: float = Field(gt=0)
+    currency: str = "CNY"
+    delay_s: float = Field(default=2.0, ge=0, le=30)
+
+
+def slow_transfer(args: SlowTransferArgs) -> dict[str, Any]:
+    """A transfer that waits before applying, so a test can kill the worker mid-call."""
+    from tools.ledger import ledger_from_env, to_cents  # noqa: PLC0415
+
+    marker = os.environ.get("TOOLRAIL_TEST_MARKER_DIR")
+    if marker:
+        with open(os.path.join(marker, f"{os.getpid()}.started"), "w") as fh:
+            fh.write(current_call().call_id)
+    time.sleep(args.delay_s)
+    return ledger_from_env().transfer(from_account=args.from_account, to=args.to, cents=to_cents(args.amount),
+                                      currency=args.currency, idempotency_key=current_call().idempotency_key)
+
+
+def register(registry) -> None:  # noqa: ANN001 - the registry plug-in hook
+    registry.add(ToolSpec.from_model("inspect_sandbox", InspectArgs, entrypoint="tests.executor.tools_for_tests:inspect_sandbox",
+                                     timeout_s=5, memory_mb=512))
+    registry.add(ToolSpec.from_model("slow_transfer", SlowTransferArgs, entrypoint="tests.executor.tools_for_tests:slow_transfer",
+                                     side_effects=True, networked=True, timeout_s=20, memory_mb=512))
