@@ -452,7 +452,7 @@ class EmbeddedEngine:
         self._counter = itertools.count()
         self.stats: dict[str, float] = {
             "decode_steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "prefix_hit_tokens": 0,
-            "forward_s": 0.0, "grammar_wait_s": 0.0, "mask_apply_rows": 0, "max_batch_seen": 0,
+            "forward_s": 0.0, "decode_s": 0.0, "grammar_wait_s": 0.0, "mask_apply_rows": 0, "max_batch_seen": 0,
         }
 
     # ---------------------------------------------------------------- construction
@@ -775,6 +775,7 @@ class EmbeddedEngine:
         tokens = self._pick(batch, logits, need_mask)
         for seq, token in zip(batch, tokens):
             self._accept(seq, token)  # a finished request leaves the batch in _finish
+        self.stats["decode_s"] += time.perf_counter() - started
 
     def _pick(self, batch: list[_Sequence], logits: torch.Tensor, need_mask: list[bool]) -> list[int]:
         """Choose the next token per row; masks only the rows whose pick the grammar forbids."""
