@@ -15,6 +15,7 @@ report. Every change is recorded as a note so the job record shows what was repa
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable
@@ -51,6 +52,8 @@ class Draft:
     notes: tuple[str, ...] = ()
     #: Set by ``relex`` when the text ended inside open brackets.
     open_brackets: tuple[str, ...] = field(default=())
+    #: Set by ``relex``: the role of the final token (value, number, word, key, colon, comma, open).
+    last_token: str = ""
 
     def note(self, message: str, **changes: Any) -> "Draft":
         return replace(self, notes=(*self.notes, message), **changes)
@@ -60,31 +63,28 @@ TextStep = Callable[[Draft], Draft]
 ValueStep = Callable[[Any, dict[str, Any]], tuple[Any, list[str]]]
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_-]*)[ \t]*\n?(.*?)(?:```|$)", re.DOTALL)
+_OPENERS = {"{": "}", "[": "]", "｛": "｝", "［": "］"}
+_CLOSERS = frozenset({"}", "]", "｝", "］"})
+_QUOTES = {'"': '"', "'": "'", "“": "”", "„": "”", "‘": "’", "「": "」", "『": "』", "＂": "＂"}
 
 
 def strip_code_fences(draft: Draft) -> Draft:
-    """```json ... ``` → the inside (an unterminated fence keeps everything after it)."""
+    """```json ... ``` → the inside (an unterminated fence keeps everything after it).
+
+    Only a fence that opens before any JSON bracket counts: backticks inside a string
+    value of the JSON itself are content, not Markdown.
+    """
     match = _FENCE.search(draft.text)
-    if not match:
+    if not match or any(ch in _OPENERS for ch in draft.text[:match.start()]):
         return draft
     return draft.note(f"stripped a ```{match.group(1)} code fence", text=match.group(2).strip())
 
 
-_OPENERS = {"{": "}", "[": "]", "｛": "｝", "［": "］"}
-_QUOTES = {'"': '"', "'": "'", "“": "”", "„": "”", "‘": "’", "「": "」", "『": "』", "＂": "＂"}
-
-
-def extract_json_span(draft: Draft) -> Draft:
-    """Cut the first JSON object/array out of surrounding prose."""
-    text = draft.text.strip()
-    if not text or text[0] in _OPENERS:
-        return draft if text == draft.text else replace(draft, text=text)
-    start = next((i for i, ch in enumerate(text) if ch in _OPENERS), None)
-    if start is None:
-        return draft
-    depth, end, quote = 0, None, None
-    i = start
-    while i < len(text):
+def _span_end(text: str, start: int) -> int | None:
+    """Index just past the bracket closing the one at ``start``; None when the text ends first."""
+    depth, quote = 0, None
+    i, n = start, len(text)
+    while i < n:
         ch = text[i]
         if quote:
             if ch == "\\":
@@ -96,13 +96,24 @@ def extract_json_span(draft: Draft) -> Draft:
             quote = _QUOTES[ch]
         elif ch in _OPENERS:
             depth += 1
-        elif ch in ("}", "]", "｝", "］"):
+        elif ch in _CLOSERS:
             depth -= 1
             if depth == 0:
-                end = i + 1
-                break
+                return i + 1
         i += 1
+    return None
+
+
+def extract_json_span(draft: Draft) -> Draft:
+    """Cut the first JSON object/array out of surrounding prose (before and after it)."""
+    text = draft.text.strip()
+    start = next((i for i, ch in enumerate(text) if ch in _OPENERS), None)
+    if start is None:
+        return draft if text == draft.text else replace(draft, text=text)
+    end = _span_end(text, start)
     span = text[start:end] if end else text[start:]
+    if span == text:
+        return draft if text == draft.text else replace(draft, text=text)
     dropped = len(text) - len(span)
     return draft.note(f"extracted JSON from surrounding prose ({dropped} characters around it)", text=span)
 
@@ -112,15 +123,40 @@ _PUNCT = {"{": "{", "}": "}", "[": "[", "]": "]", ":": ":", ",": ",",
 _LITERALS = {"true": "true", "false": "false", "null": "null", "True": "true", "False": "false", "None": "null",
              "TRUE": "true", "FALSE": "false", "NULL": "null", "nil": "null"}
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
-_WORD_STOP = set(" \t\r\n") | set(_PUNCT) | set(_QUOTES)
+_WORD_STOP = set(" \t\r\n\u3000") | set(_PUNCT) | set(_QUOTES)
+_ESCAPE = re.compile(r'\\(u[0-9a-fA-F]{4}|["\\/bfnrt])|\\')
+_ESCAPED_APOSTROPHE = re.compile(r"(?<!\\)((?:\\\\)*)\\'")
+_BARE_DOUBLE_QUOTE = re.compile(r'(?<!\\)((?:\\\\)*)"')
 
 
 def _value_end(tok: tuple[str, str] | None) -> bool:
-    return tok is not None and (tok[0] in {"str", "num", "lit"} or tok[1] in {"}", "]"})
+    return tok is not None and (tok[0] in {"str", "num", "lit", "word"} or tok[1] in {"}", "]"})
 
 
 def _value_start(tok: tuple[str, str]) -> bool:
-    return tok[0] in {"str", "num", "lit"} or tok[1] in {"{", "["}
+    return tok[0] in {"str", "num", "lit", "word"} or tok[1] in {"{", "["}
+
+
+def _decode_string(body: str, quote: str) -> tuple[str, bool]:
+    """The value of a string body between ``quote`` marks; True when escapes were invalid.
+
+    JSON escapes are decoded; a backslash that starts no valid escape is kept as a
+    literal backslash. Raw control characters (a literal newline) are kept as they are.
+    """
+    body = _ESCAPED_APOSTROPHE.sub(r"\1'", body)  # \' is no JSON escape; models mean '
+    if quote != '"':
+        body = _BARE_DOUBLE_QUOTE.sub(r'\1\\"', body)  # a " inside '…' or “…” is content
+    invalid = False
+
+    def keep(match: re.Match[str]) -> str:
+        nonlocal invalid
+        if match.group(1) is None:
+            invalid = True
+            return "\\\\"
+        return match.group(0)
+
+    fixed = _ESCAPE.sub(keep, body)
+    return json.loads(f'"{fixed}"', strict=False), invalid
 
 
 def relex(draft: Draft) -> Draft:
@@ -128,13 +164,21 @@ def relex(draft: Draft) -> Draft:
 
     Strings may be delimited by any common quote pair; their contents are kept exactly.
     Outside strings, full-width punctuation becomes JSON syntax, Python literals become JSON
-    ones, bare words become strings, missing commas are inserted and trailing ones removed.
+    ones, bare words become strings, missing commas are inserted and trailing or doubled
+    ones removed. Records on the draft the brackets left open and the role of the last
+    token, for ``close_truncated``.
     """
     text, notes = draft.text, []
     tokens: list[tuple[str, str]] = []
     stack: list[str] = []
     i, n = 0, len(text)
-    unterminated = False
+
+    def push(tok: tuple[str, str]) -> None:
+        if _value_start(tok) and _value_end(tokens[-1] if tokens else None):
+            tokens.append(("punct", ","))
+            notes.append("inserted a missing comma")
+        tokens.append(tok)
+
     while i < n:
         ch = text[i]
         if ch in " \t\r\n\u3000":
@@ -142,35 +186,32 @@ def relex(draft: Draft) -> Draft:
             continue
         if ch in _QUOTES:
             close = _QUOTES[ch]
-            j, buf = i + 1, []
+            j = i + 1
             while j < n and text[j] != close:
-                if text[j] == "\\" and j + 1 < n:
-                    buf.append(text[j:j + 2])
-                    j += 2
-                    continue
-                buf.append(text[j])
-                j += 1
-            raw = "".join(buf)
+                j += 2 if text[j] == "\\" else 1
             if j >= n:
-                unterminated = True
-            if ch == '"':
-                try:
-                    value = json.loads(f'"{raw}"')
-                except json.JSONDecodeError:
-                    value = raw
-                    notes.append("fixed invalid escapes in a string")
-            else:
-                value = raw.replace("\\'", "'")
+                raise CleaningError("output was cut inside a string; its value is unknown",
+                                    errors=[{"path": "", "message": "truncated inside a string"}])
+            value, invalid = _decode_string(text[i + 1:j], ch)
+            if invalid:
+                notes.append("kept invalid escapes in a string as literal backslashes")
+            if ch != '"':
                 notes.append(f"requoted a {ch}…{close} string")
-            tokens.append(("str", json.dumps(value, ensure_ascii=False)))
+            push(("str", json.dumps(value, ensure_ascii=False)))
             i = j + 1
             continue
         if ch in _PUNCT:
             sym = _PUNCT[ch]
+            i += 1
             if sym != ch:
                 notes.append(f"full-width {ch!r} → {sym!r}")
+            if sym == "," and (not tokens or tokens[-1][1] in {",", "{", "[", ":"}) and stack and stack[-1] == "}":
+                notes.append("removed a doubled comma")
+                continue
             if sym in "{[":
                 stack.append("}" if sym == "{" else "]")
+                if len(stack) > MAX_DEPTH:
+                    raise CleaningError(f"nesting deeper than {MAX_DEPTH}", errors=[{"path": "", "message": "too deep"}])
             elif sym in "}]":
                 if tokens and tokens[-1][1] == ",":
                     tokens.pop()
@@ -178,13 +219,8 @@ def relex(draft: Draft) -> Draft:
                 if stack and stack[-1] == sym:
                     stack.pop()
                 else:
-                    raise CleaningError(f"unbalanced {sym!r} at offset {i}", errors=[{"path": "", "message": f"unbalanced {sym!r}"}])
-            tok = ("punct", sym)
-            if _value_start(tok) and _value_end(tokens[-1] if tokens else None):
-                tokens.append(("punct", ","))
-                notes.append("inserted a missing comma")
-            tokens.append(tok)
-            i += 1
+                    raise CleaningError(f"unbalanced {sym!r} at offset {i - 1}", errors=[{"path": "", "message": f"unbalanced {sym!r}"}])
+            push(("punct", sym))
             continue
         number = _NUMBER.match(text, i)
         if number and (number.end() == n or text[number.end()] in _WORD_STOP):
@@ -204,72 +240,57 @@ def relex(draft: Draft) -> Draft:
                 raise CleaningError(f"{word} is not a JSON value", errors=[{"path": "", "message": f"{word} is not a JSON value"}])
             else:
                 notes.append(f"quoted bare word {word!r}")
-                tok = ("str", json.dumps(word, ensure_ascii=False))
-        if _value_end(tokens[-1] if tokens else None) and _value_start(tok):
-            tokens.append(("punct", ","))
-            notes.append("inserted a missing comma")
-        tokens.append(tok)
-        if len(stack) > MAX_DEPTH:
-            raise CleaningError(f"nesting deeper than {MAX_DEPTH}", errors=[{"path": "", "message": "too deep"}])
-    if unterminated:
-        raise CleaningError("output was cut inside a string; its value is unknown",
-                            errors=[{"path": "", "message": "truncated inside a string"}])
+                tok = ("word", json.dumps(word, ensure_ascii=False))
+        push(tok)
     rendered = "".join(tok for _, tok in tokens)
-    new = replace(draft, text=rendered, open_brackets=tuple(stack), notes=(*draft.notes, *dict.fromkeys(notes)))
-    return new
+    return replace(draft, text=rendered, open_brackets=tuple(stack), last_token=_last_role(tokens, stack),
+                   notes=(*draft.notes, *dict.fromkeys(notes)))
+
+
+def _last_role(tokens: list[tuple[str, str]], stack: list[str]) -> str:
+    """What the final token is: value, number, word, key, colon, comma or open."""
+    if not tokens:
+        return ""
+    kind, tok = tokens[-1]
+    if kind == "punct":
+        return {":": "colon", ",": "comma", "{": "open", "[": "open"}.get(tok, "value")
+    if kind in {"str", "word"} and stack and stack[-1] == "}" and (len(tokens) == 1 or tokens[-2][1] in {"{", ","}):
+        return "key"
+    return {"num": "number", "word": "word"}.get(kind, "value")
 
 
 def close_truncated(draft: Draft) -> Draft:
     """Close brackets left open when output was cut on a value boundary; refuse otherwise.
 
-    A cut after a complete string, literal or closed container is safe to close. A cut
-    after a number (``100`` may have been ``1000``), a key or a colon is not.
+    A cut after a complete string, literal or closed container (or after the comma that
+    follows any value) is safe to close. A cut after a number (``100`` may have been
+    ``1000``), a bare word (``tru``…), a key, a colon or an opening bracket is not.
     """
     if not draft.open_brackets:
         return draft
     text = draft.text.rstrip()
+    role = draft.last_token
     if text.endswith(","):
         text = text[:-1]
-    if text.endswith(":") or re.search(r"[\d.]$", text):
+    elif role in {"number", "word", "colon", "open"} or (not role and (text.endswith(":") or re.search(r"[\d.{\[]$", text))):
         raise CleaningError("output was cut before a value was complete",
                             errors=[{"path": "", "message": "truncated output: the last value is incomplete"}])
-    try:
-        last_is_key = text.endswith('"') and _last_string_is_key(text)
-    except ValueError:
-        last_is_key = False
-    if last_is_key:
+    if role == "key":
         raise CleaningError("output was cut after a key", errors=[{"path": "", "message": "truncated output after a key"}])
     closing = "".join(reversed(draft.open_brackets))
     return draft.note(f"closed {len(closing)} bracket(s) of truncated output", text=text + closing, open_brackets=())
 
 
-def _last_string_is_key(text: str) -> bool:
-    """True when the final string token is an object key (preceded by '{' or ',' inside an object)."""
-    depth_kinds: list[str] = []
-    prev_sig = ""
-    last_string_prev = ""
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == '"':
-            j = i + 1
-            while j < len(text) and text[j] != '"':
-                j += 2 if text[j] == "\\" else 1
-            last_string_prev = prev_sig
-            prev_sig = "s"
-            i = j + 1
-            continue
-        if ch in "{[":
-            depth_kinds.append(ch)
-        elif ch in "}]" and depth_kinds:
-            depth_kinds.pop()
-        if not ch.isspace():
-            prev_sig = ch
-        i += 1
-    return bool(depth_kinds) and depth_kinds[-1] == "{" and last_string_prev in {"{", ","}
-
-
 TEXT_STEPS: tuple[TextStep, ...] = (strip_code_fences, extract_json_span, relex, close_truncated)
+
+
+class _NonJSONConstant(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    """Python's json accepts NaN and Infinity; JSON does not, and neither does a tool argument."""
+    raise _NonJSONConstant(name)
 
 
 def clean_text(text: str, steps: tuple[TextStep, ...] = TEXT_STEPS) -> tuple[Any, tuple[str, ...]]:
@@ -281,8 +302,8 @@ def clean_text(text: str, steps: tuple[TextStep, ...] = TEXT_STEPS) -> tuple[Any
         raise CleaningError(f"output of {len(text)} characters exceeds {MAX_TEXT_CHARS}",
                             errors=[{"path": "", "message": "output too large"}])
     try:
-        return json.loads(text), ()
-    except (json.JSONDecodeError, RecursionError):
+        return json.loads(text, parse_constant=_reject_constant), ()
+    except (json.JSONDecodeError, RecursionError, _NonJSONConstant):
         pass
     draft = Draft(text=text)
     for step in steps:
@@ -327,6 +348,7 @@ def _walk_objects(value: Any, schema: dict[str, Any], fn: Callable[[dict, dict, 
 
 def apply_aliases(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
     """Map declared aliases (``x-aliases``) to canonical values: 沪 → Shanghai, 明天 → tomorrow."""
+    value = copy.deepcopy(value)
 
     def visit(obj: dict, props: dict, path: str) -> list[str]:
         out = []
@@ -355,7 +377,9 @@ def coerce_scalars(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
     """Coerce scalars where the schema names exactly one type: "100" → 100, "true" → true, 42 → "42".
 
     Enum strings are case-folded to the unique enum member they match ("Today" → "today").
+    Only integers become strings: ``1.50`` or ``1e3`` have no single faithful spelling.
     """
+    value = copy.deepcopy(value)
 
     def visit(obj: dict, props: dict, path: str) -> list[str]:
         out = []
@@ -377,7 +401,7 @@ def coerce_scalars(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
                     new = int(number) if _INT.match(s) else number
             elif isinstance(current, str) and types == {"boolean"} and current.strip().lower() in {"true", "false"}:
                 new = current.strip().lower() == "true"
-            elif isinstance(current, bool) is False and isinstance(current, (int, float)) and types == {"string"}:
+            elif type(current) is int and types == {"string"}:
                 new = str(current)
             elif isinstance(current, float) and types == {"integer"} and current.is_integer():
                 new = int(current)
@@ -395,6 +419,7 @@ def coerce_scalars(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
 
 def fill_defaults(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
     """Fill declared defaults of optional fields that are missing."""
+    value = copy.deepcopy(value)
 
     def visit(obj: dict, props: dict, path: str) -> list[str]:
         out = []
@@ -414,7 +439,6 @@ VALUE_STEPS: tuple[ValueStep, ...] = (coerce_scalars, apply_aliases, fill_defaul
 
 
 def _run(value: Any, schema: dict[str, Any], steps: tuple[ValueStep, ...]) -> tuple[Any, tuple[str, ...]]:
-    value = json.loads(json.dumps(value))  # never mutate the caller's object
     notes: list[str] = []
     for step in steps:
         value, step_notes = step(value, schema)
