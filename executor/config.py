@@ -44,6 +44,7 @@ def celery_config(redis_url: str, *, visibility_timeout_s: int = 3600, task_time
         "broker_connection_max_retries": None,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_hijack_root_logger": False,
+        "worker_redirect_stdouts": False,
         "worker_send_task_events": False,
         "task_send_sent_event": False,
         "enable_utc": True,

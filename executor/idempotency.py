@@ -38,6 +38,19 @@ class Begin:
     replay: dict[str, Any] | None = None
 
 
+def _owner_is_dead(owner: str) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 class IdempotencyStore:
     def __init__(self, client: redis.Redis, *, prefix: str = "tr:idem", ttl_s: int = 24 * 3600) -> None:
         self._redis = client
@@ -63,6 +76,11 @@ class IdempotencyStore:
                                            key=key, job_id=job_id, call_id=call_id)
         if existing["state"] == "completed":
             return Begin(key, replay=existing["outcome"])
+        if _owner_is_dead(existing.get("owner", "")):
+            # The delivery that held the lock died on this host (its worker was killed): take over now
+            # rather than waiting for expiry. The tool still gets the same idempotency key.
+            if self._redis.delete(key):
+                return self.begin(job_id, call_id, digest, lock_s=lock_s)
         ttl_ms = self._redis.pttl(key)
         raise CallInProgressError("another delivery of this call is running", key=key, owner=existing.get("owner"),
                                   retry_in_s=max(0.5, ttl_ms / 1000 if ttl_ms and ttl_ms > 0 else 1.0))

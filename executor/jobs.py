@@ -29,6 +29,9 @@ __all__ = ["Dispatch", "decide_job", "finalize_job", "job_specs", "run_call"]
 
 log = get_logger("toolrail.executor")
 
+#: The idempotency lock outlives the tool's wall-clock limit by this much (bookkeeping after the kill).
+LOCK_GRACE_S = 10.0
+
 #: ``dispatch(job, call)`` enqueues one call on its tool queue.
 Dispatch = Callable[[JobRecord, CallRecord], None]
 
@@ -150,7 +153,7 @@ def run_call(rt: Runtime, job_id: str, call_id_: str) -> CallRecord:
     digest = payload_hash(call.name, arguments)
     outcome: dict[str, Any] | None = None
     if spec.side_effects:
-        begin = rt.idempotency.begin(job_id, call.id, digest, lock_s=spec.timeout_s + 30)  # may raise retryable
+        begin = rt.idempotency.begin(job_id, call.id, digest, lock_s=spec.timeout_s + LOCK_GRACE_S)  # may raise retryable
         if begin.replay is not None:
             outcome = {**begin.replay, "replayed": True}
             log.info("call.replayed", job_id=job_id, call_id=call.id)

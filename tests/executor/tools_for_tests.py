@@ -44,12 +44,11 @@ def slow_transfer(args: SlowTransferArgs) -> dict[str, Any]:
     """A transfer that waits before applying, so a test can kill the worker mid-call."""
     from tools.ledger import ledger_from_env, to_cents  # noqa: PLC0415
 
-    marker = os.environ.get("TOOLRAIL_TEST_MARKER_DIR")
-    if marker:
-        with open(os.path.join(marker, f"{os.getpid()}.started"), "w") as fh:
-            fh.write(current_call().call_id)
+    ledger = ledger_from_env()
+    # Tell the test which process runs this call (the tool may reach only the ledger's Redis).
+    ledger._redis.set(f"test:started:{current_call().call_id}", os.getpid(), ex=300)  # noqa: SLF001
     time.sleep(args.delay_s)
-    return ledger_from_env().transfer(from_account=args.from_account, to=args.to, cents=to_cents(args.amount),
+    return ledger.transfer(from_account=args.from_account, to=args.to, cents=to_cents(args.amount),
                                       currency=args.currency, idempotency_key=current_call().idempotency_key)
 
 
@@ -57,4 +56,4 @@ def register(registry) -> None:  # noqa: ANN001 - the registry plug-in hook
     registry.add(ToolSpec.from_model("inspect_sandbox", InspectArgs, entrypoint="tests.executor.tools_for_tests:inspect_sandbox",
                                      timeout_s=5, memory_mb=512))
     registry.add(ToolSpec.from_model("slow_transfer", SlowTransferArgs, entrypoint="tests.executor.tools_for_tests:slow_transfer",
-                                     side_effects=True, networked=True, timeout_s=20, memory_mb=512))
+                                     side_effects=True, networked=True, timeout_s=8, memory_mb=512))
