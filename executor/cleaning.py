@@ -105,11 +105,14 @@ def _span_end(text: str, start: int) -> int | None:
 
 
 def extract_json_span(draft: Draft) -> Draft:
-    """Cut the first JSON object/array out of surrounding prose (before and after it)."""
+    """Cut the first JSON object/array out of surrounding prose (before and after it).
+
+    Text with no bracket at all holds no call: re-lexing prose would turn it into words.
+    """
     text = draft.text.strip()
     start = next((i for i, ch in enumerate(text) if ch in _OPENERS), None)
     if start is None:
-        return draft if text == draft.text else replace(draft, text=text)
+        raise CleaningError("no JSON found in the output", errors=[{"path": "", "message": "no JSON value found"}])
     end = _span_end(text, start)
     span = text[start:end] if end else text[start:]
     if span == text:
