@@ -15,7 +15,6 @@ report. Every change is recorded as a note so the job record shows what was repa
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from collections.abc import Callable
@@ -349,9 +348,30 @@ def _walk_objects(value: Any, schema: dict[str, Any], fn: Callable[[dict, dict, 
     return notes
 
 
+def _copy_along(value: Any, schema: Any) -> Any:
+    """Copy the containers the schema describes (the only ones a value step writes to).
+
+    Steps stay pure without a full deep copy, which would recurse through arbitrarily
+    deep parts of the value that the schema does not describe (and no step touches).
+    """
+    if not isinstance(schema, dict):
+        return value
+    if isinstance(value, dict):
+        out = dict(value)
+        props = schema.get("properties")
+        if isinstance(props, dict):
+            for key, sub in props.items():
+                if key in out:
+                    out[key] = _copy_along(out[key], sub)
+        return out
+    if isinstance(value, list):
+        return [_copy_along(item, schema.get("items")) for item in value]
+    return value
+
+
 def apply_aliases(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
     """Map declared aliases (``x-aliases``) to canonical values: 沪 → Shanghai, 明天 → tomorrow."""
-    value = copy.deepcopy(value)
+    value = _copy_along(value, schema)
 
     def visit(obj: dict, props: dict, path: str) -> list[str]:
         out = []
@@ -382,7 +402,7 @@ def coerce_scalars(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
     Enum strings are case-folded to the unique enum member they match ("Today" → "today").
     Only integers become strings: ``1.50`` or ``1e3`` have no single faithful spelling.
     """
-    value = copy.deepcopy(value)
+    value = _copy_along(value, schema)
 
     def visit(obj: dict, props: dict, path: str) -> list[str]:
         out = []
@@ -422,7 +442,7 @@ def coerce_scalars(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
 
 def fill_defaults(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
     """Fill declared defaults of optional fields that are missing."""
-    value = copy.deepcopy(value)
+    value = _copy_along(value, schema)
 
     def visit(obj: dict, props: dict, path: str) -> list[str]:
         out = []
