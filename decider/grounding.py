@@ -76,6 +76,10 @@ _EN_STOP = {
 }
 
 
+#: ``name`` of the user-role message that carries validation errors in a re-ask.
+FEEDBACK_NAME = "validator"
+
+
 def message_text(message: Mapping[str, Any]) -> str:
     """The text of one chat message (string content or text parts)."""
     content = message.get("content")
@@ -197,7 +201,8 @@ def collect_evidence(messages: Sequence[Mapping[str, Any]], *, roles: Iterable[s
     request's own tool vocabulary (enum cues, aliases, words of the tool descriptions).
     """
     roles = tuple(roles)
-    text = "\n".join(message_text(m) for m in messages if m.get("role") in roles)
+    # Validator feedback in a re-ask lists the allowed values; it is not evidence of what the user wants.
+    text = "\n".join(message_text(m) for m in messages if m.get("role") in roles and m.get("name") != FEEDBACK_NAME)
     spans: list[str] = []
     for match in _QUOTED.finditer(text):
         spans.append(next(group for group in match.groups() if group))

@@ -121,7 +121,7 @@ def reask_messages(messages: Sequence[Mapping[str, Any]], *, output: str, errors
     listed = "\n".join(f"- {error}" for error in errors) or "- the output did not match the schema"
     return [dict(m) for m in messages] + [
         {"role": "assistant", "content": output},
-        {"role": "user", "content": f"That output was invalid:\n{listed}\nReply again with corrected JSON only."},
+        {"role": "user", "name": "validator", "content": f"That output was invalid:\n{listed}\nReply again with corrected JSON only."},
     ]
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from decider.grounding import FEEDBACK_NAME
 from decider.protocol import Decider, DecideRequest
 from executor.cleaning import clean_text, clean_value, normalize_value
 from executor.errors import CleaningError
@@ -243,7 +244,8 @@ def reask_messages(messages: list[dict[str, Any]], raw_output: str, errors: list
     feedback = ("Your previous tool call was invalid:\n" + "\n".join(lines) +
                 "\nReply again with corrected tool calls only. Use only values the user gave; if a required value is "
                 "missing or not allowed, do not call the tool.")
-    return [*messages, {"role": "assistant", "content": raw_output}, {"role": "user", "content": feedback}]
+    return [*messages, {"role": "assistant", "content": raw_output},
+            {"role": "user", "name": FEEDBACK_NAME, "content": feedback}]
 
 
 def _decision_output(decision: Any) -> tuple[str, list[dict[str, Any]] | None]:

@@ -1,0 +1,66 @@
+"""End to end on the embedded defaults: real SmolLM2 weights, real workers, real API, real CLI.
+
+Marked ``model`` (not slow): CI runs these, so at least one job is decided by the real
+model and executed through the whole platform on every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from executor.stack import LocalStack
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[LocalStack]:
+    with LocalStack(redis_url=os.environ["REDIS_URL"], concurrency=1,
+                    worker_env={"TOOLRAIL_DECIDER": "embedded", "TOOLRAIL_LOG_JSON": "1"}) as running:
+        yield running
+
+
+def _wait(client: httpx.Client, job_id: str, timeout_s: float = 300) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in {"succeeded", "failed", "needs_review"}:
+            return job
+        time.sleep(0.25)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+def test_cli_run_decides_and_executes_on_the_real_model(stack: LocalStack) -> None:
+    """`toolrail run "北京明天天气怎么样" --json`: the demo's main job."""
+    out = subprocess.run([sys.executable, "-m", "toolrail.cli", "run", "北京明天天气怎么样", "--json", "--url", stack.url],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "TOOLRAIL_LOG_LEVEL": "WARNING"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    job = json.loads(out.stdout)
+    assert job["status"] == "succeeded"
+    (call,) = job["calls"]
+    assert call["name"] == "get_weather"
+    assert call["arguments"] == {"city": "Beijing", "date": "tomorrow", "unit": "celsius"}
+    assert call["id"] == f"call_{job['request_id']}_0"
+    assert call["result"]["city"] == "Beijing"
+
+
+def test_invalid_client_output_is_reasked_to_the_model(stack: LocalStack) -> None:
+    """The client's 后天 is not a valid date; the model is re-asked with the exact error."""
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        created = client.post("/v1/jobs", json={
+            "messages": [{"role": "user", "content": "北京明天天气怎么样"}], "tools": ["get_weather"],
+            "raw_output": '{"name": "get_weather", "arguments": {"city": "北京", "date": "后天"}}'}).json()
+        job = _wait(client, created["job_id"])
+    assert job["status"] == "succeeded", job
+    assert [a["source"] for a in job["attempts"]][:1] == ["client"] and len(job["attempts"]) >= 2
+    assert "后天" in json.dumps(job["attempts"][0]["errors"], ensure_ascii=False)
+    assert job["calls"][0]["arguments"]["date"] == "tomorrow"
