@@ -229,9 +229,16 @@ def relex(draft: Draft) -> Draft:
             tok = ("num", number.group())
             i = number.end()
         else:
-            j = i
-            while j < n and text[j] not in _WORD_STOP:
-                j += 1
+            j = _word_end(text, i)
+            if tokens and tokens[-1][1] == ":":
+                # A bare value runs to the next delimiter: {city: New York} is one string.
+                while True:
+                    k = j
+                    while k < n and text[k] in " \t":
+                        k += 1
+                    if k == j or k >= n or text[k] in _WORD_STOP:
+                        break
+                    j = _word_end(text, k)
             word = text[i:j]
             i = j
             if word in _LITERALS:
@@ -247,6 +254,13 @@ def relex(draft: Draft) -> Draft:
     rendered = "".join(tok for _, tok in tokens)
     return replace(draft, text=rendered, open_brackets=tuple(stack), last_token=_last_role(tokens, stack),
                    notes=(*draft.notes, *dict.fromkeys(notes)))
+
+
+def _word_end(text: str, start: int) -> int:
+    end = start
+    while end < len(text) and text[end] not in _WORD_STOP:
+        end += 1
+    return end
 
 
 def _last_role(tokens: list[tuple[str, str]], stack: list[str]) -> str:
@@ -305,7 +319,7 @@ def clean_text(text: str, steps: tuple[TextStep, ...] = TEXT_STEPS) -> tuple[Any
                             errors=[{"path": "", "message": "output too large"}])
     try:
         return json.loads(text, parse_constant=_reject_constant), ()
-    except (json.JSONDecodeError, RecursionError, _NonJSONConstant):
+    except (ValueError, RecursionError):  # also NaN, and integers past Python's digit limit
         pass
     draft = Draft(text=text)
     for step in steps:
@@ -314,7 +328,7 @@ def clean_text(text: str, steps: tuple[TextStep, ...] = TEXT_STEPS) -> tuple[Any
         raise CleaningError("no JSON found in the output", errors=[{"path": "", "message": "no JSON value found"}])
     try:
         return json.loads(draft.text), draft.notes
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise CleaningError(f"output is not repairable JSON: {exc}", errors=[{"path": "", "message": str(exc)}]) from None
 
 
