@@ -6,6 +6,13 @@ space, CPU time, open files, file size and core dumps, a scratch working directo
 environment that carries none of the worker's variables, a fresh network namespace
 unless the tool is declared networked, and a wall-clock kill of its whole process group.
 
+Run as root, each call also gets a uid of its own (``SANDBOX_UID_BASE`` + the child's
+pid, unique among live processes): ``RLIMIT_NPROC`` binds (it never binds uid 0), the
+call's processes can be found and killed as one even when they left the process group,
+and the worker's files and ``/proc/<pid>/environ`` are out of reach. Landlock (where the
+kernel has it) confines the filesystem to read-only runtime paths plus the scratch dir.
+Where a layer is unavailable the sandbox degrades and logs ``sandbox.degraded`` once.
+
 Starting Python and importing the tool modules costs far more than the tool itself, so
 the sandbox keeps ``warm`` children started ahead of time, limits not yet applied and no
 request read. A warm child serves exactly one call and exits: isolation is unchanged,
@@ -42,7 +49,16 @@ from executor.errors import (
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
 
-__all__ = ["CallRun", "ProcessSandbox", "Sandbox", "SandboxResult"]
+__all__ = [
+    "CallRun",
+    "ProcessSandbox",
+    "SANDBOX_UID_BASE",
+    "Sandbox",
+    "SandboxDeniedError",
+    "SandboxResult",
+    "ToolLeftProcessError",
+    "ToolProcessLimitError",
+]
 
 log = get_logger("toolrail.sandbox")
 
@@ -50,10 +66,39 @@ log = get_logger("toolrail.sandbox")
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 RESULT_MARK = "\x00TOOLRAIL-RESULT "
 MAX_LOG_BYTES = 256_000
+#: Per-call uids start here (root only): uid = base + pid of the sandbox child.
+SANDBOX_UID_BASE = 1_000_000
+#: Processes (and threads) one call may have at once, the sandbox child included.
+DEFAULT_MAX_PROCESSES = 32
+
+
+class SandboxDeniedError(SandboxError):
+    """The tool tried something the sandbox forbids (a file outside scratch, the network)."""
+
+    type = "sandbox_denied"
+
+
+class ToolProcessLimitError(SandboxError):
+    """The tool tried to start more processes than its limit (a fork bomb)."""
+
+    type = "tool_process_limit"
+
+
+class ToolLeftProcessError(SandboxError):
+    """The tool returned but left processes running; they were killed."""
+
+    type = "tool_left_process"
+
+
 _ERRORS: dict[str, type[SandboxError]] = {
     "tool_memory_limit": ToolMemoryError,
     "tool_output_invalid": ToolOutputError,
+    "sandbox_denied": SandboxDeniedError,
+    "tool_process_limit": ToolProcessLimitError,
+    "tool_left_process": ToolLeftProcessError,
+    "sandbox_error": SandboxError,
 }
+_degraded_logged: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -76,6 +121,7 @@ class SandboxResult:
     pid: int
     network: str
     logs: list[dict[str, Any]]
+    isolation: dict[str, str] = field(default_factory=dict)
 
 
 class Sandbox(Protocol):
@@ -95,10 +141,19 @@ class ProcessSandbox:
     """Spawn-per-call sandbox with an optional pool of pre-started children."""
 
     def __init__(self, *, warm: int = 1, scratch_root: Path | None = None, python: str = sys.executable,
-                 preload: str = "tools.builtin") -> None:
+                 preload: str = "tools.builtin", own_uid: bool | None = None, confine: bool = True,
+                 max_processes: int = DEFAULT_MAX_PROCESSES) -> None:
         self._warm_target = max(0, warm)
         self._scratch_root = scratch_root or Path(tempfile.gettempdir()) / "toolrail-scratch"
         self._scratch_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self._scratch_root, 0o711)  # per-call uids traverse it, only root lists it
+        #: A uid of its own per call: only possible (and only needed) as root.
+        self._own_uid = os.geteuid() == 0 if own_uid is None else own_uid and os.geteuid() == 0
+        if not self._own_uid:
+            _warn_once("uid", "sandbox calls run under the worker's uid: RLIMIT_NPROC does not bind root, and leftover "
+                              "processes are found by process group and subreaper only", euid=os.geteuid())
+        self._confine = confine
+        self._max_processes = max_processes
         self._python = python
         self._preload = preload
         self._pool: deque[_Warm] = deque()
@@ -159,13 +214,17 @@ class ProcessSandbox:
         proc = warm.proc
         scratch = Path(tempfile.mkdtemp(prefix=f"{spec.name}-", dir=self._scratch_root))
         started = time.monotonic()
+        uid = SANDBOX_UID_BASE + proc.pid if self._own_uid else None
         try:
-            _apply_limits(proc.pid, spec)
+            if uid is not None:
+                os.chown(scratch, uid, uid)
+                os.chmod(scratch, 0o700)
+            _apply_limits(proc.pid, spec, max_processes=self._max_processes if uid is not None else None)
             request = {
                 "entrypoint": spec.entrypoint, "arguments": call.arguments, "tool": spec.name,
                 "request_id": call.request_id, "job_id": call.job_id, "call_id": call.call_id,
                 "idempotency_key": call.idempotency_key, "scratch_dir": str(scratch),
-                "network": spec.networked, "env": {**call.env, "TOOLRAIL_REQUEST_ID": call.request_id,
+                "network": spec.networked, "uid": uid, "confine": self._confine, "env": {**call.env, "TOOLRAIL_REQUEST_ID": call.request_id,
                                                    "TMPDIR": str(scratch), "HOME": str(scratch)},
             }
             try:
@@ -173,28 +232,74 @@ class ProcessSandbox:
                                                   timeout=spec.timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                proc.communicate()
+                if uid is not None:
+                    _kill_uid(uid)
+                try:
+                    proc.communicate(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass  # a process that escaped every kill still holds the pipes: stop reading them
                 raise ToolTimeoutError(f"{spec.name} ran past its {spec.timeout_s:g} s limit and was killed",
                                        timeout_s=spec.timeout_s) from None
             finally:
                 _kill_group(proc)  # nothing the tool started outlives the call
+                if uid is not None:
+                    _kill_uid(uid)  # not even what left the process group (setsid)
             duration = time.monotonic() - started
             logs = _parse_logs(stderr)
             payload = _parse_result(stdout, warm.nonce)
             if payload is None:
                 raise _death_error(spec, proc.returncode, stderr)
+            isolation = payload.get("isolation") or {}
+            _check_isolation(isolation, own_uid=uid is not None, confine=self._confine)
             if not payload.get("ok"):
                 error = payload.get("error") or {}
                 cls = _ERRORS.get(error.get("type", ""), ToolRaisedError)
                 exc = cls(error.get("message", "tool failed"), tool_error=error)
                 raise exc
             return SandboxResult(result=payload.get("result"), duration_s=duration, pid=proc.pid,
-                                 network=payload.get("network", ""), logs=logs)
+                                 network=payload.get("network", ""), logs=logs, isolation=isolation)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _apply_limits(pid: int, spec: ToolSpec) -> None:
+def _warn_once(what: str, message: str, **details: Any) -> None:
+    if what not in _degraded_logged:
+        _degraded_logged.add(what)
+        log.warning("sandbox.degraded", layer=what, message=message, **details)
+
+
+def _check_isolation(isolation: dict[str, str], *, own_uid: bool, confine: bool) -> None:
+    """Log (once per layer and process) any isolation layer the child could not apply."""
+    network = isolation.get("network", "")
+    if network.startswith("unavailable"):
+        _warn_once("network", "no network namespace: non-networked tools can reach the network", how=network)
+    filesystem = isolation.get("filesystem", "")
+    if confine and filesystem and not filesystem.startswith("landlock"):
+        _warn_once("filesystem", "no Landlock: tools can read what their uid can read", how=filesystem)
+    if own_uid and confine and not isolation.get("uid", "").isdigit():
+        _warn_once("uid_drop", "the tool process kept the worker's uid", how=isolation.get("uid"))
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process running as ``uid`` (a call's own uid: only its processes)."""
+    for _ in range(5):
+        found = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if os.stat(f"/proc/{entry}").st_uid != uid:
+                    continue
+                os.kill(int(entry), signal.SIGKILL)
+                found = True
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+        if not found:
+            return
+        time.sleep(0.01)
+
+
+def _apply_limits(pid: int, spec: ToolSpec, *, max_processes: int | None = None) -> None:
     """rlimits on the (waiting) child, before it reads its request."""
     memory = spec.memory_mb * 1024 * 1024
     cpu = int(spec.cpu_s or max(1, int(spec.timeout_s) + 1)) + 1  # +1: interpreter start-up already spent
@@ -205,6 +310,8 @@ def _apply_limits(pid: int, spec: ToolSpec) -> None:
         resource.RLIMIT_FSIZE: (16 * 1024 * 1024, 16 * 1024 * 1024),
         resource.RLIMIT_CORE: (0, 0),
     }
+    if max_processes is not None:  # counts per uid: only meaningful with the call's own uid
+        limits[resource.RLIMIT_NPROC] = (max_processes, max_processes)
     for which, value in limits.items():
         try:
             resource.prlimit(pid, which, value)

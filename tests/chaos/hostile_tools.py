@@ -1,0 +1,122 @@
+"""Tools that misbehave on purpose: sandbox escape attempts and a fast transfer for chaos runs.
+
+Registered through ``TOOLRAIL_TOOL_MODULES=tests.chaos.hostile_tools`` (workers) or used
+directly as specs (``ESCAPE_SPEC``, ``CHAOS_TRANSFER_SPEC``) against a ``ProcessSandbox``.
+An escape tool *returns* what it managed to get; a test that sees a result instead of a
+typed error has found a hole.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tools.context import current_call
+from tools.spec import ToolSpec
+
+__all__ = ["CHAOS_TRANSFER_SPEC", "ESCAPE_SPEC", "chaos_transfer", "escape", "register"]
+
+
+class EscapeArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["env_secret", "read_file", "write_file", "fork_bomb", "memory", "cpu", "network",
+                  "leave_child", "leave_daemon", "signal_parent", "ok"]
+    target: str = Field(default="", max_length=500)
+
+
+def escape(args: EscapeArgs) -> dict[str, Any]:
+    """Try one escape; return what leaked (a hole) or raise (the sandbox held)."""
+    mode, target = args.mode, args.target
+    if mode == "env_secret":
+        name = target or "TOOLRAIL_TEST_SECRET"
+        if name in os.environ:
+            return {"leaked": os.environ[name]}
+        with open(f"/proc/{os.getppid()}/environ", "rb") as fh:  # the worker's environment, via /proc
+            data = fh.read()
+        return {"leaked": name.encode() in data, "bytes": len(data)}
+    if mode == "read_file":
+        with open(target, "rb") as fh:
+            return {"leaked": fh.read(200).decode(errors="replace")}
+    if mode == "write_file":
+        with open(target, "w") as fh:
+            fh.write("escaped")
+        return {"wrote": target}
+    if mode == "fork_bomb":
+        children = []
+        while True:
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(30)
+                os._exit(0)
+            children.append(pid)
+            if len(children) > 10_000:
+                return {"forked": len(children)}
+    if mode == "memory":
+        blobs = []
+        for _ in range(4096):
+            blobs.append(bytearray(64 * 1024 * 1024))
+            blobs[-1][::4096] = b"x" * len(blobs[-1][::4096])
+        return {"allocated_mb": 64 * len(blobs)}
+    if mode == "cpu":
+        deadline = time.monotonic() + 120
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+        return {"spun": n}
+    if mode == "network":
+        host, _, port = (target or "1.1.1.1:53").rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=2):
+            return {"connected": target}
+    if mode == "leave_child":
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        return {"child": proc.pid}
+    if mode == "leave_daemon":
+        if os.fork() == 0:  # double fork + setsid: the classic daemon, out of the process group
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(60)
+            os._exit(0)
+        os.wait()
+        return {"daemonized": True}
+    if mode == "signal_parent":
+        os.kill(os.getppid(), 9)
+        return {"killed_parent": os.getppid()}
+    return {"ok": True, "pid": os.getpid(), "uid": os.getuid(), "cwd": os.getcwd()}
+
+
+class ChaosTransferArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    from_account: str = Field(min_length=1, max_length=64)
+    to: str = Field(min_length=1, max_length=64)
+    amount: float = Field(gt=0, le=1_000_000)
+    currency: Literal["CNY", "USD", "EUR"] = "CNY"
+    delay_s: float = Field(default=0.2, ge=0, le=2)
+
+
+def chaos_transfer(args: ChaosTransferArgs) -> dict[str, Any]:
+    """A transfer that takes a little while, so kills land mid-call; applied once per key."""
+    from tools.ledger import ledger_from_env, to_cents  # noqa: PLC0415
+
+    time.sleep(args.delay_s)
+    return ledger_from_env().transfer(from_account=args.from_account, to=args.to, cents=to_cents(args.amount),
+                                      currency=args.currency, idempotency_key=current_call().idempotency_key)
+
+
+ESCAPE_SPEC = ToolSpec.from_model("escape", EscapeArgs, entrypoint="tests.chaos.hostile_tools:escape", timeout_s=8,
+                                  memory_mb=256, cpu_s=2)
+CHAOS_TRANSFER_SPEC = ToolSpec.from_model("chaos_transfer", ChaosTransferArgs,
+                                          entrypoint="tests.chaos.hostile_tools:chaos_transfer", side_effects=True,
+                                          networked=True, timeout_s=3, memory_mb=512)
+
+
+def register(registry) -> None:  # noqa: ANN001 - the registry plug-in hook
+    registry.add(ESCAPE_SPEC)
+    registry.add(CHAOS_TRANSFER_SPEC)
