@@ -38,6 +38,20 @@ class Settings(BaseSettings):
     triton_url: str = "127.0.0.1:8001"
     triton_model: str = "tensorrt_llm_bls"
     visibility_timeout_s: int = 3600
+    #: Hard time limit of a Celery task; None: derived from ``visibility_timeout_s`` (kept below it).
+    task_time_limit_s: int | None = None
+    #: Per-tenant token bucket on the API: sustained requests/s and burst; 0 turns it off.
+    rate_limit_per_s: float = 1000.0
+    rate_limit_burst: int = 2000
+    #: Circuit breaker per tool: consecutive failures that open it, seconds before a half-open probe.
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 30.0
+    #: Adaptive concurrency per tool queue (gradient limiter shared through Redis).
+    concurrency_initial: int = 16
+    concurrency_min: int = 4
+    concurrency_max: int = 256
+    #: How long a call waits for a concurrency slot before it is retried later.
+    concurrency_wait_s: float = 5.0
     sandbox_network: bool = False
 
     def tenants_by_key(self) -> dict[str, str]:
