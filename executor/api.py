@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from executor.errors import ExecutorError, IdempotencyConflictError, JobNotFoundError, StoreUnavailableError
+from executor.ratelimit import install_load_control, rate_limited
 from executor.runtime import Runtime
 from executor.store import JobRecord
 from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
@@ -223,7 +224,7 @@ def tenant_of(request: Request, authorization: Annotated[str | None, Header()] =
     return tenant
 
 
-Tenant = Annotated[str, Depends(tenant_of)]
+Tenant = Annotated[str, Depends(rate_limited(tenant_of))]  # authenticated, then charged to the tenant's bucket
 
 
 # ----------------------------------------------------------------- app
@@ -244,6 +245,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     http_latency = Histogram("toolrail_http_request_duration_seconds", "API latency", ["method", "route", "status"],
                              registry=metrics, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
     metrics.register(_QueueDepth(runtime))
+    install_load_control(app, settings=settings, runtime=runtime, metrics=metrics)
 
     @app.middleware("http")
     async def correlate(request: Request, call_next: Callable) -> Response:
