@@ -14,6 +14,7 @@ from typing import Any
 
 from decider.errors import DeciderPermanentError
 from decider.protocol import DecideRequest
+from executor.breaker import guarded_run
 from executor.errors import SandboxError
 from executor.idempotency import payload_hash
 from executor.pipeline import OutputCheck, ReasksExhausted, check_output, check_tool_calls, decide_with_reasks
@@ -162,9 +163,9 @@ def run_call(rt: Runtime, job_id: str, call_id_: str) -> CallRecord:
     if outcome is None:
         log.info("call.start", job_id=job_id, call_id=call.id, tool=call.name)
         try:
-            result = rt.sandbox.run(spec, CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id,
-                                                  idempotency_key=f"{job_id}:{call.id}", arguments=arguments,
-                                                  env=rt.tool_env(spec)))
+            result = guarded_run(rt, spec, CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id,
+                                                   idempotency_key=f"{job_id}:{call.id}", arguments=arguments,
+                                                   env=rt.tool_env(spec)))
             for line in result.logs:
                 log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
                          tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))
