@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 
 from decider.errors import DeciderRetryableError
-from executor import jobs
+from executor import concurrency, jobs
 from executor.celery import app
 from executor.errors import RetryableError
 from executor.runtime import get_runtime
@@ -45,8 +45,12 @@ def decide(self, job_id: str) -> str:
 @app.task(name="toolrail.run_call", bind=True, **_RETRY)
 def run_call(self, job_id: str, call_id: str) -> str:
     """Run one call in the sandbox."""
+    rt = get_runtime()
+    queue = (self.request.delivery_info or {}).get("routing_key") or "default"
     try:
-        call = jobs.run_call(get_runtime(), job_id, call_id)
+        # a slot of the queue's adaptive limit, taken before any idempotency lock: waiting costs nothing held
+        with concurrency.slot(rt, queue, lease_s=float(app.conf.task_time_limit or 600)):
+            call = jobs.run_call(rt, job_id, call_id)
     except RetryableError as exc:
         retry_in = exc.details.get("retry_in_s")
         if retry_in is not None:
@@ -59,3 +63,10 @@ def enqueue_decide(job: JobRecord) -> None:
     """Queue the decide step of a new job (used by the API)."""
     with request_scope(job.request_id):
         decide.apply_async(args=[job.job_id], queue="decide", headers={CELERY_REQUEST_ID_HEADER: job.request_id})
+
+
+@app.task(name="toolrail.noop", acks_late=True)
+def noop(token: str) -> str:
+    """Do nothing but signal completion: the bare-Celery baseline of ``bench/executor.py``."""
+    get_runtime().redis.lpush(f"bench:done:{token}", 1)
+    return token
