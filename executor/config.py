@@ -12,19 +12,33 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEFAULT_TASK_TIME_LIMIT_S", "celery_config"]
+__all__ = ["DEFAULT_TASK_TIME_LIMIT_S", "celery_config", "task_time_limit_for"]
 
 DEFAULT_TASK_TIME_LIMIT_S = 600
 DEFAULT_SOFT_TIME_LIMIT_S = 570
 
 
-def celery_config(redis_url: str, *, visibility_timeout_s: int = 3600, task_time_limit_s: int = DEFAULT_TASK_TIME_LIMIT_S) -> dict[str, Any]:
-    """The Celery configuration for a broker at ``redis_url``."""
+def task_time_limit_for(visibility_timeout_s: int) -> int:
+    """The hard task time limit that fits under a visibility timeout: 80 % of it, at most the default."""
+    return max(1, min(DEFAULT_TASK_TIME_LIMIT_S, int(visibility_timeout_s * 0.8)))
+
+
+def celery_config(redis_url: str, *, visibility_timeout_s: int = 3600, task_time_limit_s: int | None = None) -> dict[str, Any]:
+    """The Celery configuration for a broker at ``redis_url``.
+
+    ``task_time_limit_s`` defaults to ``task_time_limit_for(visibility_timeout_s)``, so a short
+    visibility timeout (fast redelivery after a worker dies) brings the time limit down with it.
+    """
+    if task_time_limit_s is None:
+        task_time_limit_s = task_time_limit_for(visibility_timeout_s)
     if visibility_timeout_s <= task_time_limit_s:
         raise ValueError(f"visibility_timeout ({visibility_timeout_s}s) must exceed the task time limit ({task_time_limit_s}s), "
                          "or running tasks get redelivered")
+    # kombu sweeps for expired unacked messages every interval × throttle seconds (100 s by
+    # default): sweep at least every 10 s, sooner for short visibility timeouts
     transport = {"visibility_timeout": visibility_timeout_s, "socket_timeout": 10, "socket_connect_timeout": 5,
-                 "retry_on_timeout": True, "health_check_interval": 10}
+                 "retry_on_timeout": True, "health_check_interval": 10,
+                 "unacked_restore_interval": max(1, min(10, visibility_timeout_s // 10)), "unacked_restore_throttle": 1}
     return {
         "broker_url": redis_url,
         "broker_transport_options": transport,
@@ -37,7 +51,7 @@ def celery_config(redis_url: str, *, visibility_timeout_s: int = 3600, task_time
         "task_acks_on_failure_or_timeout": True,
         "worker_prefetch_multiplier": 1,
         "task_time_limit": task_time_limit_s,
-        "task_soft_time_limit": min(DEFAULT_SOFT_TIME_LIMIT_S, task_time_limit_s - 10),
+        "task_soft_time_limit": max(1, min(DEFAULT_SOFT_TIME_LIMIT_S, task_time_limit_s - max(1, min(10, task_time_limit_s // 10)))),
         "task_default_queue": "decide",
         "task_create_missing_queues": True,
         "broker_connection_retry_on_startup": True,
