@@ -98,6 +98,10 @@ class ReasksExhausted(Exception):
         self.last = last
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def _dump(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
@@ -111,8 +115,8 @@ def check_arguments(spec: ToolSpec, raw: str | Mapping[str, Any], *, index: int 
         strict_value = dict(raw)
     else:
         try:
-            strict_value = json.loads(raw)
-        except (json.JSONDecodeError, RecursionError):
+            strict_value = json.loads(raw, parse_constant=_reject_constant)
+        except (ValueError, RecursionError):  # JSONDecodeError, NaN/Infinity, integers past the digit limit
             strict_value = None
     if isinstance(strict_value, dict):
         value, notes = normalize_value(strict_value, schema)
