@@ -4,7 +4,8 @@ The limit on calls in flight for one queue follows latency, in the manner of Net
 ``Gradient2Limiter``: a short-window average of call latency is compared with a long
 baseline; while the short average stays within ``tolerance`` of the baseline the limit
 grows by about its square root per sample, and when latency rises the limit is multiplied
-by ``baseline / short`` (at least 0.5) — fewer calls in flight until latency comes back.
+by ``tolerance × baseline / short`` (at least 0.5, plus one) — fewer calls in flight until
+latency comes back. Updates are smoothed (``smoothing``) so one slow call moves little.
 Every update is one atomic script, so all workers see one limit per queue.
 
 Slots are leases (a sorted set scored by expiry): a worker killed mid-call cannot leak
@@ -62,7 +63,9 @@ short = short + (rtt - short) / short_w
 long = long + (rtt - long) / long_w
 if long > 2 * short then long = long * 0.95 end  -- latency fell for good: let the baseline follow
 local gradient = math.max(0.5, math.min(1.0, tolerance * long / short))
-local target = limit * gradient + math.sqrt(limit)
+local allowance = 1
+if gradient >= 1.0 then allowance = math.sqrt(limit) end  -- grow by about sqrt(limit) only while latency holds
+local target = limit * gradient + allowance
 local new = limit * (1 - smoothing) + target * smoothing
 new = math.max(lo, math.min(hi, new))
 redis.call('HSET', KEYS[1], 'limit', tostring(new), 'short_rtt', tostring(short), 'long_rtt', tostring(long),
