@@ -182,7 +182,7 @@ def _print_job(job: dict[str, Any]) -> None:
         errs = "; ".join(f"{e.get('path')}: {e.get('message')}" for e in attempt.get("errors", [])) or "ok"
         print(f"  attempt {attempt['attempt']} ({attempt['source']}): {errs}")
         for note in attempt.get("repairs", [])[:8]:
-            print(f"    repaired {note}")
+            print(f"    cleaned: {note}")
     for call in job.get("calls", []):
         outcome = call.get("result") if call["status"] == "succeeded" else call.get("error")
         print(f"  [{call['index']}] {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)}) "
@@ -221,7 +221,11 @@ def _client(url: str, api_key: str | None) -> Any:
 
 
 def _quiet_server_logs() -> None:
+    """Only warnings from the in-process API; the job's own story is printed instead."""
+    from toolrail.logging import configure_logging  # noqa: PLC0415
+
     os.environ.setdefault("TOOLRAIL_LOG_LEVEL", "WARNING")
+    configure_logging(level=os.environ["TOOLRAIL_LOG_LEVEL"], force=True)
 
 
 def _run(args: argparse.Namespace) -> int:
