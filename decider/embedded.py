@@ -151,6 +151,10 @@ class _Sequence:
     def prefilled(self) -> bool:
         return self.cached_len >= len(self.prompt_ids)
 
+    def unfed(self) -> list[int]:
+        """Generated tokens whose KV is not in the slot yet (one, or more after a jump-forward)."""
+        return self.output_ids[self.cached_len - len(self.prompt_ids) :]
+
     def usage(self) -> dict[str, int]:
         prompt = len(self.prompt_ids)
         completion = len(self.output_ids)
@@ -412,6 +416,7 @@ class EmbeddedEngine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefix_block: int = DEFAULT_PREFIX_BLOCK,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        jump_forward: bool = False,
         model_path: Path | None = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -423,6 +428,7 @@ class EmbeddedEngine:
         self.context_length = min(max_seq_len, getattr(config, "max_position_embeddings", max_seq_len) or max_seq_len)
         self.max_batch_size = max_batch_size
         self.prefill_chunk = max(1, prefill_chunk)
+        self.jump_forward = jump_forward
         self.eos_token_ids = self._eos_ids(model, tokenizer)
         self.vocab_size = config.vocab_size
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
@@ -453,6 +459,7 @@ class EmbeddedEngine:
         self.stats: dict[str, float] = {
             "decode_steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "prefix_hit_tokens": 0,
             "forward_s": 0.0, "decode_s": 0.0, "grammar_wait_s": 0.0, "mask_apply_rows": 0, "max_batch_seen": 0,
+            "forced_tokens": 0, "extend_steps": 0,
         }
 
     # ---------------------------------------------------------------- construction
@@ -463,12 +470,23 @@ class EmbeddedEngine:
         model_path: str | Path | None = None,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
+        *,
+        num_threads: int | None = None,
         **options: Any,
     ) -> EmbeddedEngine:
-        """Load a local HF model directory (default: the converted SmolLM2, pulled if missing)."""
+        """Load a local HF model directory (default: the converted SmolLM2, pulled if missing).
+
+        ``num_threads`` sets torch's CPU threads for the process; on a CPU shared with other
+        busy processes use 1 (spinning OpenMP workers made decoding ~8x slower at 2 threads
+        on a loaded 2-core machine). ``options`` go to the constructor (``max_batch_size``,
+        ``max_seq_len``, ``prefill_chunk``, ``prefix_cache_bytes``, ``jump_forward``).
+        """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from decider.model import resolve_model_path
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
 
         path = resolve_model_path(model_path)
         torch_device = torch.device(device) if device is not None else _default_device()
@@ -710,8 +728,11 @@ class EmbeddedEngine:
             seq.slot = heapq.heappop(self._free_slots)
             self._attach_prefix(seq)
             self._prefilling.append(seq)
-        if self._decoding:
-            self._decode_step(list(self._decoding))
+        stepping = [seq for seq in self._decoding if len(seq.unfed()) == 1]
+        if stepping:
+            self._decode_step(stepping)
+        for seq in [seq for seq in self._decoding if len(seq.unfed()) > 1]:
+            self._extend_step(seq)
         budget = self.prefill_chunk
         while budget > 0 and self._prefilling:
             seq = self._prefilling[0]
@@ -748,6 +769,36 @@ class EmbeddedEngine:
             if self._accept(seq, token):
                 self._decoding.append(seq)
         return len(tokens)
+
+    def _extend_step(self, seq: _Sequence) -> None:
+        """Feed a run of grammar-forced tokens in one forward pass (jump-forward decoding)."""
+        feed = seq.unfed()
+        started = time.perf_counter()
+        logits = self._runner.prefill(seq.slot, feed, seq.cached_len)
+        self.stats["forward_s"] += time.perf_counter() - started
+        self.stats["extend_steps"] += 1
+        seq.cached_len += len(feed)
+        need_mask = seq.matcher.fill_next_token_bitmask(self._bitmask, 0) if seq.matcher is not None else False
+        self._accept(seq, self._pick([seq], logits.view(1, -1), [need_mask])[0])
+
+    def _jump_forward(self, seq: _Sequence) -> None:
+        """Append the tokens the grammar forces next, without one decode step each.
+
+        Most of a tool call's characters (keys, punctuation, const names) are forced. xgrammar
+        tokenizes the forced string greedily (holding back a last token that could still grow),
+        which may differ from the split the model would have chosen, so outputs can differ
+        from plain decoding; that is why this is opt-in.
+        """
+        room = seq.max_new_tokens - len(seq.output_ids)
+        accepted = []
+        for token in seq.matcher.find_jump_forward_tokens()[:room]:
+            if not seq.matcher.accept_token(token):
+                break
+            accepted.append(token)
+        if accepted:
+            seq.output_ids.extend(accepted)
+            self.stats["forced_tokens"] += len(accepted)
+            seq.pending_text += seq.detokenizer.push(accepted)
 
     def _fill_masks(self, batch: list[_Sequence]) -> list[bool]:
         # Row i of the scratch bitmask belongs to batch[i] for this step only.
@@ -832,6 +883,11 @@ class EmbeddedEngine:
         if is_eos or (seq.matcher is not None and seq.matcher.is_terminated()):
             self._finish(seq, "stop")
             return False
+        if self.jump_forward and seq.matcher is not None and len(seq.output_ids) < seq.max_new_tokens:
+            self._jump_forward(seq)
+            if self._check_stop_strings(seq):
+                self._finish(seq, "stop")
+                return False
         if len(seq.output_ids) >= seq.max_new_tokens:
             seq.pending_text += seq.detokenizer.flush()
             self._finish(seq, "length")

@@ -219,3 +219,17 @@ async def test_batched_output_equals_output_alone(engine):
     assert engine.stats["max_batch_seen"] > 1
     for (a_text, a_reason, _), (b_text, b_reason, _) in zip(alone, batched):
         assert (a_text, a_reason) == (b_text, b_reason)
+
+
+def test_jump_forward_feeds_forced_tokens_in_one_pass(tiny_dir):
+    schema = {"type": "array", "minItems": 2, "maxItems": 2,
+              "items": {"type": "object", "properties": {"marker": {"const": "a-long-forced-marker-0001"},
+                                                         "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                        "required": ["marker", "n"], "additionalProperties": False}}
+    with EmbeddedEngine.load(tiny_dir, device="cpu", dtype="float32", max_batch_size=2, max_seq_len=512,
+                             jump_forward=True) as eng:
+        text, reason, usage = eng.generate_sync(req(eng, "jf", "go", json_schema=json.dumps(schema), max_tokens=200))
+        assert reason == "stop"
+        jsonschema.validate(json.loads(text), schema)
+        assert eng.stats["forced_tokens"] > usage["completion_tokens"] / 2
+        assert eng.stats["decode_steps"] + eng.stats["extend_steps"] < usage["completion_tokens"] / 2

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.model
 WEATHER_CALLS = {
     "type": "array",
     "minItems": 1,
-    "maxItems": 2,
+    "maxItems": 1,
     "items": {
         "type": "object",
         "properties": {
@@ -38,7 +38,8 @@ WEATHER_CALLS = {
 
 @pytest.fixture(scope="module")
 def engine():
-    torch.set_num_threads(2)
+    # One thread: on a shared 2-core machine, spinning OpenMP workers oversubscribe badly.
+    torch.set_num_threads(1)
     with EmbeddedEngine.load(max_batch_size=8, max_seq_len=1024) as eng:
         yield eng
 
@@ -50,16 +51,16 @@ def chat(engine, user: str, system: str | None = None) -> str:
 
 def test_real_model_answers_plain_question(engine):
     text, reason, usage = engine.generate_sync(
-        GenerationRequest(request_id="paris", prompt=chat(engine, "What is the capital of France?"), max_tokens=24))
+        GenerationRequest(request_id="paris", prompt=chat(engine, "What is the capital of France?"), max_tokens=12))
     assert "Paris" in text
     assert reason in {"stop", "length"}
-    assert usage["completion_tokens"] <= 24
+    assert usage["completion_tokens"] <= 12
 
 
 async def test_real_model_constrained_tool_calls_stream_and_validate(engine):
     system = "You call tools. Answer with a JSON list of tool calls."
     request = GenerationRequest(request_id="weather", prompt=chat(engine, "北京明天天气怎么样", system),
-                                json_schema=json.dumps(WEATHER_CALLS), max_tokens=80)
+                                json_schema=json.dumps(WEATHER_CALLS), max_tokens=60)
     chunks = [chunk async for chunk in engine.generate(request)]
     text = "".join(chunk.text for chunk in chunks)
     assert chunks[-1].finish_reason == "stop"
@@ -70,10 +71,11 @@ async def test_real_model_constrained_tool_calls_stream_and_validate(engine):
 
 
 async def test_real_model_batched_equals_alone(engine):
+    """Per-request isolation on the real weights (bf16): joining a batch never changes a greedy answer."""
     system = "You call tools. Answer with a JSON list of tool calls."
-    users = ["北京明天天气怎么样", "What's the weather in Paris today?", "上海今天天气", "Paris tomorrow weather?"]
+    users = ["北京明天天气怎么样", "What's the weather in Paris today?", "上海今天天气"]
     requests = [GenerationRequest(request_id=f"b{i}", prompt=chat(engine, user, system),
-                                  json_schema=json.dumps(WEATHER_CALLS), max_tokens=80)
+                                  json_schema=json.dumps(WEATHER_CALLS), max_tokens=60)
                 for i, user in enumerate(users)]
     alone = [engine.generate_sync(r)[0] for r in requests]
 
