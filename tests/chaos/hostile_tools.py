@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tools.context import current_call
 from tools.spec import ToolSpec
 
-__all__ = ["CHAOS_TRANSFER_SPEC", "ESCAPE_SPEC", "chaos_transfer", "escape", "register"]
+__all__ = ["CHAOS_TRANSFER_SPEC", "ESCAPE_SPEC", "LINGER_SPEC", "chaos_transfer", "escape", "linger", "register"]
 
 
 class EscapeArgs(BaseModel):
@@ -110,6 +110,23 @@ def chaos_transfer(args: ChaosTransferArgs) -> dict[str, Any]:
                                       currency=args.currency, idempotency_key=current_call().idempotency_key)
 
 
+class LingerArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: float = Field(ge=0, le=7)
+    tag: str = Field(min_length=1, max_length=64)
+
+
+def linger(args: LingerArgs) -> dict[str, Any]:
+    """A long call without side-effect protection: counts its own executions, so a redelivery shows."""
+    import redis  # noqa: PLC0415
+
+    client = redis.Redis.from_url(os.environ["TOOLRAIL_LEDGER_URL"], socket_timeout=5)
+    runs = client.incr(f"chaos:linger:{args.tag}")
+    time.sleep(args.seconds)
+    return {"runs_seen_at_start": runs}
+
+
 ESCAPE_SPEC = ToolSpec.from_model("escape", EscapeArgs, entrypoint="tests.chaos.hostile_tools:escape", timeout_s=8,
                                   memory_mb=256, cpu_s=2)
 CHAOS_TRANSFER_SPEC = ToolSpec.from_model("chaos_transfer", ChaosTransferArgs,
@@ -117,6 +134,11 @@ CHAOS_TRANSFER_SPEC = ToolSpec.from_model("chaos_transfer", ChaosTransferArgs,
                                           networked=True, timeout_s=3, memory_mb=512)
 
 
+LINGER_SPEC = ToolSpec.from_model("linger", LingerArgs, entrypoint="tests.chaos.hostile_tools:linger", networked=True,
+                                  timeout_s=6.5, memory_mb=512)
+
+
 def register(registry) -> None:  # noqa: ANN001 - the registry plug-in hook
     registry.add(ESCAPE_SPEC)
     registry.add(CHAOS_TRANSFER_SPEC)
+    registry.add(LINGER_SPEC)
