@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 import redis
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -329,7 +329,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         ready = checks["redis"] == "ok" and workers > 0
         return JSONResponse({"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503)
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)  # documents text/plain in the OpenAPI spec
     def metrics_endpoint() -> Response:
         return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
 
