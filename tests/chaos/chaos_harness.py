@@ -71,6 +71,8 @@ class ChaosStack:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     api_proc: subprocess.Popen | None = None
     restarts: int = 0
+    #: Workers that exited on their own (Celery gives up when a pool child dies while starting) and were restarted.
+    crash_restarts: int = 0
 
     @property
     def redis_url(self) -> str:
@@ -141,8 +143,17 @@ class ChaosStack:
                 out.extend((name, child, False) for child in _children(proc.pid))
         return out
 
+    def supervise(self) -> None:
+        """Restart workers whose main process exited on its own, as a process supervisor would."""
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is not None:
+                _killpg(proc.pid, signal.SIGKILL)
+                self.start_worker(name)
+                self.crash_restarts += 1
+
     def kill_random(self, rng: random.Random, *, main_share: float = 0.3) -> tuple[str, int, bool] | None:
         """SIGKILL one worker process: a pool child, or (``main_share`` of the time) a main process."""
+        self.supervise()
         processes = self.worker_processes()
         mains = [p for p in processes if p[2]]
         children = [p for p in processes if not p[2]]
@@ -288,12 +299,14 @@ def run_chaos(stack: ChaosStack, *, kills: int, kill_every_s: float, jobs_per_s:
         time.sleep(kill_every_s * rng.uniform(0.5, 1.5))
     done.set()
     loader.join(timeout=30)
+    stack.supervise()
     load_s = time.monotonic() - started
     with httpx.Client(base_url=stack.api_url, timeout=10) as client:
         jobs = stack.wait_all_terminal(client, [s.job_id for s in submitted], timeout_s=drain_timeout_s)
     figures = stack.verify(submitted, jobs, baseline=baseline)
     figures.update({"kills": len(killed), "main_kills": sum(1 for k in killed if k[2]),
-                    "pool_child_kills": sum(1 for k in killed if not k[2]), "load_s": round(load_s, 1),
+                    "pool_child_kills": sum(1 for k in killed if not k[2]), "worker_restarts": stack.restarts,
+                    "worker_crash_restarts": stack.crash_restarts, "load_s": round(load_s, 1),
                     "total_s": round(time.monotonic() - started, 1)})
     return figures
 
