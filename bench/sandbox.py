@@ -1,0 +1,62 @@
+"""Warm pre-started sandbox pool vs spawn-per-call, side by side.
+
+    python bench/sandbox.py [--calls 40]
+
+Both run ``get_weather`` through ``ProcessSandbox`` with the same isolation (per-call uid,
+Landlock, netns, rlimits); ``warm=1`` keeps one child started ahead, ``warm=0`` spawns one
+per call. Calls alternate between the two so machine noise hits both alike. Prints the
+median and p99 latency of each and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from executor.sandbox import CallRun, ProcessSandbox  # noqa: E402
+from tools.registry import builtin_specs  # noqa: E402
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--pause", type=float, default=0.3, help="seconds between calls (a warm child refills meanwhile)")
+    args = parser.parse_args()
+    spec = next(s for s in builtin_specs() if s.name == "get_weather")
+    boxes = {"spawn (warm=0)": ProcessSandbox(warm=0), "warm pool (warm=1)": ProcessSandbox(warm=1)}
+    times: dict[str, list[float]] = {name: [] for name in boxes}
+    time.sleep(1.0)  # let the warm child finish its imports
+    try:
+        for i in range(args.calls + 2):
+            for name, box in boxes.items():
+                call = CallRun(request_id=f"bench-{i}", job_id="bench", call_id=f"c{i}", idempotency_key="k",
+                               arguments={"city": "Beijing", "date": "today", "unit": "celsius"})
+                started = time.perf_counter()
+                box.run(spec, call)
+                if i >= 2:  # first two rounds: warm-up
+                    times[name].append(time.perf_counter() - started)
+                time.sleep(args.pause)
+    finally:
+        for box in boxes.values():
+            box.close()
+    print(f"{'mode':<22}{'calls':>7}{'median ms':>12}{'p99 ms':>10}")
+    for name, values in times.items():
+        print(f"{name:<22}{len(values):>7}{statistics.median(values) * 1000:>12.1f}{p99(values) * 1000:>10.1f}")
+    spawn, warm = times["spawn (warm=0)"], times["warm pool (warm=1)"]
+    print(f"ratio spawn/warm: median {statistics.median(spawn) / statistics.median(warm):.1f}x, "
+          f"p99 {p99(spawn) / p99(warm):.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
