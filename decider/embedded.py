@@ -135,6 +135,8 @@ class _Sequence:
     cached_len: int = 0
     prefix_hit_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
+    #: How many of ``output_ids`` have been reported in a chunk's ``token_ids``.
+    reported_ids: int = 0
     #: Text decoded but not yet sent (held back while it could be the start of a stop string).
     pending_text: str = ""
     text: str = ""
@@ -926,7 +928,13 @@ class EmbeddedEngine:
             return
         seq.pending_text = seq.pending_text[len(text) :]
         seq.text += text
-        seq.sink(GenerationChunk(request_id=seq.request_id, text=text, token_ids=(seq.output_ids[-1],)))
+        seq.sink(GenerationChunk(request_id=seq.request_id, text=text, token_ids=self._take_ids(seq)))
+
+    @staticmethod
+    def _take_ids(seq: _Sequence) -> tuple[int, ...]:
+        ids = tuple(seq.output_ids[seq.reported_ids :])
+        seq.reported_ids = len(seq.output_ids)
+        return ids
 
     def _finish(self, seq: _Sequence, reason: str | None, *, error: DeciderError | None = None) -> None:
         """Free the slot and matcher, send the final chunk (or the error), forget the request."""
@@ -949,5 +957,5 @@ class EmbeddedEngine:
         text = seq.pending_text
         seq.text += text
         seq.pending_text = ""
-        seq.sink(GenerationChunk(request_id=seq.request_id, text=text, finished=True, finish_reason=reason,
-                                 usage=seq.usage()))
+        seq.sink(GenerationChunk(request_id=seq.request_id, text=text, token_ids=self._take_ids(seq), finished=True,
+                                 finish_reason=reason, usage=seq.usage()))

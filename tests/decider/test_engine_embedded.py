@@ -135,6 +135,7 @@ async def test_streaming_chunks_reassemble_and_finish_once(engine):
     assert chunks[-1].finished and chunks[-1].finish_reason == "length"
     assert all(not chunk.finished for chunk in chunks[:-1])
     assert all(chunk.request_id == "stream" for chunk in chunks)
+    assert sum(len(chunk.token_ids) for chunk in chunks) == chunks[-1].usage["completion_tokens"] == 20
     text, _, _ = engine.generate_sync(req(engine, "stream-sync", "stream please", max_tokens=20))
     assert "".join(chunk.text for chunk in chunks) == text
 
