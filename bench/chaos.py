@@ -38,7 +38,7 @@ def main() -> int:
     print(f"stack up in {time.monotonic() - started:.1f} s (logs: {stack.workdir})")
     try:
         figures = run_chaos(stack, kills=args.kills, kill_every_s=args.every, jobs_per_s=args.rate, seed=args.seed,
-                            drain_timeout_s=max(90.0, args.visibility * 6.0), main_share=args.main_share)
+                            drain_timeout_s=max(300.0, args.visibility * 30.0), main_share=args.main_share)
     finally:
         stack.stop()
     print(json.dumps(figures, indent=2))
