@@ -460,7 +460,8 @@ class EmbeddedEngine:
         self._counter = itertools.count()
         self.stats: dict[str, float] = {
             "decode_steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "prefix_hit_tokens": 0,
-            "forward_s": 0.0, "decode_s": 0.0, "grammar_wait_s": 0.0, "mask_apply_rows": 0, "max_batch_seen": 0,
+            "forward_s": 0.0, "decode_s": 0.0, "decode_cpu_s": 0.0, "grammar_wait_s": 0.0, "mask_apply_s": 0.0, "grammar_accept_s": 0.0,
+            "mask_apply_rows": 0, "max_batch_seen": 0,
             "forced_tokens": 0, "extend_steps": 0,
         }
 
@@ -809,6 +810,7 @@ class EmbeddedEngine:
 
     def _decode_step(self, batch: list[_Sequence]) -> None:
         constrained = any(seq.matcher is not None for seq in batch)
+        cpu_started = time.process_time()
         masks = self._grammar_pool.submit(self._fill_masks, batch) if constrained else None
         started = time.perf_counter()
         logits = self._runner.decode(
@@ -829,6 +831,9 @@ class EmbeddedEngine:
         for seq, token in zip(batch, tokens):
             self._accept(seq, token)  # a finished request leaves the batch in _finish
         self.stats["decode_s"] += time.perf_counter() - started
+        # CPU seconds of the whole process (model threads + grammar thread): the cost measure
+        # that other tenants of a shared machine do not distort.
+        self.stats["decode_cpu_s"] += time.process_time() - cpu_started
 
     def _pick(self, batch: list[_Sequence], logits: torch.Tensor, need_mask: list[bool]) -> list[int]:
         """Choose the next token per row; masks only the rows whose pick the grammar forbids."""
@@ -846,10 +851,12 @@ class EmbeddedEngine:
                     continue  # the unmasked argmax is allowed, so it is the masked argmax too
             mask_rows.append(row)
         if mask_rows:
+            started = time.perf_counter()
             self.stats["mask_apply_rows"] += len(mask_rows)
             xgr.apply_token_bitmask_inplace(logits, bitmask[: len(batch)], indices=mask_rows)
             for row in mask_rows:
                 tokens[row] = int(logits[row].argmax())
+            self.stats["mask_apply_s"] += time.perf_counter() - started
         for row, seq in enumerate(batch):
             if seq.generator is not None:
                 tokens[row] = self._sample(logits[row], seq.request.temperature, seq.request.top_p, seq.generator)
@@ -872,10 +879,14 @@ class EmbeddedEngine:
             self._finish(seq, "cancelled")
             return False
         seq.output_ids.append(token)
-        if seq.matcher is not None and not seq.matcher.accept_token(token):
-            self._finish(seq, None, error=StreamInterruptedError(
-                f"grammar rejected token {token} for request {seq.request_id}"))
-            return False
+        if seq.matcher is not None:
+            started = time.perf_counter()
+            accepted = seq.matcher.accept_token(token)
+            self.stats["grammar_accept_s"] += time.perf_counter() - started
+            if not accepted:
+                self._finish(seq, None, error=StreamInterruptedError(
+                    f"grammar rejected token {token} for request {seq.request_id}"))
+                return False
         is_eos = token in self.eos_token_ids
         if not is_eos:
             seq.pending_text += seq.detokenizer.push([token])
