@@ -234,3 +234,26 @@ def test_jump_forward_feeds_forced_tokens_in_one_pass(tiny_dir):
         jsonschema.validate(json.loads(text), schema)
         assert eng.stats["forced_tokens"] > usage["completion_tokens"] / 2
         assert eng.stats["decode_steps"] + eng.stats["extend_steps"] < usage["completion_tokens"] / 2
+
+
+def test_generation_is_clipped_to_the_context(engine):
+    prompt = prompt_for(engine, "fill " * 200)
+    prompt_tokens = len(engine.encode(prompt))
+    assert prompt_tokens < 512
+    text, reason, usage = engine.generate_sync(GenerationRequest(request_id="clip", prompt=prompt, max_tokens=1000))
+    assert reason == "length"
+    assert usage["completion_tokens"] == 512 - prompt_tokens
+
+
+def test_prefix_cache_evicts_least_recently_used_blocks():
+    from decider.embedded import _PrefixCache
+
+    block = torch.zeros(2, 1, 4, 8)  # [layers, kv_heads, block, head_dim]: 256 bytes per k or v
+    cache = _PrefixCache(block=4, capacity_bytes=3 * 2 * block.numel() * block.element_size())
+    first, second = list(range(12)), list(range(100, 112))
+    cache.insert(first, 12, lambda s, e: (block.clone(), block.clone()))
+    assert len(cache.match(first, 12)) == 3
+    cache.insert(second, 8, lambda s, e: (block.clone(), block.clone()))
+    assert len(cache.match(second, 12)) == 2
+    assert len(cache.match(first, 12)) == 0  # its first block went first, so the chain is broken
+    assert cache.size_bytes <= cache.capacity_bytes
