@@ -1,11 +1,13 @@
-"""Warm pre-started sandbox pool vs spawn-per-call, side by side.
+"""Sandbox start strategies side by side: spawn-per-call, warm pre-started pool, fork server.
 
     python bench/sandbox.py [--calls 40]
 
 Both run ``get_weather`` through ``ProcessSandbox`` with the same isolation (per-call uid,
 Landlock, netns, rlimits); ``warm=1`` keeps one child started ahead, ``warm=0`` spawns one
-per call. Calls alternate between the two so machine noise hits both alike. Prints the
-median and p99 latency of each and the ratio.
+per call, the fork server (the default) forks a pre-imported process per call. Calls
+alternate between the three so machine noise hits all alike. Prints the median and p99
+latency of each and the ratio to spawn-per-call. ``--pause 0`` measures back-to-back calls
+(a warm child then has no time to finish its imports before the next call).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ def main() -> int:
     parser.add_argument("--pause", type=float, default=0.3, help="seconds between calls (a warm child refills meanwhile)")
     args = parser.parse_args()
     spec = next(s for s in builtin_specs() if s.name == "get_weather")
-    boxes = {"spawn (warm=0)": ProcessSandbox(warm=0), "warm pool (warm=1)": ProcessSandbox(warm=1)}
+    boxes = {"spawn (warm=0)": ProcessSandbox(warm=0, forkserver=False),
+             "warm pool (warm=1)": ProcessSandbox(warm=1, forkserver=False),
+             "fork server (default)": ProcessSandbox()}
     times: dict[str, list[float]] = {name: [] for name in boxes}
     time.sleep(1.0)  # let the warm child finish its imports
     try:
@@ -49,12 +53,14 @@ def main() -> int:
     finally:
         for box in boxes.values():
             box.close()
-    print(f"{'mode':<22}{'calls':>7}{'median ms':>12}{'p99 ms':>10}")
+    print(f"{'mode':<24}{'calls':>7}{'median ms':>12}{'p99 ms':>10}")
     for name, values in times.items():
-        print(f"{name:<22}{len(values):>7}{statistics.median(values) * 1000:>12.1f}{p99(values) * 1000:>10.1f}")
-    spawn, warm = times["spawn (warm=0)"], times["warm pool (warm=1)"]
-    print(f"ratio spawn/warm: median {statistics.median(spawn) / statistics.median(warm):.1f}x, "
-          f"p99 {p99(spawn) / p99(warm):.1f}x")
+        print(f"{name:<24}{len(values):>7}{statistics.median(values) * 1000:>12.1f}{p99(values) * 1000:>10.1f}")
+    spawn = times["spawn (warm=0)"]
+    for name, values in times.items():
+        if values is not spawn:
+            print(f"speed-up of {name} over spawn-per-call: median {statistics.median(spawn) / statistics.median(values):.1f}x, "
+                  f"p99 {p99(spawn) / p99(values):.1f}x")
     return 0
 
 

@@ -28,7 +28,8 @@ def _broker_url() -> str:
 
 
 app = Celery("toolrail", include=["executor.tasks"])
-app.conf.update(celery_config(_broker_url(), visibility_timeout_s=get_settings().visibility_timeout_s))
+app.conf.update(celery_config(_broker_url(), visibility_timeout_s=get_settings().visibility_timeout_s,
+                              task_time_limit_s=getattr(get_settings(), "task_time_limit_s", None)))
 
 
 @before_task_publish.connect

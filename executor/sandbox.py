@@ -132,9 +132,134 @@ class Sandbox(Protocol):
 
 @dataclass
 class _Warm:
-    proc: subprocess.Popen
+    proc: Any  # subprocess.Popen, or _ForkedCall from the fork server: same surface
     nonce: str
     started: float
+
+
+class _ForkedCall:
+    """A sandbox child forked by the fork server, with the parts of ``Popen`` the sandbox uses."""
+
+    def __init__(self, server: "_ForkServer", pid: int, stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
+        self._server = server
+        self.pid = pid
+        self.returncode: int | None = None
+        self._stdin: int | None = stdin_fd
+        self._readers = {stdout_fd: bytearray(), stderr_fd: bytearray()}
+        self._order = (stdout_fd, stderr_fd)
+        self._open = {stdout_fd, stderr_fd}
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def communicate(self, input: bytes | None = None, timeout: float | None = None) -> tuple[bytes, bytes]:  # noqa: A002
+        import selectors  # noqa: PLC0415
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._stdin is not None:
+            try:
+                if input:
+                    os.write(self._stdin, input)
+            except BrokenPipeError:
+                pass
+            finally:
+                os.close(self._stdin)
+                self._stdin = None
+        with selectors.DefaultSelector() as selector:
+            for fd in self._open:
+                selector.register(fd, selectors.EVENT_READ)
+            while self._open:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise subprocess.TimeoutExpired("sandbox child", timeout or 0)
+                for key, _ in selector.select(remaining):
+                    chunk = os.read(key.fd, 65536)
+                    if chunk:
+                        self._readers[key.fd] += chunk
+                    else:
+                        selector.unregister(key.fd)
+                        os.close(key.fd)
+                        self._open.discard(key.fd)
+        self.wait(timeout=None if deadline is None else max(0.5, deadline - time.monotonic()))
+        return bytes(self._readers[self._order[0]]), bytes(self._readers[self._order[1]])
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.wait_exit(self.pid, timeout=timeout)
+        return self.returncode
+
+    def close(self) -> None:
+        for fd in list(self._open) + ([self._stdin] if self._stdin is not None else []):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._open.clear()
+        self._stdin = None
+
+
+class _ForkServer:
+    """One pre-imported ``sandbox_child --forkserver`` process per worker process."""
+
+    def __init__(self, python: str, env: dict[str, str], cwd: str) -> None:
+        import socket  # noqa: PLC0415
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock = ours
+        self._buffer = b""
+        self.proc = subprocess.Popen([python, "-m", "executor.sandbox_child", "--forkserver", str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
+        theirs.close()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _line(self, timeout: float | None) -> str:
+        self._sock.settimeout(timeout)
+        while b"\n" not in self._buffer:
+            chunk = self._sock.recv(256)
+            if not chunk:
+                raise ConnectionError("the fork server went away")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def fork(self, nonce: str, *, timeout: float = 30.0) -> _ForkedCall:
+        import socket  # noqa: PLC0415
+
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            socket.send_fds(self._sock, [nonce.encode()], [in_r, out_w, err_w])
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        try:
+            kind, pid = self._line(timeout).split()[:2]
+        except (OSError, ValueError):
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            raise
+        if kind != "pid":
+            raise ConnectionError(f"unexpected fork server reply {kind!r}")
+        return _ForkedCall(self, int(pid), in_w, out_r, err_r)
+
+    def wait_exit(self, pid: int, *, timeout: float | None) -> int | None:
+        try:
+            kind, got, status = self._line(timeout).split()[:3]
+        except (OSError, ValueError):
+            return None
+        if kind != "exit" or int(got) != pid:
+            return None
+        return os.waitstatus_to_exitcode(int(status))
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        finally:
+            _kill_group(self.proc)
 
 
 class ProcessSandbox:
@@ -142,8 +267,10 @@ class ProcessSandbox:
 
     def __init__(self, *, warm: int = 1, scratch_root: Path | None = None, python: str = sys.executable,
                  preload: str = "tools.builtin", own_uid: bool | None = None, confine: bool = True,
-                 max_processes: int = DEFAULT_MAX_PROCESSES) -> None:
+                 max_processes: int = DEFAULT_MAX_PROCESSES, forkserver: bool = True) -> None:
         self._warm_target = max(0, warm)
+        self._use_forkserver = forkserver
+        self._forkserver: _ForkServer | None = None
         self._scratch_root = scratch_root or Path(tempfile.gettempdir()) / "toolrail-scratch"
         self._scratch_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self._scratch_root, 0o711)  # per-call uids traverse it, only root lists it
@@ -159,6 +286,9 @@ class ProcessSandbox:
         self._pool: deque[_Warm] = deque()
         self._lock = threading.Lock()
         self._closed = False
+        if forkserver:
+            self._warm_target = 0  # the fork server replaces the pool of pre-started interpreters
+            self._forkserver = _ForkServer(self._python, self._env(), str(self._scratch_root))
         self._refill()
 
     # -- pool ---------------------------------------------------------------
@@ -184,7 +314,27 @@ class ProcessSandbox:
             while not self._closed and len(self._pool) < self._warm_target:
                 self._pool.append(self._spawn())
 
+    def _fork(self) -> _Warm | None:
+        """A child from the fork server (restarted if it died); None if it cannot serve."""
+        for _ in range(2):
+            if self._forkserver is None or not self._forkserver.alive():
+                if self._forkserver is not None:
+                    self._forkserver.close()
+                self._forkserver = _ForkServer(self._python, self._env(), str(self._scratch_root))
+            nonce = secrets.token_hex(8)
+            try:
+                return _Warm(self._forkserver.fork(nonce), nonce, time.monotonic())
+            except (OSError, ConnectionError) as exc:
+                _warn_once("forkserver", "the sandbox fork server failed; restarting it", error=str(exc))
+                self._forkserver.close()
+                self._forkserver = None
+        return None
+
     def _take(self) -> _Warm:
+        if self._use_forkserver:
+            forked = self._fork()
+            if forked is not None:
+                return forked
         with self._lock:
             while self._pool:
                 warm = self._pool.popleft()
@@ -200,7 +350,10 @@ class ProcessSandbox:
         return warm
 
     def close(self) -> None:
-        """Kill the warm children."""
+        """Kill the warm children and the fork server."""
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None
         with self._lock:
             self._closed = True
             pool, self._pool = list(self._pool), deque()
@@ -219,7 +372,8 @@ class ProcessSandbox:
             if uid is not None:
                 os.chown(scratch, uid, uid)
                 os.chmod(scratch, 0o700)
-            _apply_limits(proc.pid, spec, max_processes=self._max_processes if uid is not None else None)
+            _apply_limits(proc.pid, spec, max_processes=self._max_processes if uid is not None else None,
+                          forked=isinstance(proc, _ForkedCall))
             request = {
                 "entrypoint": spec.entrypoint, "arguments": call.arguments, "tool": spec.name,
                 "request_id": call.request_id, "job_id": call.job_id, "call_id": call.call_id,
@@ -299,10 +453,11 @@ def _kill_uid(uid: int) -> None:
         time.sleep(0.01)
 
 
-def _apply_limits(pid: int, spec: ToolSpec, *, max_processes: int | None = None) -> None:
+def _apply_limits(pid: int, spec: ToolSpec, *, max_processes: int | None = None, forked: bool = False) -> None:
     """rlimits on the (waiting) child, before it reads its request."""
     memory = spec.memory_mb * 1024 * 1024
-    cpu = int(spec.cpu_s or max(1, int(spec.timeout_s) + 1)) + 1  # +1: interpreter start-up already spent
+    # a spawned child already spent ~1 s of CPU starting the interpreter; a forked one starts at zero
+    cpu = int(spec.cpu_s or max(1, int(spec.timeout_s) + 1)) + (0 if forked else 1)
     limits = {
         resource.RLIMIT_AS: (memory, memory),
         resource.RLIMIT_CPU: (cpu, cpu + 1),

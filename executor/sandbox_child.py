@@ -406,8 +406,69 @@ def main(argv: list[str]) -> int:
     payload["isolation"] = isolation
     log.info("tool.end", ok=payload["ok"])
     _emit(nonce, payload, result_out)
-    return 0
+    # Leave at once: the result is out, and interpreter teardown (hundreds of modules) only
+    # delays the EOF the worker waits for.
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def serve_forks(sock_fd: int) -> int:
+    """Fork server ("zygote"): import once, then fork one fresh child per call.
+
+    Protocol on the Unix socket shared with one worker process, one call at a time:
+    the worker sends its nonce with three fds (the call's stdin, stdout, stderr pipes);
+    we fork, answer ``pid <pid>``, wait for the child and answer ``exit <pid> <status>``.
+    The child becomes exactly what a freshly spawned sandbox child is after its imports —
+    its own session, fds 0/1/2 on the call's pipes — and runs ``main``. Forking a
+    pre-imported process costs milliseconds where starting an interpreter and importing
+    the tool modules costs hundreds (bench/sandbox.py).
+    """
+    import socket  # noqa: PLC0415
+
+    die_with_parent()
+    for module in [m for m in os.environ.get("TOOLRAIL_SANDBOX_PRELOAD", "tools.builtin").split(",") if m]:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - a broken preload must not kill the server
+            pass
+    import structlog  # noqa: F401, PLC0415 - preloaded for the children
+
+    import tools.context  # noqa: F401, PLC0415
+
+    sock = socket.socket(fileno=sock_fd)
+    while True:
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(sock, 256, 3)
+        except OSError:
+            return 0
+        if not message or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            return 0
+        nonce = message.decode(errors="replace").strip()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                sock.close()
+                os.setsid()
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                    os.close(fd)
+                code = main(["sandbox_child", nonce])
+            finally:
+                os._exit(code or 0)
+        for fd in fds:
+            os.close(fd)
+        try:
+            sock.sendall(f"pid {pid}\n".encode())
+            _, status = os.waitpid(pid, 0)
+            sock.sendall(f"exit {pid} {status}\n".encode())
+        except OSError:
+            return 0
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--forkserver":
+        sys.exit(serve_forks(int(sys.argv[2])))
     sys.exit(main(sys.argv))
