@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -127,6 +128,8 @@ class _Sequence:
     prompt_ids: list[int]
     max_new_tokens: int
     matcher: xgr.GrammarMatcher | None
+    #: For JSON constraints, a bitmask row of tokens free of raw control bytes, AND-ed into every mask.
+    json_tokens: torch.Tensor | None
     generator: torch.Generator | None
     detokenizer: _IncrementalDetokenizer
     sink: Callable[[GenerationChunk | BaseException], None]
@@ -445,6 +448,8 @@ class EmbeddedEngine:
                                     device=self.device, dtype=self.dtype)
         self._prefix_cache = _PrefixCache(block=prefix_block, capacity_bytes=prefix_cache_bytes)
         self._bitmask = xgr.allocate_token_bitmask(max_batch_size, self.tokenizer_info.vocab_size)
+        self._json_safe_tokens = self._json_token_bitmask(allow_whitespace=True)
+        self._json_strict_tokens = self._json_token_bitmask(allow_whitespace=False)
         self._free_slots = list(range(max_batch_size))
         heapq.heapify(self._free_slots)
 
@@ -515,6 +520,34 @@ class EmbeddedEngine:
 
     # ---------------------------------------------------------------- grammar
 
+    def _json_token_bitmask(self, *, allow_whitespace: bool) -> torch.Tensor:
+        """One bitmask row allowing every token without a raw control byte (but \t \n \r if asked).
+
+        xgrammar 0.2.9's token mask lets tokens such as 0x10 or "\t\t" into JSON strings
+        (``accept_string`` refuses them), which makes ``json.loads`` fail. Control bytes other
+        than \t \n \r are never valid in JSON text; those three only as whitespace between
+        tokens, which our own compiles (``any_whitespace=False``) never allow.
+        """
+        allowed = torch.ones(self.tokenizer_info.vocab_size, dtype=torch.bool)
+        banned = set(range(0x20)) - ({0x09, 0x0A, 0x0D} if allow_whitespace else set())
+        for token_id, raw in enumerate(self.tokenizer_info.decoded_vocab):
+            if token_id not in self.eos_token_ids and any(byte in banned for byte in raw):
+                allowed[token_id] = False
+        words = (self.tokenizer_info.vocab_size + 31) // 32
+        bits = np.zeros(words * 32, dtype=bool)
+        bits[: allowed.numel()] = allowed.numpy()
+        # Bit k of word w is token 32*w + k, as in xgrammar's bitmask (little-endian int32 words).
+        packed = np.packbits(bits, bitorder="little").view("<i4")
+        return torch.from_numpy(packed.astype(np.int32))
+
+    def _fill_mask(self, seq: _Sequence, row: int) -> bool:
+        """Fill ``row`` of the scratch bitmask for ``seq``; True if the row needs masking."""
+        need = seq.matcher.fill_next_token_bitmask(self._bitmask, row)
+        if seq.json_tokens is not None:
+            self._bitmask[row] &= seq.json_tokens
+            return True
+        return need
+
     def compile_json_schema(self, schema: str) -> xgr.CompiledGrammar:
         """Compile (or fetch from cache) a JSON Schema against this engine's tokenizer."""
         key = _schema_key(schema)
@@ -562,8 +595,12 @@ class EmbeddedEngine:
         if len(prompt_ids) >= self.context_length:
             raise PromptTooLongError(len(prompt_ids), self.context_length)
         compiled = request.compiled_grammar
+        json_tokens = None
         if compiled is None and request.json_schema is not None:
             compiled = self.compile_json_schema(request.json_schema)
+            json_tokens = self._json_strict_tokens  # compiled without free whitespace: no control byte is legal
+        elif compiled is not None and request.json_schema is not None:
+            json_tokens = self._json_safe_tokens  # the caller may allow \t \n \r as whitespace
         if compiled is not None:
             info = getattr(compiled, "tokenizer_info", None)
             if info is not None and info.vocab_size != self.tokenizer_info.vocab_size:
@@ -579,6 +616,7 @@ class EmbeddedEngine:
             prompt_ids=prompt_ids,
             max_new_tokens=min(request.max_tokens, self.context_length - len(prompt_ids)),
             matcher=matcher,
+            json_tokens=json_tokens,
             generator=generator,
             detokenizer=_IncrementalDetokenizer(self._decode_ids, prompt_ids[-DETOKENIZER_CONTEXT:]),
             sink=sink,
@@ -764,7 +802,7 @@ class EmbeddedEngine:
             self._prefix_cache.insert(seq.prompt_ids, len(seq.prompt_ids),
                                       lambda s, e: self._runner.read_block(seq.slot, s, e))
             if seq.matcher is not None:
-                need_mask = seq.matcher.fill_next_token_bitmask(self._bitmask, 0)
+                need_mask = self._fill_mask(seq, 0)
                 token = self._pick([seq], logits.view(1, -1), [need_mask])[0]
             else:
                 token = self._pick([seq], logits.view(1, -1), [False])[0]
@@ -781,7 +819,7 @@ class EmbeddedEngine:
         self.stats["forward_s"] += time.perf_counter() - started
         self.stats["extend_steps"] += 1
         seq.cached_len += len(feed)
-        need_mask = seq.matcher.fill_next_token_bitmask(self._bitmask, 0) if seq.matcher is not None else False
+        need_mask = self._fill_mask(seq, 0) if seq.matcher is not None else False
         self._accept(seq, self._pick([seq], logits.view(1, -1), [need_mask])[0])
 
     def _jump_forward(self, seq: _Sequence) -> None:
@@ -805,8 +843,7 @@ class EmbeddedEngine:
 
     def _fill_masks(self, batch: list[_Sequence]) -> list[bool]:
         # Row i of the scratch bitmask belongs to batch[i] for this step only.
-        return [seq.matcher.fill_next_token_bitmask(self._bitmask, row) if seq.matcher is not None else False
-                for row, seq in enumerate(batch)]
+        return [self._fill_mask(seq, row) if seq.matcher is not None else False for row, seq in enumerate(batch)]
 
     def _decode_step(self, batch: list[_Sequence]) -> None:
         constrained = any(seq.matcher is not None for seq in batch)

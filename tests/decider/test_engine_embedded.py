@@ -257,3 +257,26 @@ def test_prefix_cache_evicts_least_recently_used_blocks():
     assert len(cache.match(second, 12)) == 2
     assert len(cache.match(first, 12)) == 0  # its first block went first, so the chain is broken
     assert cache.size_bytes <= cache.capacity_bytes
+
+
+def test_json_output_never_carries_raw_control_characters(engine):
+    """xgrammar's token mask admits single-byte tokens like 0x10 inside strings; the engine masks them."""
+    schema = json.dumps({"type": "object", "properties": {"memo": {"type": "string", "maxLength": 12}},
+                         "required": ["memo"]})
+    vocab = engine.tokenizer_info.decoded_vocab
+    allowed = lambda row, token: (int(row[token >> 5]) >> (token & 31)) & 1  # noqa: E731
+    assert not allowed(engine._json_safe_tokens, vocab.index(b"\x10"))
+    assert allowed(engine._json_safe_tokens, vocab.index(b"\t"))
+    assert not allowed(engine._json_strict_tokens, vocab.index(b"\t"))
+    assert allowed(engine._json_strict_tokens, vocab.index(b"{"))
+
+    def one(i):
+        return engine.generate_sync(req(engine, f"memo-{i}", f"memo {i} {i * 7919 % 104729}", json_schema=schema,
+                                        max_tokens=60))[0]
+
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(one, range(40)))
+    for text in texts:
+        json.loads(text)  # strict: raises on raw control characters
