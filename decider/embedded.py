@@ -26,14 +26,15 @@ reused; only the KV cache and the batched masked attention over ragged lengths a
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import hashlib
 import heapq
-import itertools
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -76,6 +77,17 @@ DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
 COMPILED_GRAMMAR_CACHE_SIZE = 256
 #: Prompt tokens given to the detokenizer as context (leading-space handling of SentencePiece vocabularies).
 DETOKENIZER_CONTEXT = 4
+
+
+#: Engines still open at interpreter exit are closed first: a scheduler thread killed inside
+#: native code at shutdown aborts the process ("terminate called without an active exception").
+_OPEN_ENGINES: weakref.WeakSet[EmbeddedEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    for engine in list(_OPEN_ENGINES):
+        engine.close()
 
 
 def _schema_key(schema: str) -> str:
@@ -145,8 +157,6 @@ class _Sequence:
     text: str = ""
     cancel_requested: bool = False
     finished: bool = False
-    submitted_at: float = field(default_factory=time.perf_counter)
-    first_token_at: float | None = None
 
     @property
     def request_id(self) -> str:
@@ -462,7 +472,7 @@ class EmbeddedEngine:
         self._grammar_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolrail-grammar")
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._counter = itertools.count()
+        _OPEN_ENGINES.add(self)
         self.stats: dict[str, float] = {
             "decode_steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "prefix_hit_tokens": 0,
             "forward_s": 0.0, "decode_s": 0.0, "decode_cpu_s": 0.0, "grammar_wait_s": 0.0, "mask_apply_s": 0.0, "grammar_accept_s": 0.0,
@@ -806,7 +816,6 @@ class EmbeddedEngine:
                 token = self._pick([seq], logits.view(1, -1), [need_mask])[0]
             else:
                 token = self._pick([seq], logits.view(1, -1), [False])[0]
-            seq.first_token_at = time.perf_counter()
             if self._accept(seq, token):
                 self._decoding.append(seq)
         return len(tokens)
