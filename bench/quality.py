@@ -27,7 +27,7 @@ Usage::
     python -m bench.quality --decider oracle                 # self-check: 100 % everywhere
     python -m bench.quality --decider empty --split dev      # self-check: exact = no-call rows
     python -m bench.quality --decider embedded --split dev --limit 40
-    python -m bench.quality --decider embedded --technique baseline,grounded --split holdout
+    python -m bench.quality --decider embedded --technique grammar,grounded --split holdout
     python -m bench.quality --decider mypkg.mod:make_decider --toolset orders --lang zh
 
 ``--decider`` takes a name from ``DECIDERS`` or ``module:callable``; the callable is a
