@@ -619,7 +619,10 @@ class EmbeddedEngine:
         generator = None
         if request.temperature > 0:
             generator = torch.Generator(device="cpu")
-            generator.manual_seed(request.seed if request.seed is not None else torch.seed())
+            if request.seed is None:
+                generator.seed()  # non-deterministic, and leaves torch's global RNG alone
+            else:
+                generator.manual_seed(request.seed)
         return _Sequence(
             key=self._key(request),
             request=request,
