@@ -3,7 +3,7 @@
 Three sets, each a list of ``tools.spec.ToolSpec``:
 
 - ``builtin``: ``get_weather``, ``query_balance``, ``transfer`` from ``tools.registry`` (the
-  platform's own tools); a local copy with identical schemas is used until the registry imports.
+  platform's own tools, so the benchmark measures exactly what the platform serves).
 - ``calendar``: room booking, cancellation and meetings: ISO dates, HH:MM times, counts with
   bounds, a defaulted duration, room and weekday enums with Chinese cue words.
 - ``orders``: order status, refunds (decimal amounts, a reason enum), quantity changes and
@@ -38,76 +38,10 @@ def _enum_cues(aliases: dict[str, str]) -> dict[str, list[str]]:
     return cues
 
 
-# --------------------------------------------------------------------------------------------
-# builtin: a copy of tools/builtin.py's parameter models, used only when the registry is absent
-# --------------------------------------------------------------------------------------------
-
-_CITY_ALIASES = {
-    "沪": "Shanghai", "上海": "Shanghai", "上海市": "Shanghai", "申城": "Shanghai", "魔都": "Shanghai",
-    "京": "Beijing", "北京": "Beijing", "北京市": "Beijing", "帝都": "Beijing", "Peking": "Beijing",
-    "深圳": "Shenzhen", "鹏城": "Shenzhen", "广州": "Guangzhou", "羊城": "Guangzhou", "穗": "Guangzhou",
-    "杭州": "Hangzhou", "成都": "Chengdu", "蓉城": "Chengdu", "南京": "Nanjing", "武汉": "Wuhan",
-    "西安": "Xi'an", "天津": "Tianjin", "重庆": "Chongqing", "香港": "Hong Kong", "东京": "Tokyo",
-    "纽约": "New York", "NYC": "New York", "伦敦": "London", "巴黎": "Paris", "柏林": "Berlin",
-}
-_DATE_ALIASES = {"今天": "today", "今日": "today", "明天": "tomorrow", "明日": "tomorrow"}
-_UNIT_ALIASES = {"摄氏": "celsius", "摄氏度": "celsius", "℃": "celsius", "°C": "celsius", "C": "celsius",
-                 "华氏": "fahrenheit", "华氏度": "fahrenheit", "℉": "fahrenheit", "°F": "fahrenheit", "F": "fahrenheit"}
-_CURRENCY_ALIASES = {"元": "CNY", "人民币": "CNY", "块": "CNY", "RMB": "CNY", "rmb": "CNY", "¥": "CNY",
-                     "美元": "USD", "美金": "USD", "刀": "USD", "$": "USD", "dollars": "USD", "dollar": "USD",
-                     "欧元": "EUR", "€": "EUR", "euros": "EUR", "euro": "EUR"}
-
-
-class _WeatherArgs(BaseModel):
-    """Get the weather forecast for a city today or tomorrow."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    city: str = Field(min_length=1, max_length=64, description="City name",
-                      json_schema_extra={"x-aliases": _CITY_ALIASES, "x-grounded": True})
-    date: Literal["today", "tomorrow"] = Field(description="Which day",
-                                               json_schema_extra={"x-aliases": _DATE_ALIASES,
-                                                                  "x-enum-aliases": _enum_cues(_DATE_ALIASES)})
-    unit: Literal["celsius", "fahrenheit"] = Field(default="celsius", description="Temperature unit",
-                                                   json_schema_extra={"x-aliases": _UNIT_ALIASES,
-                                                                      "x-enum-aliases": _enum_cues(_UNIT_ALIASES)})
-
-
-class _BalanceArgs(BaseModel):
-    """Query the balance of a bank account."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    account: str = Field(min_length=1, max_length=64, description="Account holder", json_schema_extra={"x-grounded": True})
-
-
-class _TransferArgs(BaseModel):
-    """Transfer money from one account to another."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    from_account: str = Field(min_length=1, max_length=64, description="Payer account", json_schema_extra={"x-grounded": True})
-    to: str = Field(min_length=1, max_length=64, description="Payee account", json_schema_extra={"x-grounded": True})
-    amount: float = Field(gt=0, le=1_000_000, description="Amount, up to two decimals", json_schema_extra={"x-grounded": True})
-    currency: Literal["CNY", "USD", "EUR"] = Field(description="ISO currency code",
-                                                   json_schema_extra={"x-aliases": _CURRENCY_ALIASES,
-                                                                      "x-enum-aliases": _enum_cues(_CURRENCY_ALIASES)})
-
-
-def _local_builtin_specs() -> list[ToolSpec]:
-    return [
-        ToolSpec.from_model("get_weather", _WeatherArgs),
-        ToolSpec.from_model("query_balance", _BalanceArgs),
-        ToolSpec.from_model("transfer", _TransferArgs, side_effects=True),
-    ]
-
-
 def builtin_specs() -> list[ToolSpec]:
-    """``get_weather``, ``query_balance``, ``transfer``: from the registry when it imports, else the local copy."""
-    try:
-        from tools.registry import default_registry
-    except ImportError:
-        return _local_builtin_specs()
+    """``get_weather``, ``query_balance``, ``transfer``: the platform's own specs, from the registry."""
+    from tools.registry import default_registry  # noqa: PLC0415
+
     return default_registry().specs(list(BUILTIN_TOOL_NAMES))
 
 

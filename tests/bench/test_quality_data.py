@@ -129,13 +129,12 @@ def _validation_keys(node):
     return node
 
 
-def test_builtin_specs_match_the_local_copy():
+def test_builtin_specs_come_from_the_registry():
     from bench import toolsets
+    from tools.registry import default_registry
 
-    registry = {s.name: _validation_keys(s.parameters) for s in builtin_specs()}
-    local = {s.name: _validation_keys(s.parameters) for s in toolsets._local_builtin_specs()}
-    assert registry == local
     assert [s.name for s in builtin_specs()] == list(toolsets.BUILTIN_TOOL_NAMES)
+    assert all(s is default_registry().get(s.name) for s in builtin_specs())
 
 
 def test_eval_tool_sets_are_strict_and_carry_extensions():
