@@ -30,14 +30,6 @@ __all__ = ["BUILTIN_TOOL_NAMES", "TOOLSETS", "builtin_specs", "calendar_specs", 
 BUILTIN_TOOL_NAMES = ("get_weather", "query_balance", "transfer")
 
 
-def _enum_cues(aliases: dict[str, str]) -> dict[str, list[str]]:
-    """``{alias: canonical}`` → ``{canonical: [canonical, *aliases]}`` (``x-enum-aliases``)."""
-    cues: dict[str, list[str]] = {}
-    for alias, canonical in aliases.items():
-        cues.setdefault(canonical, [canonical]).append(alias)
-    return cues
-
-
 def builtin_specs() -> list[ToolSpec]:
     """``get_weather``, ``query_balance``, ``transfer``: the platform's own specs, from the registry."""
     from tools.registry import default_registry  # noqa: PLC0415

@@ -120,15 +120,6 @@ def test_the_set_names_the_classic_traps():
     assert by_text["沪今天多少度？"].expected_calls == [{"name": "get_weather", "arguments": {"city": "Shanghai", "date": "today"}}]
 
 
-def _validation_keys(node):
-    """A schema without annotations (descriptions, titles, x-* extensions): what decides validity."""
-    if isinstance(node, dict):
-        return {k: _validation_keys(v) for k, v in node.items() if k not in {"description", "title"} and not k.startswith("x-")}
-    if isinstance(node, list):
-        return [_validation_keys(v) for v in node]
-    return node
-
-
 def test_builtin_specs_come_from_the_registry():
     from bench import toolsets
     from tools.registry import default_registry
