@@ -409,9 +409,9 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         mount_openai = settings.decider != "none"
     if mount_openai:
         try:
-            from decider.openai_api import router as openai_router  # noqa: PLC0415 - optional, heavy
+            from decider.openai_api import create_router  # noqa: PLC0415 - heavy (torch); the model loads on first use
 
-            app.include_router(openai_router, prefix="/v1")
+            app.include_router(create_router(), prefix="/v1")
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     return app

@@ -151,3 +151,17 @@ def test_ready_and_metrics(client: httpx.Client) -> None:
     assert ready.json()["checks"]["redis"] == "ok" and ready.json()["checks"]["workers"] >= 1
     metrics = client.get("/metrics").text
     assert "toolrail_queue_depth" in metrics and "toolrail_http_request_duration_seconds" in metrics
+
+
+def test_job_api_serves_the_openai_endpoint(runtime) -> None:
+    """The OpenAI-compatible route is mounted next to the job API (the model loads on first use)."""
+    from executor.api import create_app
+    from toolrail.settings import Settings
+
+    app = create_app(Settings(decider="embedded"), runtime, enqueue=lambda job: None, ping_workers=lambda: 0)
+    paths = set(app.openapi()["paths"])
+    assert "/v1/chat/completions" in paths and "/v1/jobs" in paths
+    from fastapi.testclient import TestClient
+
+    response = TestClient(app).post("/v1/chat/completions", json={"messages": []})
+    assert 400 <= response.status_code < 500 and response.json()["error"]["type"]
