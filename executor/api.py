@@ -17,7 +17,8 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import redis
@@ -233,12 +234,30 @@ Tenant = Annotated[str, Depends(rate_limited(tenant_of))]  # authenticated, then
 def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRecord], None] | None = None,
                ping_workers: Callable[[], int] | None = None, mount_openai: bool | None = None) -> FastAPI:
     """Build the API over a runtime. ``enqueue`` queues a job's decide step (Celery by default)."""
+    rerun = None
     if enqueue is None:
+        from executor.tasks import dispatch_call as rerun  # noqa: PLC0415
         from executor.tasks import enqueue_decide as enqueue  # noqa: PLC0415
     if ping_workers is None:
         ping_workers = _celery_ping
     tenants = settings.tenants_by_key()
-    app = FastAPI(title="toolrail", version="0.1.0", description="Serverless tool execution for LLM agents.")
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        reconciler = None
+        if rerun is not None and settings.reconcile_interval_s > 0:
+            from executor.config import task_time_limit_for  # noqa: PLC0415
+            from executor.reconcile import Reconciler  # noqa: PLC0415
+
+            limit = settings.task_time_limit_s or task_time_limit_for(settings.visibility_timeout_s)
+            reconciler = Reconciler(runtime, interval_s=settings.reconcile_interval_s,
+                                    stale_after_s=settings.visibility_timeout_s + limit,
+                                    redecide=enqueue, rerun=rerun).start()
+        yield
+        if reconciler is not None:
+            reconciler.stop()
+
+    app = FastAPI(title="toolrail", version="0.1.0", description="Serverless tool execution for LLM agents.",
+                  lifespan=lifespan)
     app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth)
     metrics = CollectorRegistry()
     jobs_created = Counter("toolrail_jobs_created_total", "Jobs accepted", ["tenant"], registry=metrics)

@@ -117,6 +117,8 @@ class RedisJobStore:
         self._p = prefix
         self._ttl = ttl_s
         self._finish = client.register_script(_FINISH_CALL)
+        #: Non-terminal jobs scored by their last status change: what the reconciler watches.
+        self._active = f"{prefix}:active"
 
     def _k(self, job_id: str, suffix: str = "") -> str:
         return f"{self._p}:job:{job_id}{suffix}"
@@ -144,6 +146,7 @@ class RedisJobStore:
         pipe = self.redis.pipeline()
         pipe.set(self._k(job.job_id), job.model_dump_json(exclude={"calls"}), ex=self._ttl)
         pipe.zadd(f"{self._p}:tenant:{job.tenant}:jobs", {job.job_id: job.created_at})
+        pipe.zadd(self._active, {job.job_id: job.created_at})
         pipe.xadd(self._k(job.job_id, ":events"), {"data": json.dumps({"type": "status", "status": job.status,
                                                                         "request_id": job.request_id})}, maxlen=1000)
         pipe.expire(self._k(job.job_id, ":events"), self._ttl)
@@ -191,6 +194,10 @@ class RedisJobStore:
                     for item in events:
                         pipe.xadd(self._k(job_id, ":events"), {"data": json.dumps(item, ensure_ascii=False, default=str)},
                                   maxlen=1000)
+                    if job.status in TERMINAL_JOB:
+                        pipe.zrem(self._active, job_id)
+                    elif job.status != before:
+                        pipe.zadd(self._active, {job_id: job.updated_at})
                     pipe.execute()
                     return job
                 except redis.WatchError:
@@ -233,6 +240,21 @@ class RedisJobStore:
                            ensure_ascii=False, default=str)
         return int(self._finish(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"), self._k(job_id, ":events")],
                                 args=[call.id, call.model_dump_json(), event]))
+
+    @_guard
+    def stale_jobs(self, *, older_than_s: float, limit: int = 100) -> list[str]:
+        """Non-terminal jobs whose status has not changed for ``older_than_s`` seconds."""
+        cutoff = time.time() - older_than_s
+        return [j.decode() for j in self.redis.zrangebyscore(self._active, "-inf", cutoff, start=0, num=limit)]
+
+    @_guard
+    def touch_active(self, job_id: str) -> None:
+        """Restart the staleness clock of a job (after the reconciler re-queued its work)."""
+        self.redis.zadd(self._active, {job_id: time.time()}, xx=True)
+
+    @_guard
+    def forget_active(self, job_id: str) -> None:
+        self.redis.zrem(self._active, job_id)
 
     @_guard
     def list_jobs(self, tenant: str, *, limit: int = 50) -> list[str]:

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 3600
     #: Hard time limit of a Celery task; None: derived from ``visibility_timeout_s`` (kept below it).
     task_time_limit_s: int | None = None
+    #: Seconds between reconciler sweeps in the API process (0: off). A job whose status has not
+    #: changed for longer than visibility timeout + task time limit gets its work queued again.
+    reconcile_interval_s: float = 30.0
     #: Per-tenant token bucket on the API: sustained requests/s and burst; 0 turns it off.
     rate_limit_per_s: float = 1000.0
     rate_limit_burst: int = 2000

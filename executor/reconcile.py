@@ -1,0 +1,83 @@
+"""The reconciler: the job store, not the broker, decides what still has to happen.
+
+A message can be lost between the broker and a worker that dies at the wrong moment
+(kombu's Redis transport pops a message before it records it as unacked), and then
+nothing would ever move its job again. Every non-terminal job sits in an index scored by
+its last status change; a job that has not moved for longer than any message could take
+to be redelivered (visibility timeout + task time limit) gets its work queued again. Every
+task is idempotent — statuses only move forward, calls finish once, side effects go
+through idempotency records — so a needless re-queue costs one no-op task.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import redis
+
+from executor.errors import ExecutorError
+from executor.runtime import Runtime
+from executor.store import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
+from toolrail.logging import get_logger
+
+__all__ = ["Reconciler", "reconcile_once"]
+
+log = get_logger("toolrail.reconcile")
+
+
+def reconcile_once(rt: Runtime, *, stale_after_s: float, redecide: Callable[[JobRecord], None],
+                   rerun: Callable[[JobRecord, CallRecord], None], limit: int = 100) -> int:
+    """Re-queue the work of every job stuck longer than ``stale_after_s``. Returns how many."""
+    from executor.jobs import finalize_job  # noqa: PLC0415 - jobs imports runtime; keep this module light
+
+    requeued = 0
+    for job_id in rt.store.stale_jobs(older_than_s=stale_after_s, limit=limit):
+        try:
+            job = rt.store.get(job_id)
+        except ExecutorError:
+            rt.store.forget_active(job_id)
+            continue
+        if job.status in TERMINAL_JOB:
+            rt.store.forget_active(job_id)
+            continue
+        if job.status == "running":
+            pending = [c for c in job.calls if c.status not in TERMINAL_CALL]
+            if not pending:
+                finalize_job(rt, job_id)
+                continue
+            for call in pending:
+                rerun(job, call)
+        else:
+            redecide(job)
+        rt.store.touch_active(job_id)
+        requeued += 1
+        log.warning("job.reconciled", job_id=job_id, request_id=job.request_id, status=job.status)
+    return requeued
+
+
+class Reconciler:
+    """A daemon thread running ``reconcile_once`` every ``interval_s`` (one instance at a time per Redis)."""
+
+    def __init__(self, rt: Runtime, *, interval_s: float, stale_after_s: float,
+                 redecide: Callable[[JobRecord], None], rerun: Callable[[JobRecord, CallRecord], None]) -> None:
+        self._rt, self._interval, self._stale = rt, interval_s, stale_after_s
+        self._redecide, self._rerun = redecide, rerun
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="toolrail-reconciler", daemon=True)
+
+    def start(self) -> "Reconciler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                # one reconciler per interval across API replicas
+                if self._rt.redis.set("tr:reconcile-lock", "1", nx=True, ex=max(1, int(self._interval * 0.9))):
+                    reconcile_once(self._rt, stale_after_s=self._stale, redecide=self._redecide, rerun=self._rerun)
+            except (redis.RedisError, ExecutorError) as exc:
+                log.warning("reconcile.skipped", error=type(exc).__name__)
