@@ -33,16 +33,24 @@ from decider.schema import validation_errors
 from tools.spec import ToolSpec
 
 __all__ = [
+    "CJK_FUNCTION_WORDS",
+    "CJK_REQUEST_WORDS",
+    "CallCount",
     "DEFAULT_EVIDENCE_ROLES",
     "Evidence",
+    "FORMAT_PATTERNS",
     "GroundingResult",
+    "ROLE_CUES_ZH",
+    "call_count",
     "collect_evidence",
     "ground_tools",
     "is_grounded_tool",
+    "is_name_like",
     "message_text",
     "narrow_schema",
     "parse_chinese_number",
     "tool_vocabulary",
+    "typed_spans",
 ]
 
 DEFAULT_EVIDENCE_ROLES = ("user", "tool")
@@ -55,7 +63,17 @@ _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK_RUN = re.compile(f"[{_CJK}]+")
 _WORD = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|[A-Za-z0-9\u00c0-\u024f][A-Za-z0-9\u00c0-\u024f_.@+\-'/]*")
 _QUOTED = re.compile(r"\"([^\"\n]{1,80})\"|'([^'\n]{1,80})'|“([^”\n]{1,80})”|‘([^’\n]{1,80})’|「([^」\n]{1,80})」|《([^》\n]{1,80})》")
-_NUMBER = re.compile(r"(?<![A-Za-z0-9_.])(-?\d+(?:,\d{3})*(?:\.\d+)?)(?![0-9])\s*([万千百亿kK])?")
+#: A number standing alone: not a piece of a date, time, id or code (2025-07-10, 09:30, BK-1024, SO123456).
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_.:/\-])(-?\d+(?:,\d{3})*(?:\.\d+)?)(?![0-9])(?![:/\-]\d)\s*([万千百亿kK])?")
+#: A span that is a quantity (500, 88.8, 1,200), never a name; identifiers (≥ 5 digits) stay names.
+_QUANTITY_WORD = re.compile(r"^-?(?:\d{1,4}|\d{1,3}(?:,\d{3})+|\d+\.\d+)$")
+#: JSON Schema ``format`` values whose strings are recognised in text by shape.
+FORMAT_PATTERNS = {
+    "date": r"\d{4}-\d{2}-\d{2}",
+    "time": r"\d{1,2}:\d{2}(?::\d{2})?",
+    "date-time": r"\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}(?::\d{2})?",
+    "email": r"[\w.+\-]+@[\w\-]+(?:\.[\w\-]+)+",
+}
 _CN_NUMBER = re.compile("[零〇一二两三四五六七八九十百千万亿点]+")
 #: Chinese function words: a candidate span never crosses one (longest first when splitting).
 CJK_FUNCTION_WORDS = (
@@ -63,6 +81,11 @@ CJK_FUNCTION_WORDS = (
     "还有", "同时", "以及", "并且", "或者", "看看", "的", "了", "吗", "呢", "吧", "啊", "呀", "嘛", "在", "给", "把",
     "和", "与", "及", "跟", "从", "向", "到", "是", "我", "你", "他", "她", "它", "们", "请", "帮", "查", "问", "看",
     "要", "想", "能", "会", "转", "发", "几", "哪", "这", "那", "个", "也", "都", "还", "再", "就", "用", "为", "对", "被", "让",
+)
+#: Generic words of service requests (what is asked, not who or which): never part of a name.
+CJK_REQUEST_WORDS = (
+    "天气", "预报", "温度", "余额", "转账", "账单", "状态", "物流", "订单", "数量", "退款", "取消", "预订", "开会", "会议",
+    "主题", "手机", "电话", "收件人", "改成", "改为", "换成", "显示", "告诉", "分钟", "小时",
 )
 _CJK_NUMERAL_CHARS = set("零〇一二两三四五六七八九十百千万亿点")
 #: Measure words that make a single Chinese numeral a number (三个, 五元) rather than part of a name (张三).
@@ -75,6 +98,8 @@ _EN_STOP = {
     "today", "tomorrow", "also", "then", "as", "into", "about", "there", "here", "some", "any", "want",
 }
 
+#: Words that join two values (``from checking to Bob``): a name never spans one.
+_EN_ROLE_WORDS = {"to", "from", "for", "with", "and", "or", "on", "at", "in", "by", "into", "then", "also", "about"}
 
 #: ``name`` of the user-role message that carries validation errors in a re-ask.
 FEEDBACK_NAME = "validator"
@@ -140,24 +165,29 @@ class Evidence:
         return folded in haystack
 
 
-def _latin_spans(text: str) -> list[str]:
+def _latin_spans(text: str, vocabulary: frozenset[str] = frozenset()) -> list[str]:
+    """Word n-grams that neither start nor end on a stop word or a word of the tools' own vocabulary."""
     spans: list[str] = []
     words = list(_WORD.finditer(text))
+    stop = _EN_STOP | vocabulary
     for start in range(len(words)):
         for end in range(start, min(start + MAX_SPAN_WORDS, len(words))):
             first, last = words[start].group().casefold(), words[end].group().casefold()
-            if first in _EN_STOP or last in _EN_STOP:
+            if first in stop or last in stop:
                 continue
             gap = text[words[start].end():words[end].start()] if end > start else ""
             if "\n" in gap or any(ch in gap for ch in ",;:!?()，。；：！？") or _CJK_RUN.search(gap):
                 break
+            if any(w.group().casefold() in _EN_ROLE_WORDS for w in words[start + 1:end]):
+                break  # "checking to Bob" holds two values, not one
             spans.append(text[words[start].start():words[end].end()].rstrip(".'"))
     return spans
 
 
 def _cjk_spans(text: str, boundary_words: Sequence[str]) -> list[str]:
     """Substrings of CJK runs, never crossing a function word, a tool's own vocabulary or a numeral."""
-    words = sorted({w for w in (*CJK_FUNCTION_WORDS, *boundary_words) if w and _CJK_RUN.fullmatch(w)}, key=len, reverse=True)
+    words = sorted({w for w in (*CJK_FUNCTION_WORDS, *CJK_REQUEST_WORDS, *boundary_words) if w and _CJK_RUN.fullmatch(w)},
+                   key=len, reverse=True)
     splitter = re.compile("|".join(map(re.escape, words))) if words else None
     spans: list[str] = []
     for run in _CJK_RUN.finditer(text):
@@ -206,12 +236,56 @@ def collect_evidence(messages: Sequence[Mapping[str, Any]], *, roles: Iterable[s
     spans: list[str] = []
     for match in _QUOTED.finditer(text):
         spans.append(next(group for group in match.groups() if group))
-    spans += _latin_spans(text)
+    spans += _latin_spans(text, frozenset(w.casefold() for w in boundary_words if not _CJK_RUN.search(w)))
     spans += _cjk_spans(text, boundary_words)
     spans = [span.strip() for span in spans if span.strip()]
     unique_spans = tuple(dict.fromkeys(spans))[:MAX_CANDIDATES]
     numbers = tuple(dict.fromkeys(_numbers(text)))
     return Evidence(text=text, spans=unique_spans, numbers=numbers, _folded=text.casefold())
+
+
+def _unanchored(pattern: str) -> str:
+    core = pattern[1:] if pattern.startswith("^") else pattern
+    if core.endswith("$") and not core.endswith("\\$"):
+        core = core[:-1]
+    return core
+
+
+def typed_spans(schema: Mapping[str, Any], text: str) -> list[str] | None:
+    """Spans of ``text`` shaped like the field's ``pattern`` or ``format``; None for an unshaped field.
+
+    Matches never start or end inside a word, so ``BK-12`` is no candidate in ``BK-1234``.
+    """
+    shapes = []
+    if isinstance(schema.get("pattern"), str):
+        shapes.append(_unanchored(schema["pattern"]))
+    if isinstance(schema.get("format"), str) and schema["format"] in FORMAT_PATTERNS:
+        shapes.append(FORMAT_PATTERNS[schema["format"]])
+    if not shapes:
+        return None
+    found: list[str] = []
+    for shape in shapes:
+        try:
+            regex = re.compile(rf"(?<![A-Za-z0-9_\-])(?:{shape})(?![A-Za-z0-9_])")
+        except re.error:
+            return None
+        found += [m.group() for m in regex.finditer(text) if m.group()]
+    return list(dict.fromkeys(found))
+
+
+#: Shapes of values that are never names: dates and times.
+_SHAPED_VALUES = tuple(FORMAT_PATTERNS[key] for key in ("date", "time", "date-time"))
+
+
+def is_name_like(span: str) -> bool:
+    """Whether a span can fill a free name/text field: it holds no bare quantity (``500``, ``88.8``).
+
+    Long digit strings (account numbers, phone numbers) stay: they identify, they do not count.
+    """
+    if any(re.fullmatch(shape, span) for shape in _SHAPED_VALUES):
+        return False
+    return not any(_QUANTITY_WORD.match(word) or any(re.fullmatch(shape, word) for shape in _SHAPED_VALUES)
+                   for word in span.split())
 
 
 def _as_number(value: float, integer: bool) -> int | float | None:
@@ -284,7 +358,11 @@ def _narrow_field(schema: Mapping[str, Any], evidence: Evidence, grounded: bool)
         evidenced_aliases = {alias: canonical for alias, canonical in aliases.items() if evidence.mentions(alias)}
         canonical_hits = [c for c in dict.fromkeys(aliases.values()) if isinstance(c, str) and evidence.mentions(c)]
         candidates = [*evidenced_aliases.values(), *canonical_hits]
-        candidates += [span for span in evidence.spans if _fits(span, schema)]
+        typed = typed_spans(schema, evidence.text)
+        if typed is not None:  # a shaped field (pattern, format): only spans of that shape
+            candidates += [span for span in typed if _fits(span, schema)]
+        else:  # a name-like field: spans that are not quantities
+            candidates += [span for span in evidence.spans if is_name_like(span) and _fits(span, schema)]
         candidates = [c for c in dict.fromkeys(candidates) if isinstance(c, str) and c not in evidenced_aliases]
         if not candidates and not evidenced_aliases:
             return _MISSING
@@ -302,10 +380,11 @@ def narrow_schema(schema: Mapping[str, Any], evidence: Evidence, *, grounded: bo
     required = list(schema.get("required") or [])
     new_properties: dict[str, Any] = {}
     new_required = list(required)
+    name_words = {word for name in properties for word in _name_words(name)}
     for name, sub in properties.items():
         narrowed = _narrow_field(sub, evidence, grounded)
         if narrowed is not _MISSING:
-            new_properties[name] = narrowed
+            new_properties[name] = _cued(name, narrowed, evidence.text, name_words) if narrowed is not sub else narrowed
             continue
         if isinstance(sub, Mapping) and "default" in sub:
             if name in required:
@@ -320,6 +399,49 @@ def narrow_schema(schema: Mapping[str, Any], evidence: Evidence, *, grounded: bo
     if new_required:
         narrowed_schema["required"] = [name for name in new_required if name in new_properties]
     return narrowed_schema
+
+
+#: Chinese words that play the role of a leading English field-name word (from_account → 从).
+ROLE_CUES_ZH = {"from": ("从",), "to": ("给", "向", "到"), "with": ("和", "跟", "与", "同"), "title": ("主题是", "主题：", "主题:", "标题")}
+
+
+def _name_words(name: str) -> list[str]:
+    return [w for w in re.split(r"[_\W]+|(?<=[a-z])(?=[A-Z])", name.casefold()) if w]
+
+
+def _cued(name: str, schema: Any, text: str, name_words: set[str]) -> Any:
+    """A free text field narrowed to the spans its own name introduces (``to Bob``, ``title: x``).
+
+    Each word of the field's name (``with_person`` → with, person) is a cue: the longest
+    candidates starting right after it (past ``:``, "is" and words of the tool's field names)
+    are kept, when there are any. Shaped, numeric and enum fields are left alone.
+    """
+    if not isinstance(schema, dict) or schema.get("type") != "string" or not isinstance(schema.get("enum"), list):
+        return schema
+    candidates = [c for c in schema["enum"] if isinstance(c, str)]
+    aliases = schema.get("x-aliases") or {}
+    if aliases or not candidates:
+        return schema
+    cued: list[str] = []
+    skip = name_words | {"the", "my", "is", "a", "an"}
+    words = _name_words(name)[:1]  # the leading word names the role: from_account, with_person, title
+    patterns = [rf"(?<![A-Za-z0-9]){re.escape(w)}(?![A-Za-z0-9])" for w in words]
+    patterns += [re.escape(c) for w in words for c in ROLE_CUES_ZH.get(w, ())]
+    for pattern in patterns:
+        for match in re.finditer(pattern, text, flags=re.IGNORECASE):
+            rest = text[match.end():]
+            while True:
+                stripped = rest.lstrip(" :：\t")
+                word = re.match(r"[A-Za-z]+", stripped)
+                if word and word.group().casefold() in skip and stripped[word.end():word.end() + 1] in (" ", ":"):
+                    rest = stripped[word.end():]
+                    continue
+                break
+            starting = [c for c in candidates if stripped.startswith(c)]
+            if starting:
+                cued.append(max(starting, key=len))
+    cued = list(dict.fromkeys(cued))
+    return {**schema, "enum": cued} if cued else schema
 
 
 def is_grounded_tool(spec: ToolSpec, *, ground_all: bool = False) -> bool:
@@ -410,3 +532,179 @@ def _narrow_keep_required(schema: Mapping[str, Any], evidence: Evidence, grounde
         if narrowed is not _MISSING:
             out["properties"][name] = narrowed
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# how many calls: one per distinct evidence set
+# ------------------------------------------------------------------------------------------
+
+#: Where one request's clauses part: punctuation, and conjunctions in Chinese and English.
+_CLAUSE_SPLIT = re.compile(
+    r"[，,；;、。！？!?\n]|(?<=[A-Za-z)])\.(?=\s|$)|\s+(?:and|or|also|then|plus|as well as)\s+"
+    r"|以及|并且|然后|另外|还有|同时|和|与|及|再")
+_PUNCTUATION = set("，,；;、。！？!?\n.")
+
+
+@dataclass(frozen=True)
+class CallCount:
+    """Bounds on the number of calls a request asks for, read from its evidence."""
+
+    lower: int
+    upper: int
+    #: The clauses of each call group (for logs and tests).
+    groups: tuple[tuple[str, ...], ...] = ()
+    #: Per group, ``{tool: {field: values}}``: the tools that best cover the group's evidence and
+    #: the strong values each gave a required field (used to narrow the group's call).
+    slots: tuple[dict[str, dict[str, frozenset[Any]]], ...] = ()
+
+    def positions(self, parameters: Mapping[str, Mapping[str, Any]]) -> list[list[tuple[str, dict[str, Any]]]]:
+        """Per call position, ``(tool, parameters)`` narrowed to that group's strong values."""
+        out = []
+        for slot in self.slots[:self.upper]:
+            branches = []
+            for tool, fields in slot.items():
+                if tool not in parameters:
+                    continue
+                schema = copy.deepcopy(dict(parameters[tool]))
+                for name, values in fields.items():
+                    sub = schema.get("properties", {}).get(name)
+                    if isinstance(sub, dict) and isinstance(sub.get("enum"), list):
+                        kept = [v for v in sub["enum"] if v in values]
+                        if kept:
+                            sub["enum"] = kept
+                branches.append((tool, schema))
+            if not branches:
+                return []
+            out.append(branches)
+        return out
+
+
+#: What a field filled by free text holds in a call group (no value to narrow it to).
+_WEAK = object()
+
+
+def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user" and message.get("name") != FEEDBACK_NAME:
+            return message_text(message)
+    return ""
+
+
+def _clauses(text: str) -> list[tuple[str, bool]]:
+    """``(clause, after a conjunction)`` pairs; punctuation alone parts clauses of one action."""
+    out: list[tuple[str, bool]] = []
+    position, conjunction = 0, False
+    for match in _CLAUSE_SPLIT.finditer(text):
+        clause = text[position:match.start()].strip()
+        if clause:
+            out.append((clause, conjunction))
+            conjunction = False
+        conjunction = conjunction or not set(match.group().strip() or "\n") <= _PUNCTUATION
+        position = match.end()
+    tail = text[position:].strip()
+    if tail:
+        out.append((tail, conjunction))
+    return out
+
+
+def _field_hits(schema: Mapping[str, Any], clause: str, shaped: bool,
+                cues: Mapping[str, Sequence[str]] | None = None) -> tuple[set[Any], bool]:
+    """Values of one narrowed field that ``clause`` gives evidence for, and whether they are strong.
+
+    Strong evidence is shaped or closed (a number, an enum value or cue, an alias, a pattern
+    match); a free span of text is weak: every clause has some.
+    """
+    enum = schema.get("enum")
+    if not isinstance(enum, list):
+        return set(), False
+    local = Evidence(text=clause, _folded=clause.casefold())
+    if schema.get("type") in ("integer", "number"):
+        numbers = set(_numbers(clause))
+        return {v for v in enum if isinstance(v, (int, float)) and float(v) in numbers}, True
+    aliases = schema.get("x-aliases") or {}
+    cues = cues or schema.get("x-enum-aliases") or {}
+    strong, weak = set(), set()
+    for value in enum:
+        if not isinstance(value, str):
+            continue
+        if any(local.mentions(a) for a, c in aliases.items() if c == value):
+            strong.add(value)
+        elif local.mentions(value) or any(local.mentions(c) for c in cues.get(value, ())):
+            (strong if shaped or value in aliases.values() else weak).add(value)
+    return (strong, True) if strong else (weak, False)
+
+
+def call_count(tools: Sequence[ToolSpec], parameters: Mapping[str, Mapping[str, Any]],
+               messages: Sequence[Mapping[str, Any]], *, max_calls: int = 8) -> CallCount:
+    """Bounds on how many calls the last user message asks for: one per distinct evidence set.
+
+    The message is cut into clauses at punctuation and conjunctions. Clauses are read left to
+    right and fill the required fields of one call group. A clause starts a new group when its
+    strong evidence (numbers, enum values or cues, aliases, shaped values) fits no tool of the
+    current group or gives a field the group already has another value, or when it follows a
+    conjunction (和, 再, and, then) while some tool of the group is already complete. Free
+    text after mere punctuation never starts a group ("…, please"). ``upper`` is the number
+    of groups; ``lower`` the most distinct strong values one required field received.
+    ``parameters`` are the request's narrowed schemas of the offered ``tools``.
+    """
+    shaped = {spec.name: {name for name, sub in (spec.parameters.get("properties") or {}).items()
+                          if isinstance(sub, Mapping) and any(k in sub for k in ("enum", "const", "pattern", "format"))}
+              for spec in tools}
+    cues = {spec.name: {name: sub.get("x-enum-aliases") or {} for name, sub in (spec.parameters.get("properties") or {}).items()
+                        if isinstance(sub, Mapping)} for spec in tools}  # narrowing drops them; clauses need them
+    required = {tool: [f for f in (schema.get("required") or []) if f in (schema.get("properties") or {})]
+                for tool, schema in parameters.items() if tool in shaped}
+    groups: list[dict[str, Any]] = []
+    distinct: dict[tuple[str, str], set[Any]] = {}
+    for clause, after_conjunction in _clauses(_last_user_text(messages)):
+        strong: dict[str, dict[str, set[Any]]] = {}
+        weak: dict[str, set[str]] = {}
+        for tool, fields in required.items():
+            for name in fields:
+                hits, is_strong = _field_hits(parameters[tool]["properties"][name], clause, name in shaped[tool],
+                                              cues[tool].get(name))
+                if hits and is_strong:
+                    strong.setdefault(tool, {})[name] = hits
+                    distinct.setdefault((tool, name), set()).update(hits)
+                elif hits:
+                    weak.setdefault(tool, set()).add(name)
+        if not strong and not weak:
+            continue
+        current = groups[-1] if groups else None
+        if current is not None:
+            complete = any(set(required[t]) <= set(current["filled"].get(t, {})) for t in current["tools"])
+            live = (set(strong) & current["tools"]) if strong else (set(weak) & current["tools"])
+            clash = not live or (bool(strong) and all(
+                any(current["filled"].get(t, {}).get(n) not in (None, h) for n, h in strong[t].items()) for t in live))
+            if not strong and not after_conjunction:
+                clash = False  # "…, please", "…, title: x": free text after a comma stays in its call
+                live = live or current["tools"]
+            if not clash and not (after_conjunction and complete):
+                current["tools"] = live
+                for t in live:
+                    filled = current["filled"].setdefault(t, {})
+                    filled.update(strong.get(t, {}))
+                    for n in weak.get(t, ()):
+                        filled.setdefault(n, {_WEAK})
+                current["clauses"].append(clause)
+                continue
+        tools_here = set(strong) or set(weak)
+        groups.append({"tools": tools_here, "clauses": [clause],
+                       "filled": {t: {**{n: {_WEAK} for n in weak.get(t, ())}, **strong.get(t, {})} for t in tools_here}})
+    upper = max(1, min(len(groups), max_calls))
+    lower = max(1, min(max([len(v) for v in distinct.values()] or [1]), upper))
+    return CallCount(lower=lower, upper=upper, groups=tuple(tuple(g["clauses"]) for g in groups),
+                     slots=tuple(_best_covered(group, required) for group in groups))
+
+
+def _best_covered(group: Mapping[str, Any], required: Mapping[str, list[str]]) -> dict[str, dict[str, frozenset[Any]]]:
+    """The group's tools whose required fields it covers best (share filled, then strong values)."""
+    def rank(tool: str) -> tuple[float, int]:
+        filled = group["filled"].get(tool, {})
+        share = len(set(required[tool]) & set(filled)) / max(1, len(required[tool]))
+        strong = sum(1 for values in filled.values() if _WEAK not in values)
+        return share, strong
+
+    tools = sorted(group["tools"], key=rank, reverse=True)
+    best = [t for t in tools if rank(t) == rank(tools[0])] if tools else []
+    return {t: {n: frozenset(v) for n, v in group["filled"].get(t, {}).items() if _WEAK not in v} for t in best}

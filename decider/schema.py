@@ -323,39 +323,60 @@ def _hoist_defs(grammar: dict[str, Any], prefix: str, defs: dict[str, Any]) -> d
     return rewrite(grammar)
 
 
+def _call_branch(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": arguments},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
 def tool_calls_schema(
     tools: Iterable[tuple[str, Mapping[str, Any]]],
     *,
     min_calls: int = 1,
     max_calls: int | None = DEFAULT_MAX_CALLS,
     allow_text: bool = False,
+    text_max_chars: int | None = None,
+    positions: Sequence[Sequence[tuple[str, Mapping[str, Any]]]] | None = None,
 ) -> dict[str, Any]:
     """The grammar schema of "the assistant's tool calls".
 
     ``tools`` yields ``(name, grammar parameters)`` pairs (already prepared, possibly narrowed).
     The result is an array of ``{"name": <const>, "arguments": <parameters>}`` objects, one
     ``anyOf`` branch per tool, ``min_calls..max_calls`` long; with ``allow_text`` it may
-    instead be ``{"content": "..."}`` (the model answers without calling a tool).
+    instead be ``{"content": "..."}`` (the model answers without calling a tool), at most
+    ``text_max_chars`` long when given. ``positions`` narrows call ``i`` to its own
+    ``(name, parameters)`` branches (``prefixItems``): one call per evidence set, in order;
+    the array is then at most ``len(positions)`` long.
     """
     defs: dict[str, Any] = {}
     branches = []
     for position, (name, parameters) in enumerate(tools):
         arguments = _hoist_defs(dict(parameters), f"t{position}_", defs)
-        branches.append({
-            "type": "object",
-            "properties": {"name": {"const": name}, "arguments": arguments},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
+        branches.append(_call_branch(name, arguments))
     options: list[dict[str, Any]] = []
     if branches:
         calls: dict[str, Any] = {"type": "array", "items": branches[0] if len(branches) == 1 else {"anyOf": branches},
                                  "minItems": max(1, min_calls)}
         if max_calls is not None:
             calls["maxItems"] = max(calls["minItems"], max_calls)
+        if positions:
+            prefix = []
+            for index, position in enumerate(positions):
+                own = [_call_branch(name, _hoist_defs(dict(parameters), f"p{index}t{j}_", defs))
+                       for j, (name, parameters) in enumerate(position)]
+                prefix.append(own[0] if len(own) == 1 else {"anyOf": own})
+            calls = {"type": "array", "prefixItems": prefix, "items": False,
+                     "minItems": min(calls["minItems"], len(prefix)),
+                     "maxItems": min(calls.get("maxItems", len(prefix)), len(prefix))}
         options.append(calls)
     if allow_text or not branches:
-        options.append(copy.deepcopy(TEXT_ANSWER_SCHEMA))
+        text = copy.deepcopy(TEXT_ANSWER_SCHEMA)
+        if text_max_chars is not None:  # a short answer ends fast when no tool applies
+            text["properties"]["content"]["maxLength"] = max(1, text_max_chars)
+        options.append(text)
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     if defs:
         schema = {**schema, "$defs": defs}

@@ -40,7 +40,7 @@ from decider.errors import (
     StreamInterruptedError,
 )
 from decider.grammar import CompiledConstraint, GrammarCache
-from decider.grounding import GroundingResult, ground_tools
+from decider.grounding import GroundingResult, call_count, ground_tools
 from decider.normalize import normalize_arguments
 from decider.parser import ParsedOutput, ToolCallDelta, ToolCallStreamParser
 from decider.prompt import PromptRenderer, reask_messages
@@ -56,6 +56,7 @@ __all__ = [
     "DecisionPlan",
     "EmbeddedDecider",
     "StreamEvent",
+    "TECHNIQUES",
     "call_errors",
     "get_default_decider",
 ]
@@ -63,6 +64,17 @@ __all__ = [
 logger = structlog.get_logger(__name__)
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
+DEFAULT_TEXT_MAX_CHARS = 80
+
+#: Named rungs of the decision-quality ladder (``python -m bench.quality --technique a,b``), as
+#: :class:`DeciderConfig` overrides; each adds one mechanism to the one before it.
+TECHNIQUES: dict[str, dict[str, Any]] = {
+    "grammar": {"grounding": False, "count_calls": False, "dedupe_calls": False},
+    "grounded": {"grounding": True, "ground_all": False, "count_calls": False, "dedupe_calls": False},
+    "grounded-all": {"grounding": True, "ground_all": True, "count_calls": False, "dedupe_calls": False},
+    "counted": {"grounding": True, "ground_all": True, "count_calls": True, "dedupe_calls": True},
+    "no-text": {"grounding": True, "allow_text": False},
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,12 +85,20 @@ class DeciderConfig:
     max_calls: int = DEFAULT_MAX_CALLS
     #: Narrow grounded fields (``x-grounded``, ``x-enum-aliases``) to the conversation.
     grounding: bool = True
-    #: Treat every string/number field as grounded unless it says ``"x-grounded": false``.
-    ground_all: bool = False
+    #: Treat every string/number field as grounded unless it says ``"x-grounded": false`` (typed
+    #: candidates: shaped strings take matching spans, numbers take numbers, names take names).
+    ground_all: bool = True
     #: With ``tool_choice=auto``, also offer a text answer when some tool keeps its evidence. Off by
     #: default: a small model then declines calls it should make (SmolLM2 answered 北京明天天气 in
     #: text); grounding already leaves text as the only option when no tool has evidence.
     allow_text: bool = False
+    #: Bound the number of calls from the evidence (one call per distinct evidence set, see
+    #: :func:`decider.grounding.call_count`) instead of leaving the count to the model.
+    count_calls: bool = True
+    #: Drop exact repeats of a call within one decision (a small model loops on one call).
+    dedupe_calls: bool = True
+    #: Longest text answer when the model may answer instead of calling (None: the schema's 400).
+    text_max_chars: int | None = DEFAULT_TEXT_MAX_CHARS
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     system_prompt: str | None = None
 
@@ -103,6 +123,10 @@ class DecisionPlan:
     grounding_s: float = 0.0
     compile_s: float = 0.0
     narrowed: bool = False
+    #: ``(lower, upper)`` bounds on the number of calls read from the evidence, when counted.
+    call_count: tuple[int, int] | None = None
+    #: Drop exact repeats of a call (the decider's ``dedupe_calls``).
+    dedupe_calls: bool = False
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = 0
@@ -131,6 +155,18 @@ def call_errors(call: ToolCall, spec: ToolSpec | None) -> list[str]:
     if call.arguments is None:
         return [f"{call.name}: arguments are not a complete JSON object"]
     return [f"{call.name}{error}" for error in validation_errors(spec.parameters, call.arguments)]
+
+
+def _without_repeats(calls: list[ToolCall]) -> list[ToolCall]:
+    """The calls with exact repeats (same name, same arguments) dropped, first one kept."""
+    seen: set[str] = set()
+    kept = []
+    for call in calls:
+        key = call.name + "\x00" + json.dumps(call.arguments, sort_keys=True, ensure_ascii=False, default=str)
+        if key not in seen:
+            seen.add(key)
+            kept.append(call)
+    return kept
 
 
 class _LoopThread:
@@ -258,6 +294,7 @@ class BackendDecider:
             base.dropped = dict(grounding.dropped)
             base.narrowed = grounding.narrowed
         offered = [t for t in tools if t.name in parameters]
+        spec_by_name = {t.name: t for t in offered}
         grammar_params = []
         postchecks: list[Postcheck] = []
         for spec in offered:
@@ -270,9 +307,20 @@ class BackendDecider:
         if not request.parallel_tool_calls:
             max_calls = 1
         lower = max(1, min(min_calls or 1, max_calls))
+        # A caller's explicit max_calls is its own decision on the count; left open, the evidence decides.
+        counted = grounding is not None and offered and min_calls is None and request.max_calls is None
+        positions = None
+        if self.config.count_calls and counted:
+            count = call_count(offered, parameters, request.messages, max_calls=max_calls)
+            lower, max_calls = max(lower, count.lower), min(max_calls, count.upper)
+            base.call_count = (count.lower, count.upper)
+            positions = [[(name, self._prepare_cached(spec_by_name[name], schema).grammar_schema)
+                          for name, schema in branches] for branches in count.positions(parameters)] or None
         allow_text = choice == "auto" and (self.config.allow_text or not offered)
-        schema = tool_calls_schema(grammar_params, min_calls=lower, max_calls=max_calls, allow_text=allow_text)
+        schema = tool_calls_schema(grammar_params, min_calls=lower, max_calls=max_calls, allow_text=allow_text,
+                                   text_max_chars=self.config.text_max_chars, positions=positions)
         base.tools = {t.name: t for t in tools}
+        base.dedupe_calls = self.config.dedupe_calls and request.max_calls is None
         base.postchecks = tuple(postchecks)
         base.prompt = self.renderer.render_tools(request.messages, offered, parameters=dict(parameters),
                                                  allow_text=allow_text, max_calls=max_calls).text
@@ -343,6 +391,8 @@ class BackendDecider:
             if spec is not None and call.arguments is not None:
                 call = call.model_copy(update={"arguments": normalize_arguments(call.arguments, spec.parameters)})
             calls.append(call)
+        if plan.dedupe_calls:
+            calls = _without_repeats(calls)
         content = parsed.content if not calls else None
         if parsed.problem and finish_reason == "length":
             logger.warning("decider.truncated", request_id=plan.request_id, problem=parsed.problem)
