@@ -116,7 +116,7 @@ def main() -> int:
                         for entry_id, fields in entries:
                             last = entry_id
                             data = json.loads(fields[b"data"])
-                            if data.get("type") == "status" and data.get("status") in {"succeeded", "failed", "needs_review"}:
+                            if data.get("type") == "status" and data.get("status") in {"succeeded", "failed", "needs_review", "cancelled"}:
                                 return data["status"] == "succeeded"
                 return False
 

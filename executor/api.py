@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from executor.errors import ExecutorError, IdempotencyConflictError, JobNotFoundError, StoreUnavailableError
 from executor.ratelimit import install_load_control, rate_limited
 from executor.runtime import Runtime
-from executor.store import JobRecord
+from executor.store import TERMINAL_JOB, JobRecord
 from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
 from toolrail.logging import get_logger
 from toolrail.settings import Settings
@@ -162,6 +162,9 @@ class BodyGuard:
             await self.app(scope, receive, send)
             return
         headers = {k.decode().lower(): v.decode(errors="replace") for k, v in scope.get("headers", [])}
+        if headers.get("content-length", "0" if "transfer-encoding" not in headers else "") == "0":
+            await self.app(scope, receive, send)  # no body (e.g. POST …/cancel): nothing to check
+            return
         ctype = headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             await _send_json(send, 415, _error_body("unsupported_media_type", "send the body as application/json",
@@ -406,6 +409,26 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
     def get_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
         return runtime.store.get(_checked_id(job_id), tenant=tenant).public()
+
+    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
+    def cancel_job(job_id: str, tenant: Tenant) -> JSONResponse:
+        """Stop a job: calls not yet started never run; a call already running finishes in its sandbox."""
+        runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 for other tenants
+        outcome: dict[str, str] = {}
+
+        def mutate(job: JobRecord) -> None:
+            if job.status in TERMINAL_JOB:
+                outcome["terminal"] = job.status
+                return
+            job.status = "cancelled"
+            job.error = {"type": "cancelled", "message": "the job was cancelled by its owner", "details": {}}
+
+        job = runtime.store.update(job_id, mutate)
+        if "terminal" in outcome:
+            raise ApiError(409, "already_terminal", f"job {job_id} already ended: {outcome['terminal']}",
+                           job_status=outcome["terminal"])
+        log.info("job.cancelled", job_id=job_id, tenant=tenant)
+        return JSONResponse({"job_id": job_id, "request_id": job.request_id, "status": job.status})
 
     @app.get("/v1/jobs/{job_id}/events", tags=["jobs"])
     def job_events(job_id: str, tenant: Tenant, last_event_id: Annotated[str | None, Header()] = None,

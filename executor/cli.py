@@ -171,7 +171,7 @@ def _submit_and_wait(client: Any, body: dict[str, Any], *, timeout: float, show:
     deadline = time.monotonic() + timeout
     while True:
         job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in {"succeeded", "failed", "needs_review"} or time.monotonic() > deadline:
+        if job["status"] in {"succeeded", "failed", "needs_review", "cancelled"} or time.monotonic() > deadline:
             return job
         time.sleep(0.2)
 

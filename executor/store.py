@@ -26,9 +26,9 @@ from executor.errors import IdempotencyConflictError, JobNotFoundError, StoreUna
 
 __all__ = ["CallRecord", "JobRecord", "JobStore", "RedisJobStore", "TERMINAL_CALL", "TERMINAL_JOB"]
 
-JobStatus = Literal["queued", "deciding", "validating", "running", "succeeded", "failed", "needs_review"]
+JobStatus = Literal["queued", "deciding", "validating", "running", "succeeded", "failed", "needs_review", "cancelled"]
 CallStatus = Literal["pending", "running", "succeeded", "failed", "validated"]
-TERMINAL_JOB = frozenset({"succeeded", "failed", "needs_review"})
+TERMINAL_JOB = frozenset({"succeeded", "failed", "needs_review", "cancelled"})
 TERMINAL_CALL = frozenset({"succeeded", "failed", "validated"})
 
 

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LEDGER_PREFIX = "chaos:ledger"
 ACCOUNTS = [f"acct{i}" for i in range(8)]
 SEED_CENTS = 10_000_000_000
-TERMINAL = {"succeeded", "failed", "needs_review"}
+TERMINAL = {"succeeded", "failed", "needs_review", "cancelled"}
 QUEUES = ["decide", "tool.chaos_transfer", "tool.linger"]
 
 

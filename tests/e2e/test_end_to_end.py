@@ -33,7 +33,7 @@ def _wait(client: httpx.Client, job_id: str, timeout_s: float = 300) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in {"succeeded", "failed", "needs_review"}:
+        if job["status"] in {"succeeded", "failed", "needs_review", "cancelled"}:
             return job
         time.sleep(0.25)
     raise AssertionError(f"job {job_id} did not finish: {job}")

@@ -138,7 +138,7 @@ def wait_terminal(client: httpx.Client, job_id: str, timeout_s: float = 60.0) ->
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in {"succeeded", "failed", "needs_review"}:
+        if job["status"] in {"succeeded", "failed", "needs_review", "cancelled"}:
             return job
         time.sleep(0.1)
     raise AssertionError(f"job {job_id} not terminal after {timeout_s}s: {job}")

@@ -34,7 +34,7 @@ def finished(client: TestClient, job_id: str, tenant: str) -> dict:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         job = client.get(f"/v1/jobs/{job_id}", headers=auth(tenant)).json()
-        if job["status"] in {"succeeded", "failed", "needs_review"}:
+        if job["status"] in {"succeeded", "failed", "needs_review", "cancelled"}:
             return job
         time.sleep(0.1)
     raise AssertionError(f"{job_id} not terminal")
@@ -77,7 +77,9 @@ def test_other_tenant_cannot_read_list_or_stream(app_client: TestClient, alpha_j
 
 
 def test_other_tenant_cannot_cancel_or_mutate(app_client: TestClient, alpha_job: dict) -> None:
-    # there is no cancel endpoint yet; every mutating verb on a job is refused for everyone, A's job unchanged
+    cancel = app_client.post(f"/v1/jobs/{alpha_job['job_id']}/cancel", headers=auth("beta"))
+    assert cancel.status_code == 404 and cancel.json()["error"]["type"] == "not_found"
+    # no other mutating verb exists on a job; A's job is unchanged
     for method in ("DELETE", "PUT", "PATCH", "POST"):
         response = app_client.request(method, f"/v1/jobs/{alpha_job['job_id']}", headers=auth("beta"), json={})
         assert response.status_code in (404, 405), (method, response.status_code)

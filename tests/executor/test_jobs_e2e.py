@@ -165,3 +165,15 @@ def test_job_api_serves_the_openai_endpoint(runtime) -> None:
 
     response = TestClient(app).post("/v1/chat/completions", json={"messages": []})
     assert 400 <= response.status_code < 500 and response.json()["error"]["type"]
+
+
+def test_cancel_stops_pending_calls_and_is_final(client: httpx.Client) -> None:
+    created = submit(client, {"tools": ["stress"], "tool_calls": [{"name": "stress", "arguments": {"mode": "sleep", "amount": 1.5}},
+                                                                  {"name": "stress", "arguments": {"mode": "ok"}}]})
+    cancelled = client.post(f"/v1/jobs/{created['job_id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    job = wait_terminal(client, created["job_id"])
+    assert job["status"] == "cancelled" and job["error"]["type"] == "cancelled"
+    again = client.post(f"/v1/jobs/{created['job_id']}/cancel")
+    assert again.status_code == 409 and again.json()["error"]["type"] == "already_terminal"
+    assert client.post("/v1/jobs/job_unknown/cancel").status_code == 404
