@@ -44,6 +44,7 @@ __all__ = [
     "call_count",
     "collect_evidence",
     "ground_tools",
+    "intent_values",
     "is_grounded_tool",
     "is_name_like",
     "message_text",
@@ -62,7 +63,7 @@ MAX_CANDIDATES = 200
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK_RUN = re.compile(f"[{_CJK}]+")
 _WORD = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|[A-Za-z0-9\u00c0-\u024f][A-Za-z0-9\u00c0-\u024f_.@+\-'/]*")
-_QUOTED = re.compile(r"\"([^\"\n]{1,80})\"|'([^'\n]{1,80})'|“([^”\n]{1,80})”|‘([^’\n]{1,80})’|「([^」\n]{1,80})」|《([^》\n]{1,80})》")
+_QUOTED = re.compile(r"\"([^\"\n]{1,80})\"|(?<![A-Za-z])'([^'\n]{1,80})'(?![A-Za-z])|“([^”\n]{1,80})”|‘([^’\n]{1,80})’|「([^」\n]{1,80})」|《([^》\n]{1,80})》")
 #: A number standing alone: not a piece of a date, time, id or code (2025-07-10, 09:30, BK-1024, SO123456).
 _NUMBER = re.compile(r"(?<![A-Za-z0-9_.:/\-])(-?\d+(?:,\d{3})*(?:\.\d+)?)(?![0-9])(?![:/\-]\d)\s*([万千百亿kK])?")
 #: A span that is a quantity (500, 88.8, 1,200), never a name; identifiers (≥ 5 digits) stay names.
@@ -165,6 +166,16 @@ class Evidence:
         return folded in haystack
 
 
+def _stem(word: str) -> str:
+    """``Tomorrow's`` → tomorrow, ``balances`` → balance: enough to compare words with stop words."""
+    word = word.casefold().strip(".'")
+    if word.endswith("'s"):
+        word = word[:-2]
+    if len(word) > 4 and word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]
+    return word
+
+
 def _latin_spans(text: str, vocabulary: frozenset[str] = frozenset()) -> list[str]:
     """Word n-grams that neither start nor end on a stop word or a word of the tools' own vocabulary."""
     spans: list[str] = []
@@ -172,7 +183,7 @@ def _latin_spans(text: str, vocabulary: frozenset[str] = frozenset()) -> list[st
     stop = _EN_STOP | vocabulary
     for start in range(len(words)):
         for end in range(start, min(start + MAX_SPAN_WORDS, len(words))):
-            first, last = words[start].group().casefold(), words[end].group().casefold()
+            first, last = _stem(words[start].group()), _stem(words[end].group())
             if first in stop or last in stop:
                 continue
             gap = text[words[start].end():words[end].start()] if end > start else ""
@@ -236,7 +247,7 @@ def collect_evidence(messages: Sequence[Mapping[str, Any]], *, roles: Iterable[s
     spans: list[str] = []
     for match in _QUOTED.finditer(text):
         spans.append(next(group for group in match.groups() if group))
-    spans += _latin_spans(text, frozenset(w.casefold() for w in boundary_words if not _CJK_RUN.search(w)))
+    spans += _latin_spans(text, frozenset(_stem(w) for w in boundary_words if not _CJK_RUN.search(w)))
     spans += _cjk_spans(text, boundary_words)
     spans = [span.strip() for span in spans if span.strip()]
     unique_spans = tuple(dict.fromkeys(spans))[:MAX_CANDIDATES]
@@ -394,6 +405,7 @@ def narrow_schema(schema: Mapping[str, Any], evidence: Evidence, *, grounded: bo
         elif name in required:
             return _MISSING
         # an optional field with no evidence is left out of the grammar
+    _release_shaped_values(properties, new_properties)
     narrowed_schema = {k: v for k, v in schema.items() if k not in ("properties", "required")}
     narrowed_schema["properties"] = new_properties
     if new_required:
@@ -403,6 +415,23 @@ def narrow_schema(schema: Mapping[str, Any], evidence: Evidence, *, grounded: bo
 
 #: Chinese words that play the role of a leading English field-name word (from_account → 从).
 ROLE_CUES_ZH = {"from": ("从",), "to": ("给", "向", "到"), "with": ("和", "跟", "与", "同"), "title": ("主题是", "主题：", "主题:", "标题")}
+
+
+def _release_shaped_values(properties: Mapping[str, Any], narrowed: dict[str, Any]) -> None:
+    """A value a shaped sibling field takes (a phone number, an id) is no candidate for a free one."""
+    shaped_values = set()
+    for name, sub in properties.items():
+        if isinstance(sub, Mapping) and (sub.get("pattern") or sub.get("format")) and name in narrowed:
+            shaped_values.update(v for v in narrowed[name].get("enum") or () if isinstance(v, str))
+    if not shaped_values:
+        return
+    for name, sub in properties.items():
+        free = narrowed.get(name)
+        if (isinstance(sub, Mapping) and not (sub.get("pattern") or sub.get("format") or "enum" in sub)
+                and isinstance(free, dict) and isinstance(free.get("enum"), list) and free is not sub):
+            kept = [v for v in free["enum"] if v not in shaped_values]
+            if kept:
+                narrowed[name] = {**free, "enum": kept}
 
 
 def _name_words(name: str) -> list[str]:
@@ -451,8 +480,8 @@ def is_grounded_tool(spec: ToolSpec, *, ground_all: bool = False) -> bool:
 
 
 def tool_vocabulary(tools: Sequence[ToolSpec]) -> list[str]:
-    """Words that describe the tools rather than fill their arguments: enum cues, alias keys and
-    values, and the CJK bigrams of the descriptions (查询城市天气 → 城市, 天气, ...)."""
+    """Words that describe the tools rather than fill their arguments: enum values and cues, field
+    names, the Latin words of the descriptions and their CJK bigrams (查询城市天气 → 城市, 天气, ...)."""
     words: list[str] = []
 
     def visit(node: Any) -> None:
@@ -463,6 +492,9 @@ def tool_vocabulary(tools: Sequence[ToolSpec]) -> list[str]:
             description = node.get("description")
             if isinstance(description, str):
                 words.extend(_bigrams(description))
+                words.extend(_latin_words(description))
+            for name in node.get("properties") or {}:
+                words.extend(w for w in _name_words(name) if len(w) > 2)
             for value in node.values():
                 visit(value)
         elif isinstance(node, list):
@@ -471,8 +503,14 @@ def tool_vocabulary(tools: Sequence[ToolSpec]) -> list[str]:
 
     for spec in tools:
         words.extend(_bigrams(spec.description))
+        words.extend(_latin_words(spec.description))
         visit(spec.parameters)
     return list(dict.fromkeys(words))
+
+
+def _latin_words(text: str) -> list[str]:
+    """Latin words of a description worth a boundary: not stop words, at least three letters."""
+    return [w for w in re.findall(r"[A-Za-z]{3,}", text) if w.casefold() not in _EN_STOP]
 
 
 def _bigrams(text: str) -> list[str]:
@@ -519,8 +557,48 @@ def ground_tools(tools: Sequence[ToolSpec], messages: Sequence[Mapping[str, Any]
             narrowed = _narrow_keep_required(spec.parameters, evidence, ground_all)
         parameters[spec.name] = narrowed
         narrowed_any = narrowed_any or narrowed != spec.parameters
+    if allow_drop and dropped:
+        for name, reason in _shadowed(tools, parameters, dropped, evidence).items():
+            parameters.pop(name, None)
+            dropped[name] = reason
     return GroundingResult(parameters=parameters, dropped=dropped, evidence=evidence,
                            narrowed=narrowed_any or bool(dropped))
+
+
+def intent_values(spec: ToolSpec, evidence: Evidence) -> set[tuple[str, Any]]:
+    """The closed values the conversation gives a tool, bounds ignored: shaped spans, enum values
+    with a cue, aliases, numbers of the field's type. Free text is left out: every tool has some."""
+    found: set[tuple[str, Any]] = set()
+    for sub in (spec.parameters.get("properties") or {}).values():
+        if not isinstance(sub, Mapping):
+            continue
+        shaped = typed_spans(sub, evidence.text) if sub.get("type") == "string" else None
+        if shaped:
+            found.update(("s", v) for v in shaped)
+        cues = sub.get("x-enum-aliases") or {}
+        for value in sub.get("enum") or ():
+            if isinstance(value, str) and (cues or sub.get("x-grounded")) and (
+                    evidence.mentions(value) or any(evidence.mentions(c) for c in cues.get(value, ()))):
+                found.add(("e", value))
+        found.update(("e", c) for a, c in (sub.get("x-aliases") or {}).items() if evidence.mentions(a))
+        if sub.get("type") in ("integer", "number"):
+            found.update(("n", v) for v in evidence.numbers if sub["type"] == "number" or float(v).is_integer())
+    return found
+
+
+def _shadowed(tools: Sequence[ToolSpec], parameters: Mapping[str, Any], dropped: Mapping[str, str],
+              evidence: Evidence) -> dict[str, str]:
+    """Offered tools whose evidence a dropped tool holds and more of: the request is about that richer
+    tool ("SO123 arrived broken, refund it" with no amount is a refund, not a status lookup)."""
+    values = {spec.name: intent_values(spec, evidence) for spec in tools}
+    out = {}
+    for name in parameters:
+        own = values.get(name, set())
+        for other in dropped:
+            if own and own < values.get(other, set()):
+                out[name] = f"the request says more than it uses: {other} fits it better but lacks a required value"
+                break
+    return out
 
 
 def _narrow_keep_required(schema: Mapping[str, Any], evidence: Evidence, grounded: bool) -> dict[str, Any]:
@@ -560,18 +638,26 @@ class CallCount:
     def positions(self, parameters: Mapping[str, Mapping[str, Any]]) -> list[list[tuple[str, dict[str, Any]]]]:
         """Per call position, ``(tool, parameters)`` narrowed to that group's strong values."""
         out = []
-        for slot in self.slots[:self.upper]:
+        for slot, clauses in zip(self.slots[:self.upper], self.groups):
             branches = []
             for tool, fields in slot.items():
                 if tool not in parameters:
                     continue
                 schema = copy.deepcopy(dict(parameters[tool]))
-                for name, values in fields.items():
-                    sub = schema.get("properties", {}).get(name)
-                    if isinstance(sub, dict) and isinstance(sub.get("enum"), list):
-                        kept = [v for v in sub["enum"] if v in values]
-                        if kept:
-                            sub["enum"] = kept
+                text = "\n".join(clauses)
+                for name, sub in schema.get("properties", {}).items():
+                    if not isinstance(sub, dict) or not isinstance(sub.get("enum"), list):
+                        continue
+                    if name in fields:  # strong values this group gave the field
+                        kept = [v for v in sub["enum"] if v in fields[name]]
+                    elif sub.get("type") == "string" and not sub.get("x-aliases"):  # free text said in this group
+                        kept = [v for v in sub["enum"] if isinstance(v, str) and v in text]
+                    else:
+                        kept = []
+                    if kept:
+                        sub["enum"] = kept
+                        if sub.get("x-aliases"):
+                            sub["x-aliases"] = {a: c for a, c in sub["x-aliases"].items() if c in kept}
                 branches.append((tool, schema))
             if not branches:
                 return []
@@ -607,8 +693,8 @@ def _clauses(text: str) -> list[tuple[str, bool]]:
     return out
 
 
-def _field_hits(schema: Mapping[str, Any], clause: str, shaped: bool,
-                cues: Mapping[str, Sequence[str]] | None = None) -> tuple[set[Any], bool]:
+def _field_hits(schema: Mapping[str, Any], clause: str, shaped: bool, cues: Mapping[str, Sequence[str]] | None = None,
+                aliases: Mapping[str, Any] | None = None) -> tuple[set[Any], bool]:
     """Values of one narrowed field that ``clause`` gives evidence for, and whether they are strong.
 
     Strong evidence is shaped or closed (a number, an enum value or cue, an alias, a pattern
@@ -621,7 +707,7 @@ def _field_hits(schema: Mapping[str, Any], clause: str, shaped: bool,
     if schema.get("type") in ("integer", "number"):
         numbers = set(_numbers(clause))
         return {v for v in enum if isinstance(v, (int, float)) and float(v) in numbers}, True
-    aliases = schema.get("x-aliases") or {}
+    aliases = aliases or schema.get("x-aliases") or {}
     cues = cues or schema.get("x-enum-aliases") or {}
     strong, weak = set(), set()
     for value in enum:
@@ -650,8 +736,11 @@ def call_count(tools: Sequence[ToolSpec], parameters: Mapping[str, Mapping[str, 
     shaped = {spec.name: {name for name, sub in (spec.parameters.get("properties") or {}).items()
                           if isinstance(sub, Mapping) and any(k in sub for k in ("enum", "const", "pattern", "format"))}
               for spec in tools}
+    # narrowing keeps only the cues and aliases the whole text evidences; each clause needs all of them
     cues = {spec.name: {name: sub.get("x-enum-aliases") or {} for name, sub in (spec.parameters.get("properties") or {}).items()
-                        if isinstance(sub, Mapping)} for spec in tools}  # narrowing drops them; clauses need them
+                        if isinstance(sub, Mapping)} for spec in tools}
+    aliases = {spec.name: {name: sub.get("x-aliases") or {} for name, sub in (spec.parameters.get("properties") or {}).items()
+                           if isinstance(sub, Mapping)} for spec in tools}
     required = {tool: [f for f in (schema.get("required") or []) if f in (schema.get("properties") or {})]
                 for tool, schema in parameters.items() if tool in shaped}
     groups: list[dict[str, Any]] = []
@@ -662,7 +751,7 @@ def call_count(tools: Sequence[ToolSpec], parameters: Mapping[str, Mapping[str, 
         for tool, fields in required.items():
             for name in fields:
                 hits, is_strong = _field_hits(parameters[tool]["properties"][name], clause, name in shaped[tool],
-                                              cues[tool].get(name))
+                                              cues[tool].get(name), aliases[tool].get(name))
                 if hits and is_strong:
                     strong.setdefault(tool, {})[name] = hits
                     distinct.setdefault((tool, name), set()).update(hits)
@@ -675,7 +764,8 @@ def call_count(tools: Sequence[ToolSpec], parameters: Mapping[str, Mapping[str, 
             complete = any(set(required[t]) <= set(current["filled"].get(t, {})) for t in current["tools"])
             live = (set(strong) & current["tools"]) if strong else (set(weak) & current["tools"])
             clash = not live or (bool(strong) and all(
-                any(current["filled"].get(t, {}).get(n) not in (None, h) for n, h in strong[t].items()) for t in live))
+                any(current["filled"].get(t, {}).get(n) not in (None, h) and _WEAK not in current["filled"][t][n]
+                    for n, h in strong[t].items()) for t in live))
             if not strong and not after_conjunction:
                 clash = False  # "…, please", "…, title: x": free text after a comma stays in its call
                 live = live or current["tools"]
@@ -689,7 +779,10 @@ def call_count(tools: Sequence[ToolSpec], parameters: Mapping[str, Mapping[str, 
                 current["clauses"].append(clause)
                 continue
         tools_here = set(strong) or set(weak)
-        groups.append({"tools": tools_here, "clauses": [clause],
+        inherited = False
+        if not strong and current is not None and set(weak) & current["tools"] and _is_bare_value(clause, parameters, weak):
+            tools_here, inherited = set(weak) & current["tools"], True  # "London and Madrid": the same action again
+        groups.append({"tools": tools_here, "clauses": [clause], "inherited": inherited,
                        "filled": {t: {**{n: {_WEAK} for n in weak.get(t, ())}, **strong.get(t, {})} for t in tools_here}})
     upper = max(1, min(len(groups), max_calls))
     lower = max(1, min(max([len(v) for v in distinct.values()] or [1]), upper))
@@ -697,8 +790,17 @@ def call_count(tools: Sequence[ToolSpec], parameters: Mapping[str, Mapping[str, 
                      slots=tuple(_best_covered(group, required) for group in groups))
 
 
+def _is_bare_value(clause: str, parameters: Mapping[str, Mapping[str, Any]], weak: Mapping[str, set[str]]) -> bool:
+    """Whether a clause is nothing but one candidate value (``Madrid`` in "London and Madrid")."""
+    folded = clause.strip(" .!?。？！").casefold()
+    return any(isinstance(v, str) and v.casefold() == folded
+               for tool, names in weak.items() for name in names
+               for v in parameters[tool]["properties"][name].get("enum") or ())
+
+
 def _best_covered(group: Mapping[str, Any], required: Mapping[str, list[str]]) -> dict[str, dict[str, frozenset[Any]]]:
-    """The group's tools whose required fields it covers best (share filled, then strong values)."""
+    """The group's tools whose required fields it covers best (share filled, then strong values);
+    all of them for a bare value that repeats the previous call's action."""
     def rank(tool: str) -> tuple[float, int]:
         filled = group["filled"].get(tool, {})
         share = len(set(required[tool]) & set(filled)) / max(1, len(required[tool]))
@@ -706,5 +808,5 @@ def _best_covered(group: Mapping[str, Any], required: Mapping[str, list[str]]) -
         return share, strong
 
     tools = sorted(group["tools"], key=rank, reverse=True)
-    best = [t for t in tools if rank(t) == rank(tools[0])] if tools else []
+    best = [t for t in tools if rank(t) == rank(tools[0]) or group.get("inherited")] if tools else []
     return {t: {n: frozenset(v) for n, v in group["filled"].get(t, {}).items() if _WEAK not in v} for t in best}

@@ -72,7 +72,8 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "grammar": {"grounding": False, "count_calls": False, "dedupe_calls": False},
     "grounded": {"grounding": True, "ground_all": False, "count_calls": False, "dedupe_calls": False},
     "grounded-all": {"grounding": True, "ground_all": True, "count_calls": False, "dedupe_calls": False},
-    "counted": {"grounding": True, "ground_all": True, "count_calls": True, "dedupe_calls": True},
+    "count-bounds": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": False, "dedupe_calls": True},
+    "counted": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": True, "dedupe_calls": True},
     "no-text": {"grounding": True, "allow_text": False},
 }
 
@@ -95,6 +96,9 @@ class DeciderConfig:
     #: Bound the number of calls from the evidence (one call per distinct evidence set, see
     #: :func:`decider.grounding.call_count`) instead of leaving the count to the model.
     count_calls: bool = True
+    #: Make exactly the counted number of calls (the upper bound) rather than letting the model
+    #: stop anywhere between the bounds (SmolLM2 stops after the first call when it may).
+    exact_count: bool = True
     #: Drop exact repeats of a call within one decision (a small model loops on one call).
     dedupe_calls: bool = True
     #: Longest text answer when the model may answer instead of calling (None: the schema's 400).
@@ -312,7 +316,8 @@ class BackendDecider:
         positions = None
         if self.config.count_calls and counted:
             count = call_count(offered, parameters, request.messages, max_calls=max_calls)
-            lower, max_calls = max(lower, count.lower), min(max_calls, count.upper)
+            max_calls = min(max_calls, count.upper)
+            lower = max(lower, count.upper if self.config.exact_count else count.lower)
             base.call_count = (count.lower, count.upper)
             positions = [[(name, self._prepare_cached(spec_by_name[name], schema).grammar_schema)
                           for name, schema in branches] for branches in count.positions(parameters)] or None

@@ -1,14 +1,18 @@
-"""Decision-quality mechanisms that need no model: typed candidates, the call count, text caps, repeats.
+"""Decision-quality mechanisms: typed candidates, role cues, the call count, text caps, repeats.
 
 The tools here are invented for the tests (a parcel desk, a clinic), so nothing is fitted to
 the benchmark's tool sets: every mechanism is read from the specs' types, patterns and cues.
+Only the last test plans on a (tiny, random) engine; none needs the real model.
 """
 
 from __future__ import annotations
 
+import json
+
 from decider.grounding import call_count, collect_evidence, ground_tools, is_name_like, typed_spans
 from decider.schema import tool_calls_schema
-from decider.service import DeciderConfig, TECHNIQUES, _without_repeats
+from decider.service import TECHNIQUES, DeciderConfig, _without_repeats
+from decider_fixtures import tiny_decider, tiny_engine  # noqa: F401
 from tools.calls import ToolCall
 from tools.spec import ToolSpec
 
@@ -108,3 +112,51 @@ def test_techniques_are_config_overrides():
     for overrides in TECHNIQUES.values():
         DeciderConfig(**overrides)
     assert DeciderConfig().count_calls and DeciderConfig().ground_all
+
+
+def test_role_words_of_field_names_pick_the_span_they_introduce():
+    tools = [fn("pay", {"from_account": {"type": "string"}, "to": {"type": "string"}, "amount": {"type": "number"}},
+                ["from_account", "to", "amount"])]
+    props = narrowed(tools, "pay 40 from account 4410-2231 to Li Na").parameters["pay"]["properties"]
+    assert props["from_account"]["enum"] == ["4410-2231"] and props["to"]["enum"] == ["Li Na"]
+    props = narrowed(tools, "从储蓄账户转 500 元给李娜").parameters["pay"]["properties"]
+    assert props["from_account"]["enum"] == ["储蓄账户"] and props["to"]["enum"] == ["李娜"]
+
+
+def test_a_value_a_shaped_sibling_takes_is_no_name():
+    tools = [fn("ship", {"name": {"type": "string"}, "phone": {"type": "string", "pattern": r"^\d{7,15}$"}},
+                ["name", "phone"])]
+    props = narrowed(tools, "ship to Ada Byron, 13900001111").parameters["ship"]["properties"]
+    assert props["phone"]["enum"] == ["13900001111"] and "13900001111" not in props["name"]["enum"]
+
+
+def test_a_bare_value_after_a_conjunction_repeats_the_action():
+    tools = [fn("forecast", {"city": {"type": "string"}, "day": {"type": "string", "enum": ["today", "tomorrow"]}},
+                ["city", "day"]), fn("note", {"person": {"type": "string"}}, ["person"])]
+    result = count("forecast for today in London and Madrid", tools)
+    assert result.upper == 2 and all("forecast" in slot for slot in result.slots)
+
+
+def test_plan_fixes_the_count_and_narrows_each_call(tiny_decider):  # noqa: F811
+    from decider.protocol import DecideRequest
+
+    request = DecideRequest(request_id="qm-1", messages=user("Where are P10001 and P10002?"), tools=clinic_tools())
+    plan = tiny_decider.plan(request)
+    schema = json.loads(plan.grammar_json)
+    calls = schema if "prefixItems" in schema else next(o for o in schema["anyOf"] if "prefixItems" in o)
+    assert plan.call_count == (2, 2) and calls["minItems"] == calls["maxItems"] == 2
+    assert "P10001" in json.dumps(calls["prefixItems"][0]) and "P10001" not in json.dumps(calls["prefixItems"][1])
+    explicit = tiny_decider.plan(request.model_copy(update={"max_calls": 3}))
+    assert explicit.call_count is None  # the caller's max_calls is the caller's decision
+
+
+def test_a_tool_is_shadowed_by_a_dropped_tool_that_explains_more_of_the_request():
+    tools = [fn("track", {"parcel": {"type": "string", "pattern": r"^P\d{5}$"}}, ["parcel"]),
+             fn("claim", {"parcel": {"type": "string", "pattern": r"^P\d{5}$"},
+                          "amount": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+                          "why": {"type": "string", "enum": ["lost", "broken"], "x-enum-aliases": {"broken": ["坏了"]}}},
+                  ["parcel", "amount", "why"])]
+    shadowed = ground_tools(tools, user("P10001 坏了，赔我"), ground_all=True)
+    assert shadowed.parameters == {} and "track" in shadowed.dropped  # a claim without an amount: ask, don't track
+    assert "track" in ground_tools(tools, user("P10001 到哪了"), ground_all=True).parameters
+    assert "track" in ground_tools(tools, user("P10001 坏了，赔 30 元"), ground_all=True).parameters
