@@ -285,12 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="local HF model directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--quick", action="store_true", help="one repetition, mixing at batch 4 and 8 only")
+    parser.add_argument("--batch-sizes", default="1,16", help="decode batch sizes for (a)/(b), comma separated; must include 1 and 16")
+    parser.add_argument("--out", default=None, help="write the JSON report here (default bench/out/decider-<time>.json)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     reps = 1 if args.quick else 5
-    engine = EmbeddedEngine.load(args.model, device=args.device, dtype=args.dtype, max_batch_size=32,
+    sizes = sorted({1, 16, *(int(b) for b in args.batch_sizes.split(",") if b.strip())})
+    engine = EmbeddedEngine.load(args.model, device=args.device, dtype=args.dtype, max_batch_size=max(32, *sizes),
                                  max_seq_len=1024)
     report: dict[str, Any] = {"device": str(engine.device), "dtype": str(engine.dtype).replace("torch.", ""),
                               "threads": torch.get_num_threads(), "model": str(engine.model_path)}
@@ -301,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     # machine's load hits both sides alike; medians over repetitions.
     runs: dict[str, list[dict[str, Any]]] = {}
     for rep in range(reps):
-        for batch in (1, 16):
+        for batch in sizes:
             for constrained in ((False, True) if rep % 2 == 0 else (True, False)):
                 key = f"B{batch}_{'constrained' if constrained else 'free'}"
                 runs.setdefault(key, []).append(
@@ -318,10 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     engine.close()
 
     print_table(report)
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    out = OUT_DIR / f"decider-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = Path(args.out) if args.out else OUT_DIR / f"decider-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {out.relative_to(ROOT)}")
+    print(f"\nwrote {out}")
     return 0
 
 
