@@ -15,6 +15,16 @@ the whole decider; ``"x-grounded": false`` opts a field out):
   has one, and otherwise drops its tool from the request's grammar (the model may then answer in
   text, or call another tool).
 
+Candidates are typed from the schema: a field with a ``pattern`` or ``format`` (date, time, ids,
+phone numbers) takes only spans of that shape; a name field never takes a quantity, a date or a
+value a shaped sibling already takes; numbers are never read from inside a date, time or id; a
+free field whose leading name word (``from``_account, ``with``_person, ``to``; 从/给/和 in Chinese)
+introduces a span in the text takes that span. A tool is also dropped when a dropped tool holds
+all of its closed evidence and more (the request is about the richer tool, which lacks a value).
+
+:func:`call_count` decides how many calls to make, outside the model: one per distinct evidence
+set, read clause by clause, with each call narrowed to its own group's values.
+
 The narrowing is expressed as a narrowed JSON Schema (``enum`` lists), so the Triton backend
 enforces exactly the same constraint as the embedded engine. Evidence comes from user and tool
 messages only: the system prompt lists every enum value and would count as evidence for all.
