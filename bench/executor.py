@@ -33,7 +33,8 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from executor.stack import start_worker, stop_process, wait_for_workers  # noqa: E402
+from executor.stack import start_worker, stop_process, wait_for_workers, wait_http_ok  # noqa: E402
+from executor.store import TERMINAL_JOB  # noqa: E402
 from toolrail.redis_embed import EmbeddedRedis, free_port  # noqa: E402
 
 INLINE_TOOL = {"type": "function", "function": {"name": "echo_city", "parameters": {
@@ -92,12 +93,7 @@ def main() -> int:
         try:
             wait_for_workers(url, timeout_s=60)
             base = f"http://127.0.0.1:{port}"
-            for _ in range(300):
-                try:
-                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
+            wait_http_ok(base)
             from executor.tasks import noop  # noqa: PLC0415 - after REDIS_URL is set
 
             client = redis.Redis.from_url(url)
@@ -116,7 +112,7 @@ def main() -> int:
                         for entry_id, fields in entries:
                             last = entry_id
                             data = json.loads(fields[b"data"])
-                            if data.get("type") == "status" and data.get("status") in {"succeeded", "failed", "needs_review", "cancelled"}:
+                            if data.get("type") == "status" and data.get("status") in TERMINAL_JOB:
                                 return data["status"] == "succeeded"
                 return False
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from executor.stack import wait_http_ok  # noqa: E402
 from toolrail.redis_embed import EmbeddedRedis, free_port  # noqa: E402
 
 BODY = {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Beijing", "date": "today"}}]}
@@ -86,12 +86,7 @@ def main() -> int:
                            env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_http_ok(url)
         asyncio.run(step(url, 20, 1.0, args.timeout))  # warm-up
         rows = []
         print(f"limit {args.limit:g} req/s per tenant; {args.step_s:g} s per step, open-loop POST /v1/jobs")

@@ -7,7 +7,6 @@ import ipaddress
 import json
 import os
 import sys
-import time
 from typing import Any
 
 __all__ = ["register"]
@@ -168,12 +167,9 @@ def _submit_and_wait(client: Any, body: dict[str, Any], *, timeout: float, show:
                             print(f"  call {event.get('index')} {event.get('name')} → {event.get('status')}", file=sys.stderr)
         except Exception as exc:  # noqa: BLE001 - progress display only; polling below decides
             print(f"  (event stream ended: {type(exc).__name__})", file=sys.stderr)
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in {"succeeded", "failed", "needs_review", "cancelled"} or time.monotonic() > deadline:
-            return job
-        time.sleep(0.2)
+    from executor.stack import wait_for_job  # noqa: PLC0415
+
+    return wait_for_job(client, job_id, timeout_s=timeout, poll_s=0.2)
 
 
 def _print_job(job: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ import redis
 from toolrail.logging import get_logger
 from toolrail.redis_embed import EmbeddedRedis, ensure_redis, free_port
 
-__all__ = ["LocalStack", "start_worker", "wait_for_workers"]
+__all__ = ["LocalStack", "serve_in_thread", "start_worker", "wait_for_job", "wait_for_workers", "wait_http_ok"]
 
 log = get_logger("toolrail.stack")
 
@@ -56,6 +56,45 @@ def wait_for_workers(redis_url: str, *, count: int = 1, timeout_s: float = 60.0)
             return seen
         time.sleep(0.3)
     raise TimeoutError(f"{count} worker(s) did not answer within {timeout_s}s (saw {seen})")
+
+
+def wait_http_ok(base_url: str, *, path: str = "/healthz", timeout_s: float = 30.0) -> None:
+    """Block until ``GET base_url+path`` answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base_url}{path}", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{base_url}{path} did not answer 200 within {timeout_s} s")
+
+
+def serve_in_thread(app: object, *, host: str = "127.0.0.1", port: int = 0) -> tuple[object, threading.Thread, str]:
+    """Run an ASGI app under uvicorn in a daemon thread; returns (server, thread, base URL) once it answers."""
+    import uvicorn  # noqa: PLC0415
+
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="toolrail-api", daemon=True)
+    thread.start()
+    base_url = f"http://{host}:{port}"
+    wait_http_ok(base_url)
+    return server, thread, base_url
+
+
+def wait_for_job(client: object, job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.1,
+                 headers: dict[str, str] | None = None) -> dict:
+    """Poll ``GET /v1/jobs/{id}`` until the job is terminal; at the deadline, the last record seen."""
+    from executor.store import TERMINAL_JOB  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}", headers=headers).json()  # type: ignore[attr-defined]
+        if job.get("status") in TERMINAL_JOB or time.monotonic() > deadline:
+            return job
+        time.sleep(poll_s)
 
 
 def stop_process(proc: subprocess.Popen | None, *, grace_s: float = 10.0) -> None:
@@ -113,29 +152,14 @@ class LocalStack:
         return self
 
     def _start_api(self) -> None:
-        import uvicorn  # noqa: PLC0415
-
         from executor.api import create_app  # noqa: PLC0415
         from executor.runtime import Runtime  # noqa: PLC0415
         from toolrail.settings import get_settings  # noqa: PLC0415
 
         settings = get_settings()
-        runtime = Runtime.from_settings(settings, redis_url=self.redis_url)
-        app = create_app(settings, runtime)
-        self.port = self.port or free_port()
-        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False)
-        server = uvicorn.Server(config)
-        self._server = server
-        self._thread = threading.Thread(target=server.run, name="toolrail-api", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise TimeoutError("the API did not come up within 30 s")
+        app = create_app(settings, Runtime.from_settings(settings, redis_url=self.redis_url))
+        self._server, self._thread, base_url = serve_in_thread(app, host=self.host, port=self.port)
+        self.port = int(base_url.rsplit(":", 1)[1])
 
     def stop(self) -> None:
         if self._server is not None:

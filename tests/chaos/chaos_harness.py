@@ -29,7 +29,8 @@ from typing import Any
 import httpx
 import redis
 
-from executor.stack import start_worker, wait_for_workers
+from executor.stack import start_worker, wait_for_workers, wait_http_ok
+from executor.store import TERMINAL_JOB
 from toolrail.redis_embed import EmbeddedRedis, free_port
 from tools.ledger import Ledger
 
@@ -37,7 +38,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LEDGER_PREFIX = "chaos:ledger"
 ACCOUNTS = [f"acct{i}" for i in range(8)]
 SEED_CENTS = 10_000_000_000
-TERMINAL = {"succeeded", "failed", "needs_review", "cancelled"}
 QUEUES = ["decide", "tool.chaos_transfer", "tool.linger"]
 
 
@@ -115,14 +115,7 @@ class ChaosStack:
             [sys.executable, "-m", "uvicorn", "--factory", "tests.chaos.chaos_harness:api_factory", "--host", "127.0.0.1",
              "--port", str(self.api_port), "--log-level", "warning", "--no-access-log"],
             env=env, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.api_url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise TimeoutError("chaos API did not come up")
+        wait_http_ok(self.api_url, timeout_s=60)
 
     def stop(self) -> None:
         for proc in [*self.procs.values(), self.api_proc]:
@@ -222,7 +215,7 @@ class ChaosStack:
                     still.append(job_id)
                     continue
                 jobs[job_id] = job
-                if job.get("status") not in TERMINAL:
+                if job.get("status") not in TERMINAL_JOB:
                     still.append(job_id)
             pending = still
             if pending:
@@ -241,7 +234,7 @@ class ChaosStack:
         for entry in applications:
             per_key[entry["key"]] = per_key.get(entry["key"], 0) + 1
         succeeded = [s for s in submitted if jobs.get(s.job_id, {}).get("status") == "succeeded"]
-        lost = [s.job_id for s in submitted if jobs.get(s.job_id, {}).get("status") not in TERMINAL]
+        lost = [s.job_id for s in submitted if jobs.get(s.job_id, {}).get("status") not in TERMINAL_JOB]
         applied_keys = {key.split(":", 1)[0]: n for key, n in per_key.items()}
         ours = {s.job_id for s in submitted}
         duplicated = sum(n - 1 for key, n in per_key.items() if n > 1 and key.split(":", 1)[0] in ours)

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from executor.stack import LocalStack
+from executor.stack import LocalStack, wait_for_job
+from executor.store import TERMINAL_JOB
 
 pytestmark = pytest.mark.model
 
@@ -28,15 +29,9 @@ def stack() -> Iterator[LocalStack]:
 
 
 def _wait(client: httpx.Client, job_id: str, timeout_s: float = 300) -> dict:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in {"succeeded", "failed", "needs_review", "cancelled"}:
-            return job
-        time.sleep(0.25)
-    raise AssertionError(f"job {job_id} did not finish: {job}")
+    job = wait_for_job(client, job_id, timeout_s=timeout_s, poll_s=0.25)
+    assert job["status"] in TERMINAL_JOB, f"job {job_id} did not finish: {job}"
+    return job
 
 
 def test_cli_run_decides_and_executes_on_the_real_model(stack: LocalStack) -> None:

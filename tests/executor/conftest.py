@@ -92,27 +92,11 @@ def runtime(redis_url: str):
 @pytest.fixture(scope="session")
 def api(runtime, worker) -> Iterator[str]:
     """The API on a loopback port, over the session Redis and workers."""
-    import threading
-    import time
-
-    import uvicorn
-
     from executor.api import create_app
-    from toolrail.redis_embed import free_port
+    from executor.stack import serve_in_thread
     from toolrail.settings import get_settings
 
-    app = create_app(get_settings(), runtime, mount_openai=False)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
+    server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False))
     yield base
     server.should_exit = True
     thread.join(timeout=10)
@@ -133,12 +117,9 @@ def ledger(redis_client: redis.Redis) -> Ledger:
 
 def wait_terminal(client: httpx.Client, job_id: str, timeout_s: float = 60.0) -> dict:
     """Poll a job until it reaches a terminal status."""
-    import time
+    from executor.stack import wait_for_job
+    from executor.store import TERMINAL_JOB
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in {"succeeded", "failed", "needs_review", "cancelled"}:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} not terminal after {timeout_s}s: {job}")
+    job = wait_for_job(client, job_id, timeout_s=timeout_s)
+    assert job["status"] in TERMINAL_JOB, f"job {job_id} not terminal after {timeout_s}s: {job}"
+    return job

@@ -6,13 +6,14 @@ queued to the session's real Celery workers.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
 from executor.api import create_app
+from executor.stack import wait_for_job
+from executor.store import TERMINAL_JOB
 from toolrail.settings import Settings
 
 KEYS = {"alpha": "key-alpha-0001", "beta": "key-beta-0002"}
@@ -31,13 +32,9 @@ def auth(tenant: str, style: str = "bearer") -> dict[str, str]:
 
 
 def finished(client: TestClient, job_id: str, tenant: str) -> dict:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}", headers=auth(tenant)).json()
-        if job["status"] in {"succeeded", "failed", "needs_review", "cancelled"}:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"{job_id} not terminal")
+    job = wait_for_job(client, job_id, timeout_s=30, headers=auth(tenant))
+    assert job["status"] in TERMINAL_JOB, f"{job_id} not terminal"
+    return job
 
 
 @pytest.fixture(scope="module")
