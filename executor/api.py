@@ -395,7 +395,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
             try:
                 enqueue(job)
             except Exception as exc:  # noqa: BLE001 - the broker is down: the job must not stay queued silently
-                runtime.store.update(job.job_id, lambda j: _fail_enqueue(j, exc))
+                runtime.store.update(job.job_id, lambda j, error=exc: _fail_enqueue(j, error))
                 raise StoreUnavailableError(f"could not queue the job: {exc}") from exc
             log.info("job.created", job_id=job.job_id, tenant=tenant, tools=len(names) + len(inline))
         return JSONResponse({"job_id": job.job_id, "request_id": job.request_id, "status": job.status},

@@ -342,7 +342,7 @@ def _types(schema: dict[str, Any]) -> set[str]:
     if isinstance(t, list):
         return set(t)
     if "enum" in schema:
-        return {type(v).__name__ for v in schema["enum"]} and {"enum"}
+        return {"enum"} if schema["enum"] else set()
     if "const" in schema:
         return {"const"}
     return set()

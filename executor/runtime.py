@@ -79,7 +79,7 @@ class Runtime:
         """Capabilities granted to a tool process: only networked tools get the ledger's address."""
         if not spec.networked:
             return {}
-        url = os.environ.get("TOOLRAIL_LEDGER_URL") or self.redis.connection_pool.connection_kwargs and _url_of(self.redis)
+        url = os.environ.get("TOOLRAIL_LEDGER_URL") or _url_of(self.redis)
         env = {"TOOLRAIL_LEDGER_URL": url}
         if os.environ.get("TOOLRAIL_LEDGER_PREFIX"):
             env["TOOLRAIL_LEDGER_PREFIX"] = os.environ["TOOLRAIL_LEDGER_PREFIX"]

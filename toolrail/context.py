@@ -18,13 +18,11 @@ REQUEST_ID_HEADER = "X-Request-ID"
 #: Celery message header carrying the request id (not Celery's ``correlation_id``,
 #: which is the task id).
 CELERY_REQUEST_ID_HEADER = "toolrail_request_id"
-CELERY_TENANT_HEADER = "toolrail_tenant"
 
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 __all__ = [
     "CELERY_REQUEST_ID_HEADER",
-    "CELERY_TENANT_HEADER",
     "REQUEST_ID_HEADER",
     "bind_request",
     "current_request_id",

@@ -15,7 +15,6 @@ import copy
 import hashlib
 import json
 import re
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -125,6 +124,3 @@ class ToolSpec(BaseModel):
         if not isinstance(params, dict) or params.get("type", "object") != "object":
             raise ValueError(f"function {fn['name']!r}: 'parameters' must be a JSON Schema object")
         return cls(name=fn["name"], description=fn.get("description", "") or "", parameters=strict_schema(params))
-
-
-ToolFunction = Callable[..., Any]

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2_grpc
 
 from decider.backend import GenerationRequest
 from decider.errors import (
