@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from decider.grounding import FEEDBACK_NAME
 from tools.spec import ToolSpec
 
 __all__ = [
@@ -121,7 +122,7 @@ def reask_messages(messages: Sequence[Mapping[str, Any]], *, output: str, errors
     listed = "\n".join(f"- {error}" for error in errors) or "- the output did not match the schema"
     return [dict(m) for m in messages] + [
         {"role": "assistant", "content": output},
-        {"role": "user", "name": "validator", "content": f"That output was invalid:\n{listed}\nReply again with corrected JSON only."},
+        {"role": "user", "name": FEEDBACK_NAME, "content": f"That output was invalid:\n{listed}\nReply again with corrected JSON only."},
     ]
 
 
