@@ -61,7 +61,10 @@ _WEEKDAY_CUES = {
 class BookRoomArgs(BaseModel):
     """Book a meeting room for a date, start time and number of attendees."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # words that say a request is about this tool (decider.grounding.tool_cues)
+        "x-cues": ["预订", "预定", "订个", "订一个", "会议室", "reserve", "reservation"],
+    })
 
     room: Literal["aurora", "cedar", "harbor"] = Field(description="Room name",
                                                        json_schema_extra={"x-enum-aliases": _ROOM_CUES})
@@ -74,7 +77,10 @@ class BookRoomArgs(BaseModel):
 class CancelBookingArgs(BaseModel):
     """Cancel a room booking by its id."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # words that say a request is about this tool (decider.grounding.tool_cues)
+        "x-cues": ["取消", "退订", "cancel", "call off"],
+    })
 
     booking_id: str = Field(pattern=r"^BK-\d{4}$", description="Booking id like BK-1234",
                             json_schema_extra={"x-grounded": True})
@@ -83,7 +89,10 @@ class CancelBookingArgs(BaseModel):
 class ScheduleMeetingArgs(BaseModel):
     """Put a meeting with one person on a weekday at a time."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # words that say a request is about this tool (decider.grounding.tool_cues)
+        "x-cues": ["开会", "会议", "约个", "约一下", "见面", "碰头", "meeting", "meet", "schedule", "catch up"],
+    })
 
     title: str = Field(min_length=1, max_length=40, description="Meeting title", json_schema_extra={"x-grounded": True})
     with_person: str = Field(min_length=1, max_length=40, description="The other participant",
@@ -118,7 +127,10 @@ _REASON_CUES = {
 class OrderStatusArgs(BaseModel):
     """Look up where an order is."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # words that say a request is about this tool (decider.grounding.tool_cues)
+        "x-cues": ["状态", "到哪", "物流", "快递", "进度", "status", "where", "track", "shipped"],
+    })
 
     order_id: str = Field(pattern=_ORDER_ID, description="Order id like SO123456", json_schema_extra={"x-grounded": True})
 
@@ -126,7 +138,10 @@ class OrderStatusArgs(BaseModel):
 class RefundOrderArgs(BaseModel):
     """Refund part or all of an order."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # words that say a request is about this tool (decider.grounding.tool_cues)
+        "x-cues": ["退款", "退钱", "退", "返还", "refund", "money back", "reimburse"],
+    })
 
     order_id: str = Field(pattern=_ORDER_ID, description="Order id like SO123456", json_schema_extra={"x-grounded": True})
     amount: float = Field(gt=0, le=5000, description="Refund amount, up to two decimals")
@@ -137,7 +152,10 @@ class RefundOrderArgs(BaseModel):
 class ChangeQuantityArgs(BaseModel):
     """Change how many units an order contains."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # words that say a request is about this tool (decider.grounding.tool_cues)
+        "x-cues": ["数量", "件数", "几件", "quantity", "units", "pieces", "copies"],
+    })
 
     order_id: str = Field(pattern=_ORDER_ID, description="Order id like SO123456", json_schema_extra={"x-grounded": True})
     quantity: int = Field(ge=1, le=99, description="New number of units")
@@ -146,7 +164,10 @@ class ChangeQuantityArgs(BaseModel):
 class UpdateRecipientArgs(BaseModel):
     """Change who receives an order and their phone number."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # words that say a request is about this tool (decider.grounding.tool_cues)
+        "x-cues": ["收件人", "收货人", "电话", "手机号", "recipient", "receiver", "ship to", "phone"],
+    })
 
     order_id: str = Field(pattern=_ORDER_ID, description="Order id like SO123456", json_schema_extra={"x-grounded": True})
     recipient: str = Field(min_length=1, max_length=30, description="Recipient's name", json_schema_extra={"x-grounded": True})

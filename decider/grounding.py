@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,12 +45,13 @@ from tools.spec import ToolSpec
 __all__ = [
     "CJK_FUNCTION_WORDS",
     "CJK_REQUEST_WORDS",
-    "CallCount",
     "DEFAULT_EVIDENCE_ROLES",
-    "Evidence",
     "FORMAT_PATTERNS",
-    "GroundingResult",
     "ROLE_CUES_ZH",
+    "SHIFTING_WORDS",
+    "CallCount",
+    "Evidence",
+    "GroundingResult",
     "call_count",
     "collect_evidence",
     "ground_tools",
@@ -60,6 +61,8 @@ __all__ = [
     "message_text",
     "narrow_schema",
     "parse_chinese_number",
+    "relevance",
+    "tool_cues",
     "tool_vocabulary",
     "typed_spans",
 ]
@@ -88,7 +91,7 @@ FORMAT_PATTERNS = {
 _CN_NUMBER = re.compile("[零〇一二两三四五六七八九十百千万亿点]+")
 #: Chinese function words: a candidate span never crosses one (longest first when splitting).
 CJK_FUNCTION_WORDS = (
-    "怎么样", "查一下", "的话", "一下", "帮我", "给我", "请问", "查询", "可以", "怎么", "什么", "多少", "哪里", "然后",
+    "怎么样", "查一下", "查下", "看一下", "看下", "问下", "另外", "的话", "一下", "帮我", "给我", "请问", "查询", "可以", "怎么", "什么", "多少", "哪里", "然后",
     "还有", "同时", "以及", "并且", "或者", "看看", "的", "了", "吗", "呢", "吧", "啊", "呀", "嘛", "在", "给", "把",
     "和", "与", "及", "跟", "从", "向", "到", "是", "我", "你", "他", "她", "它", "们", "请", "帮", "查", "问", "看",
     "要", "想", "能", "会", "转", "发", "几", "哪", "这", "那", "个", "也", "都", "还", "再", "就", "用", "为", "对", "被", "让",
@@ -108,6 +111,9 @@ _EN_STOP = {
     "could", "would", "will", "do", "does", "tell", "show", "check", "get", "send", "give", "like", "weather",
     "today", "tomorrow", "also", "then", "as", "into", "about", "there", "here", "some", "any", "want",
 }
+
+#: Words that shift the meaning of the Latin word after them: it is then no evidence of itself.
+SHIFTING_WORDS = frozenset({"after", "before", "not", "no", "except", "than", "non"})
 
 #: Words that join two values (``from checking to Bob``): a name never spans one.
 _EN_ROLE_WORDS = {"to", "from", "for", "with", "and", "or", "on", "at", "in", "by", "into", "then", "also", "about"}
@@ -166,14 +172,37 @@ class Evidence:
     _folded: str = field(default="", repr=False)
 
     def mentions(self, word: str) -> bool:
-        """Whether ``word`` appears in the text (case-insensitive; whole word for Latin words)."""
+        """Whether ``word`` appears in the text as itself (case-insensitive).
+
+        A Latin word must be a whole word and not shifted by the word before it ("the day *after*
+        tomorrow" does not mention tomorrow, "*not* damaged" does not mention damaged). A single
+        CJK character counts only where it cannot be the tail of a longer word: after a digit, a
+        numeral or a non-CJK character (300元 and 三百元 mention 元, 日元 does not; 南京 does not
+        mention 京).
+        """
         if not word:
             return False
         folded = word.casefold()
         haystack = self._folded or self.text.casefold()
         if re.fullmatch(r"[\w .\-']+", folded, flags=re.ASCII):
-            return re.search(rf"(?<![A-Za-z0-9]){re.escape(folded)}(?![A-Za-z0-9])", haystack) is not None
+            pattern = rf"(?<![A-Za-z0-9]){re.escape(folded)}(?![A-Za-z0-9])"
+            return any(_previous_word(haystack, m.start()) not in SHIFTING_WORDS for m in re.finditer(pattern, haystack))
+        if len(folded) == 1 and _CJK_RUN.fullmatch(folded):
+            return any(start == 0 or not _CJK_RUN.fullmatch(haystack[start - 1]) or haystack[start - 1] in _CJK_NUMERAL_CHARS
+                       for start in _occurrences(haystack, folded))
         return folded in haystack
+
+
+def _previous_word(text: str, index: int) -> str:
+    match = re.search(r"([A-Za-z']+)\W*$", text[max(0, index - 24):index])
+    return match.group(1).casefold() if match else ""
+
+
+def _occurrences(text: str, needle: str) -> Iterator[int]:
+    start = text.find(needle)
+    while start >= 0:
+        yield start
+        start = text.find(needle, start + 1)
 
 
 def _stem(word: str) -> str:
@@ -478,9 +507,19 @@ def _cued(name: str, schema: Any, text: str, name_words: set[str]) -> Any:
                 break
             starting = [c for c in candidates if stripped.startswith(c)]
             if starting:
-                cued.append(max(starting, key=len))
+                best = max(starting, key=len)
+                cued.append(_labelled_value(best, stripped[len(best):], candidates) or best)
     cued = list(dict.fromkeys(cued))
     return {**schema, "enum": cued} if cued else schema
+
+
+def _labelled_value(label: str, rest: str, candidates: Sequence[str]) -> str | None:
+    """The identifier a CJK label introduces (从账户 6222021001: the account is the number, not 账户)."""
+    if not _CJK_RUN.fullmatch(label):
+        return None
+    following = rest.lstrip(" :：\t")
+    ids = [c for c in candidates if following.startswith(c) and re.fullmatch(r"[A-Za-z\-]*\d[\d\-]{4,}", c)]
+    return max(ids, key=len) if ids else None
 
 
 def is_grounded_tool(spec: ToolSpec, *, ground_all: bool = False) -> bool:
@@ -498,6 +537,7 @@ def tool_vocabulary(tools: Sequence[ToolSpec]) -> list[str]:
         if isinstance(node, Mapping):
             for cues in (node.get("x-enum-aliases") or {}).values():
                 words.extend(c for c in cues if isinstance(c, str))
+            words.extend(c for c in node.get("x-cues") or () if isinstance(c, str))
             words.extend(str(v) for v in (node.get("enum") or []) if isinstance(v, str))
             description = node.get("description")
             if isinstance(description, str):
@@ -545,11 +585,14 @@ class GroundingResult:
 
 
 def ground_tools(tools: Sequence[ToolSpec], messages: Sequence[Mapping[str, Any]], *, ground_all: bool = False,
-                 allow_drop: bool = True, evidence: Evidence | None = None) -> GroundingResult:
+                 allow_drop: bool = True, evidence: Evidence | None = None, relevance: bool = True) -> GroundingResult:
     """Narrow every tool's parameter schema to the conversation; drop tools lacking required evidence.
 
     With ``allow_drop=False`` (a forced ``tool_choice``) a tool is never dropped: its fields
-    without evidence are left as the spec declares them.
+    without evidence are left as the spec declares them. With ``relevance`` (the default), tools
+    also compete for the request (:func:`_shadowed` with cue words, :func:`_unacceptable`
+    quantities); without it, only an offered tool whose closed values a dropped tool holds and
+    more of is dropped (the ladder's ``counted`` rung).
     """
     evidence = evidence or collect_evidence(messages, boundary_words=tool_vocabulary(tools))
     parameters: dict[str, dict[str, Any]] = {}
@@ -567,12 +610,63 @@ def ground_tools(tools: Sequence[ToolSpec], messages: Sequence[Mapping[str, Any]
             narrowed = _narrow_keep_required(spec.parameters, evidence, ground_all)
         parameters[spec.name] = narrowed
         narrowed_any = narrowed_any or narrowed != spec.parameters
-    if allow_drop and dropped:
-        for name, reason in _shadowed(tools, parameters, dropped, evidence).items():
+    if allow_drop:
+        competing = {**_unacceptable(tools, parameters, evidence), **_shadowed(tools, parameters, dropped, evidence)} \
+            if relevance else _richer_dropped(tools, parameters, dropped, evidence)
+        for name, reason in competing.items():
             parameters.pop(name, None)
             dropped[name] = reason
     return GroundingResult(parameters=parameters, dropped=dropped, evidence=evidence,
                            narrowed=narrowed_any or bool(dropped))
+
+
+#: Words of tool names that say nothing about which tool is meant (generic verbs, function words).
+_CUE_STOP = frozenset({"get", "set", "query", "look", "up", "fetch", "find", "check", "do", "make", "update", "change",
+                       "by", "of", "for", "to", "and", "the", "a", "an", "my", "new", "info", "data", "tool"})
+
+
+def _cue_words(spec: ToolSpec) -> set[str]:
+    """The stems of the words of a tool's name (see :func:`tool_cues`)."""
+    return {_stem(w) for w in _name_words(spec.name) if len(w) > 2 and w.isascii() and _stem(w) not in _CUE_STOP}
+
+
+def tool_cues(tools: Sequence[ToolSpec]) -> dict[str, tuple[str, ...]]:
+    """For each tool, the words that say a request is about it.
+
+    A tool declares its cues as ``"x-cues": [...]`` on its parameter schema (any language: 天气,
+    forecast, 下雨); besides those, the words of its name that no other tool of the request shares
+    are cues (``refund_order`` next to ``get_order_status``: refund, not order). Descriptions are
+    left out: their words (city, date, number) name arguments as often as intents.
+    """
+    stems = {spec.name: _cue_words(spec) for spec in tools}
+    out: dict[str, tuple[str, ...]] = {}
+    for spec in tools:
+        others = set().union(*(words for name, words in stems.items() if name != spec.name))
+        declared = [c for c in spec.parameters.get("x-cues") or () if isinstance(c, str) and c.strip()]
+        out[spec.name] = tuple(dict.fromkeys([*declared, *sorted(stems[spec.name] - others)]))
+    return out
+
+
+def _cue_mentioned(cue: str, evidence: Evidence) -> bool:
+    if _CJK_RUN.search(cue) or " " in cue:
+        return evidence.mentions(cue)
+    # a Latin cue is a stem: booking, books and booked mention "book"
+    return any(_stem(w.group()).startswith(cue) and len(_stem(w.group())) <= len(cue) + 3
+               and _previous_word(evidence._folded or evidence.text.casefold(), w.start()) not in SHIFTING_WORDS
+               for w in re.finditer(r"[A-Za-z]+", evidence.text))
+
+
+def relevance(tools: Sequence[ToolSpec], evidence: Evidence) -> dict[str, set[tuple[str, Any]]]:
+    """What the conversation gives each tool: its closed values (:func:`intent_values`) and, when
+    one of its cues (:func:`tool_cues`) is mentioned, the mark ``("cue", name)``."""
+    cues = tool_cues(tools)
+    out = {}
+    for spec in tools:
+        found = intent_values(spec, evidence)
+        if any(_cue_mentioned(cue, evidence) for cue in cues[spec.name]):
+            found.add(("cue", spec.name))
+        out[spec.name] = found
+    return out
 
 
 def intent_values(spec: ToolSpec, evidence: Evidence) -> set[tuple[str, Any]]:
@@ -598,16 +692,67 @@ def intent_values(spec: ToolSpec, evidence: Evidence) -> set[tuple[str, Any]]:
 
 def _shadowed(tools: Sequence[ToolSpec], parameters: Mapping[str, Any], dropped: Mapping[str, str],
               evidence: Evidence) -> dict[str, str]:
-    """Offered tools whose evidence a dropped tool holds and more of: the request is about that richer
-    tool ("SO123 arrived broken, refund it" with no amount is a refund, not a status lookup)."""
-    values = {spec.name: intent_values(spec, evidence) for spec in tools}
+    """Offered tools whose evidence another tool holds and more of: the request is about that richer
+    tool. "SO123 arrived broken, refund it" with no amount is a refund (dropped), not a status
+    lookup; "Transfer money to Charlie" names transfer (dropped) and gives query_balance nothing but
+    free text. An offered tool yields only to a richer offered one that the request names (a cue)
+    while it does not name itself: without names, two actions on two ids stay two calls. A tool
+    that declares cues (``x-cues``) and is not named, whose evidence another tool has just as well,
+    is dropped too: "Cancel order SO565656" fits every order tool alike. Evidence is
+    :func:`relevance`: closed values and cue mentions, never free text."""
+    values = relevance(tools, evidence)
+    declares = {spec.name for spec in tools if spec.parameters.get("x-cues")}
     out = {}
     for name in parameters:
         own = values.get(name, set())
-        for other in dropped:
-            if own and own < values.get(other, set()):
-                out[name] = f"the request says more than it uses: {other} fits it better but lacks a required value"
+        named = ("cue", name) in own
+        for other in values:
+            if other == name:
+                continue
+            if own < values[other] and (other in dropped or (("cue", other) in values[other] and not named)):
+                why = "lacks a required value" if other in dropped else "is named"
+                out[name] = f"the request says more than it uses: {other} fits it better ({other} {why})"
                 break
+            if own == values[other] and name in declares:
+                out[name] = f"the request names none of its cues and {other} has the same evidence"
+                break
+    return out
+
+
+def _richer_dropped(tools: Sequence[ToolSpec], parameters: Mapping[str, Any], dropped: Mapping[str, str],
+                    evidence: Evidence) -> dict[str, str]:
+    """Without relevance: offered tools whose closed values a dropped tool holds and more of."""
+    values = {spec.name: intent_values(spec, evidence) for spec in tools}
+    return {name: f"the request says more than it uses: {other} fits it better but lacks a required value"
+            for name in parameters for other in dropped
+            if values.get(name) and values[name] < values.get(other, set())}
+
+
+def _quantities(evidence: Evidence) -> list[float]:
+    """Numbers of the conversation that count something (not ids: at most four integer digits)."""
+    return [n for n in evidence.numbers if abs(n) < 10_000]
+
+
+def _numeric_fields(spec: ToolSpec) -> list[Mapping[str, Any]]:
+    return [sub for sub in (spec.parameters.get("properties") or {}).values()
+            if isinstance(sub, Mapping) and sub.get("type") in ("integer", "number") and "enum" not in sub]
+
+
+def _unacceptable(tools: Sequence[ToolSpec], parameters: Mapping[str, Any], evidence: Evidence) -> dict[str, str]:
+    """Offered tools asked for a quantity no numeric field of theirs accepts ("for 300 minutes" where
+    the duration stops at 240): a quantity that fits no numeric field of any tool of the request is
+    a value the tools cannot take, not one to leave out (the model would fill in a default)."""
+    fields = {spec.name: _numeric_fields(spec) for spec in tools}
+    out = {}
+    for quantity in _quantities(evidence):
+        def fits(sub: Mapping[str, Any], q: float = quantity) -> bool:
+            value = _as_number(q, sub.get("type") == "integer")
+            return value is not None and _fits(value, sub)
+        if any(fits(sub) for subs in fields.values() for sub in subs):
+            continue
+        for spec in tools:
+            if spec.name in parameters and fields[spec.name]:
+                out[spec.name] = f"{quantity:g} is outside what its numeric fields accept"
     return out
 
 

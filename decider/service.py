@@ -70,10 +70,14 @@ DEFAULT_TEXT_MAX_CHARS = 80
 #: :class:`DeciderConfig` overrides; each adds one mechanism to the one before it.
 TECHNIQUES: dict[str, dict[str, Any]] = {
     "grammar": {"grounding": False, "count_calls": False, "dedupe_calls": False},
-    "grounded": {"grounding": True, "ground_all": False, "count_calls": False, "dedupe_calls": False},
-    "grounded-all": {"grounding": True, "ground_all": True, "count_calls": False, "dedupe_calls": False},
-    "count-bounds": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": False, "dedupe_calls": True},
-    "counted": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": True, "dedupe_calls": True},
+    "grounded": {"grounding": True, "ground_all": False, "count_calls": False, "dedupe_calls": False, "relevance": False},
+    "grounded-all": {"grounding": True, "ground_all": True, "count_calls": False, "dedupe_calls": False, "relevance": False},
+    "count-bounds": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": False, "dedupe_calls": True,
+                     "relevance": False},
+    "counted": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": True, "dedupe_calls": True,
+                "relevance": False},
+    "relevance": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": True, "dedupe_calls": True,
+                  "relevance": True},
     "no-text": {"grounding": True, "allow_text": False},
 }
 
@@ -89,6 +93,9 @@ class DeciderConfig:
     #: Treat every string/number field as grounded unless it says ``"x-grounded": false`` (typed
     #: candidates: shaped strings take matching spans, numbers take numbers, names take names).
     ground_all: bool = True
+    #: Let tools compete for the request: a tool yields to one the request names (``x-cues``, the
+    #: words only its name has) or says more of, and a quantity no field accepts makes no call.
+    relevance: bool = True
     #: With ``tool_choice=auto``, also offer a text answer when some tool keeps its evidence. Off by
     #: default: a small model then declines calls it should make (SmolLM2 answered 北京明天天气 in
     #: text); grounding already leaves text as the only option when no tool has evidence.
@@ -293,6 +300,7 @@ class BackendDecider:
         parameters: dict[str, Mapping[str, Any]] = {t.name: t.parameters for t in tools}
         if self.config.grounding:
             grounding = ground_tools(tools, request.messages, ground_all=self.config.ground_all,
+                                     relevance=self.config.relevance,
                                      allow_drop=choice == "auto")
             parameters = grounding.parameters
             base.dropped = dict(grounding.dropped)

@@ -55,7 +55,10 @@ def _enum_cues(aliases: dict[str, str]) -> dict[str, list[str]]:
 class WeatherArgs(BaseModel):
     """Get the weather forecast for a city today or tomorrow."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # words that say a request is about this tool (decider.grounding.tool_cues)
+        "x-cues": ["天气", "气温", "温度", "下雨", "下雪", "预报", "冷不冷", "热不热", "weather", "forecast", "temperature", "rain", "snow", "sunny"],
+    })
 
     city: str = Field(min_length=1, max_length=64, description="City name",
                       json_schema_extra={"x-aliases": CITY_ALIASES, "x-grounded": True})
@@ -68,7 +71,10 @@ class WeatherArgs(BaseModel):
 class BalanceArgs(BaseModel):
     """Query the balance of a bank account."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # words that say a request is about this tool (decider.grounding.tool_cues)
+        "x-cues": ["余额", "还剩", "剩多少", "有多少钱", "balance", "funds"],
+    })
 
     account: str = Field(min_length=1, max_length=64, description="Account holder", json_schema_extra={"x-grounded": True})
 
@@ -82,7 +88,10 @@ class Currency(str, Enum):
 class TransferArgs(BaseModel):
     """Transfer money from one account to another."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # words that say a request is about this tool (decider.grounding.tool_cues)
+        "x-cues": ["转账", "汇款", "打钱", "转钱", "付款", "转给", "汇给", "transfer", "send", "pay", "wire", "remit"],
+    })
 
     from_account: str = Field(min_length=1, max_length=64, description="Payer account", json_schema_extra={"x-grounded": True})
     to: str = Field(min_length=1, max_length=64, description="Payee account", json_schema_extra={"x-grounded": True})

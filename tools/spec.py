@@ -6,7 +6,9 @@ extensions live in the schema itself so every stage reads the same document:
 
 - ``x-aliases``: ``{alias: canonical}`` for semantic normalization (沪 → Shanghai);
 - ``x-grounded``: the value must appear in the conversation (or be an enum/alias value);
-- ``x-enum-aliases``: ``{enum value: [cue words]}`` evidence for enum narrowing.
+- ``x-enum-aliases``: ``{enum value: [cue words]}`` evidence for enum narrowing;
+- ``x-cues`` (on the parameter schema itself): words, in any language, that say a request is
+  about this tool (天气, forecast); the decider weighs them when tools compete for one request.
 """
 
 from __future__ import annotations

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 
-from decider.grounding import call_count, collect_evidence, ground_tools, is_name_like, typed_spans
+from decider_fixtures import tiny_decider, tiny_engine  # noqa: F401
+
+from decider.grounding import call_count, collect_evidence, ground_tools, is_name_like, tool_cues, typed_spans
 from decider.schema import tool_calls_schema
 from decider.service import TECHNIQUES, DeciderConfig, _without_repeats
-from decider_fixtures import tiny_decider, tiny_engine  # noqa: F401
 from tools.calls import ToolCall
 from tools.spec import ToolSpec
 
@@ -160,3 +161,62 @@ def test_a_tool_is_shadowed_by_a_dropped_tool_that_explains_more_of_the_request(
     assert shadowed.parameters == {} and "track" in shadowed.dropped  # a claim without an amount: ask, don't track
     assert "track" in ground_tools(tools, user("P10001 到哪了"), ground_all=True).parameters
     assert "track" in ground_tools(tools, user("P10001 坏了，赔 30 元"), ground_all=True).parameters
+
+
+def cued(name, properties, required, cues):
+    spec = fn(name, properties, required)
+    return spec.model_copy(update={"parameters": {**spec.parameters, "x-cues": cues}})
+
+
+def test_a_word_shifted_by_the_word_before_it_is_no_evidence_of_itself():
+    evidence = collect_evidence(user("the day after tomorrow, not damaged, 300元 or 日元, 南京"))
+    assert not evidence.mentions("tomorrow") and not evidence.mentions("damaged")
+    assert evidence.mentions("元")  # after a digit
+    assert not evidence.mentions("京")  # the tail of 南京, not the alias of 北京
+    assert collect_evidence(user("明天 tomorrow")).mentions("tomorrow")
+    assert collect_evidence(user("三百元")).mentions("元")
+
+
+def test_tool_cues_are_declared_words_and_the_words_only_its_name_has():
+    tools = [cued("track_parcel", {"parcel": {"type": "string"}}, ["parcel"], ["物流", "where"]),
+             fn("claim_parcel", {"parcel": {"type": "string"}}, ["parcel"]),
+             fn("get_note", {"person": {"type": "string"}}, ["person"])]
+    cues = tool_cues(tools)
+    assert cues["track_parcel"] == ("物流", "where", "track")  # "parcel" is shared, "get" says nothing
+    assert cues["claim_parcel"] == ("claim",) and cues["get_note"] == ("note",)
+
+
+def test_a_named_tool_that_lacks_a_value_shadows_a_tool_with_only_free_text():
+    tools = [fn("send_money", {"to": {"type": "string"}, "amount": {"type": "number", "exclusiveMinimum": 0}},
+                ["to", "amount"]),
+             fn("note", {"person": {"type": "string"}}, ["person"])]
+    result = ground_tools(tools, user("send money to Charlie"), ground_all=True)
+    assert result.parameters == {} and "note" in result.dropped  # ask for the amount, don't note Charlie
+    assert "note" in ground_tools(tools, user("note Charlie"), ground_all=True).parameters
+
+
+def test_a_quantity_no_numeric_field_accepts_makes_no_call():
+    tools = [fn("reserve", {"day": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"},
+                            "minutes": {"type": "integer", "minimum": 15, "maximum": 120, "default": 30}}, ["day"])]
+    result = narrowed(tools, "reserve 2026-03-04 for 300 minutes")
+    assert "reserve" in result.dropped and "300" in result.dropped["reserve"]  # not the default 30 instead
+    assert narrowed(tools, "reserve 2026-03-04 for 90 minutes").parameters["reserve"]["properties"]["minutes"]["enum"] == [90]
+    assert "reserve" in narrowed(tools, "reserve 2026-03-04").parameters
+
+
+def test_a_tool_declaring_cues_must_be_named_when_its_evidence_fits_another_tool_alike():
+    tools = [cued("track", {"parcel": {"type": "string", "pattern": r"^P\d{5}$"}}, ["parcel"], ["到哪", "where"]),
+             fn("claim", {"parcel": {"type": "string", "pattern": r"^P\d{5}$"},
+                          "amount": {"type": "number", "exclusiveMinimum": 0}}, ["parcel", "amount"])]
+    assert ground_tools(tools, user("cancel P10001"), ground_all=True).parameters == {}
+    assert "track" in ground_tools(tools, user("P10001 到哪了"), ground_all=True).parameters
+    assert "track" in ground_tools(tools, user("where is P10001?"), ground_all=True).parameters
+
+
+def test_a_cjk_label_before_an_identifier_gives_the_identifier():
+    tools = [fn("pay", {"from_account": {"type": "string"}, "to": {"type": "string"}, "amount": {"type": "number"}},
+                ["from_account", "to", "amount"])]
+    props = narrowed(tools, "从账户 6222021001 向 6222029876 付 1200").parameters["pay"]["properties"]
+    assert props["from_account"]["enum"] == ["6222021001"]
+    spans = collect_evidence(user("另外查下工资卡")).spans
+    assert "工资卡" in spans and not any(s.startswith(("下", "另外")) for s in spans)
