@@ -10,7 +10,10 @@ Measured side by side in one run on the same machine and model (SmolLM2-135M-Ins
 (d) the published mixing reproduction: batches of 4/8/16/32 concurrent requests, each asking
     for two parallel calls (query_balance + transfer) on accounts unique to that request, one
     shared schema (the model must copy its own accounts); a call carrying another request's
-    account is a mixed call (target 0).
+    account is a mixed call (target 0);
+(e) with ``--dtypes``, only: the dtype modes loaded side by side, prefill of an uncached
+    200-token prompt, decode ms/token at batch 1 and seconds per decision (the real decider,
+    grammar and grounding included) on a handful of built-in prompts.
 
 "decode tok/s" counts generated tokens over the wall time of decode steps only (forward,
 grammar, sampling, streaming); "per CPU-s" divides by the process CPU seconds of those steps
@@ -21,6 +24,7 @@ machine is shared; run with ``--threads 1`` there.
 Usage::
 
     python bench/decider.py [--device cpu|cuda] [--dtype bfloat16] [--quick] [--threads N]
+    python bench/decider.py --dtypes float32,bfloat16,hybrid [--threads 1]   # (e) only
 
 Results go to ``bench/out/decider-<timestamp>.json``.
 """
@@ -275,13 +279,106 @@ def mixing(engine: EmbeddedEngine, batch: int, seed: int) -> dict[str, Any]:
             "wall_s": wall}
 
 
+# ------------------------------------------------------------------------------------ (e)
+
+#: Decisions timed per dtype mode: (tool set, user message).
+DECISION_PROMPTS = (
+    ("builtin", "What's the weather in Lisbon tomorrow, in celsius?"),
+    ("builtin", "Move 120 from ACC-1042 to ACC-2210, then tell me what is left on ACC-1042."),
+    ("builtin", "Thanks, that's all for today."),
+    ("calendar", "Book the cedar room for 4 people on 2025-03-14 at 09:30 for 45 minutes."),
+    ("orders", "Where is my order SO123456?"),
+    ("orders", "Please refund 19.99 on order SO654321, the item arrived damaged."),
+)
+KERNEL_PROMPT_TOKENS = 200
+KERNEL_DECODE_TOKENS = 30
+
+
+def _kernel_prompt(engine: EmbeddedEngine, rep: int) -> str:
+    """About ``KERNEL_PROMPT_TOKENS`` tokens that no earlier prompt shares a prefix block with."""
+    filler = " ".join(f"coin {rep}-{i} fell into the dragon's hoard;" for i in range(KERNEL_PROMPT_TOKENS))
+    return engine.tokenizer.decode(engine.encode(f"Run {rep}. Continue the story: {filler}")[:KERNEL_PROMPT_TOKENS])
+
+
+def _kernel_speed(engine: EmbeddedEngine, rep: int) -> dict[str, float]:
+    """Prefill of one uncached prompt and single-token decode steps at batch 1."""
+    before = dict(engine.stats)
+    engine.generate_sync(GenerationRequest(request_id=f"kernel-{rep}", prompt=_kernel_prompt(engine, rep),
+                                           max_tokens=KERNEL_DECODE_TOKENS + 1))
+    delta = {key: engine.stats[key] - before.get(key, 0) for key in engine.stats}
+    return {"prefill_tokens": delta["prefill_tokens"], "prefill_s": delta["prefill_s"],
+            "prefill_tok_s": delta["prefill_tokens"] / delta["prefill_s"],
+            "decode_ms_token": 1000 * delta["decode_s"] / max(1, delta["decode_tokens"])}
+
+
+def dtype_comparison(model: str | None, device: str | None, modes: list[str], *, reps: int) -> dict[str, Any]:
+    """Every dtype mode loaded side by side; kernels and decisions alternate mode by mode.
+
+    The order of the modes rotates every repetition, so drift in a shared machine's load hits
+    all of them alike; medians over repetitions. "agree" counts decisions identical to those
+    of the first mode.
+    """
+    from bench.toolsets import load_toolset
+    from decider.protocol import DecideRequest
+    from decider.service import EmbeddedDecider
+
+    engines = {mode: EmbeddedEngine.load(model, device=device, dtype=mode, max_batch_size=4, max_seq_len=1024)
+               for mode in modes}
+    deciders = {mode: EmbeddedDecider.from_engine(engine) for mode, engine in engines.items()}
+    requests = [DecideRequest(request_id=f"dtype-{i}", messages=[{"role": "user", "content": text}],
+                              tools=load_toolset(toolset)) for i, (toolset, text) in enumerate(DECISION_PROMPTS)]
+    for mode in modes:  # warm-up: kernels, grammars and the shared-prefix cache of every tool set
+        for request in requests:
+            deciders[mode].decide(request)
+    kernels: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
+    calls: dict[str, list[str]] = {mode: [] for mode in modes}
+    for rep in range(reps):
+        order = modes[rep % len(modes):] + modes[: rep % len(modes)]
+        for mode in order:
+            kernels[mode].append(_kernel_speed(engines[mode], rep))
+        for request in requests:
+            for mode in order:
+                started = time.perf_counter()
+                decision = deciders[mode].decide(request)
+                seconds[mode].append(time.perf_counter() - started)
+                calls[mode].append(json.dumps([call.model_dump() for call in decision.tool_calls], sort_keys=True))
+    rows = {}
+    for mode, engine in engines.items():
+        row = {field: statistics.median(run[field] for run in kernels[mode]) for field in kernels[mode][0]}
+        row["weights"] = str(engine.dtype).replace("torch.", "")
+        row["decode_weights"] = str(engine.decode_dtype).replace("torch.", "")
+        row["s_request"] = statistics.median(seconds[mode])
+        row["agree"] = sum(a == b for a, b in zip(calls[mode], calls[modes[0]])) / len(calls[mode])
+        rows[mode] = row
+        engine.close()
+    return {"reps": reps, "decisions_per_rep": len(requests), "modes": rows}
+
+
+def print_dtype_table(report: dict[str, Any]) -> None:
+    comparison = report["dtypes"]
+    modes = comparison["modes"]
+    first = next(iter(modes))
+    print(f"\n(e) dtype modes on {report['device']} ({report['threads']} threads, bf16 native: {report['native_bf16']}), "
+          f"medians of {comparison['reps']} alternating repetitions, {comparison['decisions_per_rep']} decisions each\n")
+    print(f"| mode | weights (prefill / decode) | prefill s ({KERNEL_PROMPT_TOKENS} tok) | prefill tok/s "
+          f"| decode ms/token | s/request | decisions as {first} |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for mode, row in modes.items():
+        print(f"| {mode} | {row['weights']} / {row['decode_weights']} | {row['prefill_s']:.2f} | {row['prefill_tok_s']:.0f} "
+              f"| {row['decode_ms_token']:.1f} | {row['s_request']:.2f} | {row['agree'] * 100:.0f} % |")
+
+
 # ------------------------------------------------------------------------------------ main
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="bfloat16 (default), float32, float16")
+    parser.add_argument("--dtype", default=None, help="auto (default), hybrid, bfloat16, float32, float16")
+    parser.add_argument("--dtypes", default=None,
+                        help="only compare these dtype modes side by side (e.g. float32,bfloat16,hybrid): "
+                             "prefill, decode and s/decision")
     parser.add_argument("--model", default=None, help="local HF model directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--quick", action="store_true", help="one repetition, mixing at batch 4 and 8 only")
@@ -292,10 +389,29 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     reps = 1 if args.quick else 5
+    if args.dtypes:
+        from decider.embedded import _native_bf16
+        from toolrail.logging import configure_logging
+
+        configure_logging(json=False, level="WARNING")  # the decider logs every decision at debug
+
+        device = torch.device(args.device) if args.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        report = {"device": str(device), "threads": torch.get_num_threads(), "native_bf16": _native_bf16(device),
+                  "dtypes": dtype_comparison(args.model, args.device, [m.strip() for m in args.dtypes.split(",")],
+                                             reps=2 if args.quick else 5)}
+        print_dtype_table(report)
+        out = Path(args.out) if args.out else OUT_DIR / f"decider-dtypes-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {out}")
+        return 0
     sizes = sorted({1, 16, *(int(b) for b in args.batch_sizes.split(",") if b.strip())})
     engine = EmbeddedEngine.load(args.model, device=args.device, dtype=args.dtype, max_batch_size=max(32, *sizes),
                                  max_seq_len=1024)
-    report: dict[str, Any] = {"device": str(engine.device), "dtype": str(engine.dtype).replace("torch.", ""),
+    dtype = str(engine.dtype).replace("torch.", "")
+    if engine.decode_dtype != engine.dtype:
+        dtype += "+" + str(engine.decode_dtype).replace("torch.", "") + " decode"
+    report: dict[str, Any] = {"device": str(engine.device), "dtype": dtype,
                               "threads": torch.get_num_threads(), "model": str(engine.model_path)}
     # Warm up kernels and the prefix cache once.
     engine.generate_sync(GenerationRequest(request_id="warmup", prompt=chat(engine, "hi"), max_tokens=4))
