@@ -53,7 +53,9 @@ __all__ = [
     "Evidence",
     "GroundingResult",
     "call_count",
+    "clock_times",
     "collect_evidence",
+    "durations",
     "ground_tools",
     "intent_values",
     "is_grounded_tool",
@@ -61,6 +63,7 @@ __all__ = [
     "message_text",
     "narrow_schema",
     "parse_chinese_number",
+    "parse_english_number",
     "relevance",
     "tool_cues",
     "tool_vocabulary",
@@ -94,7 +97,7 @@ CJK_FUNCTION_WORDS = (
     "怎么样", "查一下", "查下", "看一下", "看下", "问下", "另外", "的话", "一下", "帮我", "给我", "请问", "查询", "可以", "怎么", "什么", "多少", "哪里", "然后",
     "还有", "同时", "以及", "并且", "或者", "看看", "的", "了", "吗", "呢", "吧", "啊", "呀", "嘛", "在", "给", "把",
     "和", "与", "及", "跟", "从", "向", "到", "是", "我", "你", "他", "她", "它", "们", "请", "帮", "查", "问", "看",
-    "要", "想", "能", "会", "转", "发", "几", "哪", "这", "那", "个", "也", "都", "还", "再", "就", "用", "为", "对", "被", "让",
+    "要", "想", "能", "会", "转", "发", "开", "几", "哪", "这", "那", "个", "也", "都", "还", "再", "就", "用", "为", "对", "被", "让",
 )
 #: Generic words of service requests (what is asked, not who or which): never part of a name.
 CJK_REQUEST_WORDS = (
@@ -133,7 +136,7 @@ def message_text(message: Mapping[str, Any]) -> str:
 
 
 def parse_chinese_number(text: str) -> float | None:
-    """Parse a Chinese numeral (三百五十, 两千, 一万五千, 三点五, 十五); None if it is not one."""
+    """Parse a Chinese numeral (三百五十, 两千, 两千五, 一万五千, 三点五, 十五); None if it is not one."""
     digits = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9}
     units = {"十": 10, "百": 100, "千": 1000}
     big = {"万": 10_000, "亿": 100_000_000}
@@ -142,18 +145,22 @@ def parse_chinese_number(text: str) -> float | None:
         return None
     total = section = 0
     current: int | None = None
+    last_unit = 0  # the unit just read: a digit right after it counts in the next lower unit (两千五 = 2500)
     for char in integer_part:
         if char in digits:
             current = digits[char]
+            last_unit = 0 if char in "零〇" else last_unit
         elif char in units:
             section += (1 if current is None else current) * units[char]
-            current = None
+            current, last_unit = None, units[char]
         elif char in big:
             section += current or 0
             total += (section or 1) * big[char]
-            section, current = 0, None
+            section, current, last_unit = 0, None, big[char]
         else:
             return None
+    if current is not None and last_unit >= 100 and integer_part[-1] not in "零〇":
+        current *= last_unit // 10
     value: float = total + section + (current or 0)
     if fraction_part:
         if not all(ch in digits for ch in fraction_part):
@@ -169,6 +176,8 @@ class Evidence:
     text: str
     spans: tuple[str, ...] = ()
     numbers: tuple[float, ...] = ()
+    #: Durations the text gives, in minutes (两个小时, two hours, 90 minutes): for fields of a time unit.
+    durations: tuple[float, ...] = ()
     _folded: str = field(default="", repr=False)
 
     def mentions(self, word: str) -> bool:
@@ -252,8 +261,117 @@ def _cjk_spans(text: str, boundary_words: Sequence[str]) -> list[str]:
     return spans
 
 
-def _numbers(text: str) -> list[float]:
+_EN_UNITS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen".split())}
+_EN_TENS = {w: 10 * i for i, w in enumerate("_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if w != "_"}
+_EN_SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000}
+_EN_NUMBER = re.compile(r"(?<![A-Za-z])(?:(?:" + "|".join([*_EN_UNITS, *_EN_TENS, *_EN_SCALES, "a", "and"]) +
+                        r")(?:[\s\-]+|(?![A-Za-z])))+", re.IGNORECASE)
+
+
+def parse_english_number(words: str) -> float | None:
+    """Parse number words (three, twelve, twenty-five, two thousand five hundred); None if not one.
+
+    A lone "one" or "a" is no number: "one account to another" counts nothing.
+    """
+    tokens = [t for t in re.split(r"[\s\-]+", words.casefold().strip()) if t and t != "and"]
+    if not tokens or tokens in (["one"], ["a"]) or tokens[-1] == "a":
+        return None
+    total = current = 0
+    seen = False
+    for token in tokens:
+        if token in _EN_UNITS:
+            current += _EN_UNITS[token]
+        elif token in _EN_TENS:
+            current += _EN_TENS[token]
+        elif token == "a":
+            current += 1
+        elif token in _EN_SCALES:
+            scale = _EN_SCALES[token]
+            if scale == 100:
+                current = (current or 1) * 100
+            else:
+                total += (current or 1) * scale
+                current = 0
+        else:
+            return None
+        seen = True
+    return float(total + current) if seen else None
+
+
+def clock_times(text: str) -> list[str]:
+    """Clock times written in words or with a half-day, as ``HH:MM``: 3 pm → 15:00, 下午3点半 → 15:30."""
+    found: list[str] = []
+    for match in re.finditer(r"(?<![\d:])(\d{1,2})(?::(\d{2}))?\s*([ap])\.?\s?m\b\.?", text, flags=re.IGNORECASE):
+        hour, minute = int(match.group(1)) % 12, int(match.group(2) or 0)
+        hour += 12 if match.group(3).casefold() == "p" else 0
+        found.append(f"{hour:02d}:{minute:02d}")
+    numeral = "[零一二两三四五六七八九十]+|\\d{1,2}"
+    for match in re.finditer(rf"(凌晨|早上|上午|中午|下午|傍晚|晚上)?\s*({numeral})\s*[点點时](半|(?:过)?({numeral})分?)?", text):
+        raw = match.group(2)
+        hour = int(raw) if raw.isdigit() else int(parse_chinese_number(raw) or -1)
+        minute = 30 if match.group(3) == "半" else 0
+        if match.group(4):
+            minute = int(match.group(4)) if match.group(4).isdigit() else int(parse_chinese_number(match.group(4)) or 0)
+        if match.group(1) in ("下午", "傍晚", "晚上") and hour < 12 or match.group(1) == "中午" and hour < 11:
+            hour += 12
+        if 0 <= hour < 24 and 0 <= minute < 60:
+            found.append(f"{hour:02d}:{minute:02d}")
+    return list(dict.fromkeys(found))
+
+
+#: A duration: a number (digits, Chinese numeral or number words) and a unit of time.
+_DURATION = re.compile(r"(\d+(?:\.\d+)?|[零一二两三四五六七八九十半]+|(?:[A-Za-z]+[\s\-]+)*?[A-Za-z]+)\s*(?:个)?(半)?\s*"
+                       r"(小时|钟头|分钟|hours?|hrs?|minutes?|mins?)(?![A-Za-z])", re.IGNORECASE)
+_MINUTES_PER = {"小时": 60, "钟头": 60, "分钟": 1, "hour": 60, "hours": 60, "hr": 60, "hrs": 60,
+                "minute": 1, "minutes": 1, "min": 1, "mins": 1}
+
+
+def durations(text: str) -> list[tuple[float, tuple[int, int]]]:
+    """Durations in minutes with their spans: 两个小时 → 120, two hours → 120, 1.5 hours → 90, 45 分钟 → 45."""
+    found = []
+    for match in _DURATION.finditer(text):
+        raw = match.group(1).strip()
+        if re.fullmatch(r"\d+(?:\.\d+)?", raw):
+            amount: float | None = float(raw)
+        elif _CJK_RUN.fullmatch(raw):
+            amount = 0.5 if raw == "半" else parse_chinese_number(raw)
+        else:  # the longest tail of the words that reads as a number: "for two" → two
+            words = raw.split()
+            amount = next((v for i in range(len(words)) if (v := parse_english_number(" ".join(words[i:]))) is not None), None)
+        if amount:
+            minutes = (amount + (0.5 if match.group(2) else 0)) * _MINUTES_PER[match.group(3).casefold()]
+            found.append((minutes, match.span()))
+    return found
+
+
+#: Units a numeric field can be in, by the words of its name and description, in minutes each.
+_FIELD_UNITS = (("second", 1 / 60), ("minute", 1), ("hour", 60), ("秒", 1 / 60), ("分钟", 1), ("小时", 60))
+
+
+def _field_unit(name: str, schema: Mapping[str, Any]) -> float | None:
+    """Minutes per unit of a numeric field that measures time (``duration_minutes``), else None."""
+    words = f"{name} {schema.get('description', '')} {schema.get('title', '')}".casefold()
+    return next((per for unit, per in _FIELD_UNITS if unit in words), None)
+
+
+def _numbers(text: str, *, words: bool = True) -> list[float]:
+    """Numbers written in the text (digits, Chinese numerals and, with ``words``, English number
+    words). Clock times and durations are not numbers (see :func:`clock_times`, :func:`durations`);
+    neither is the article 一个 (订一个会议室), unless it counts people (一个人)."""
     found: list[float] = []
+    for _, (start, end) in durations(text):
+        text = text[:start] + " " * (end - start) + text[end:]
+    text = re.sub(r"(?<![零〇一二两三四五六七八九十百千万\d])一个(?!人)", "  ", text)
+    for clock in re.finditer(r"(?<![\d:])\d{1,2}(?::\d{2})?\s*[ap]\.?\s?m\b\.?|(?:凌晨|早上|上午|中午|下午|傍晚|晚上)?\s*"
+                             r"(?:[零一二两三四五六七八九十]+|\d{1,2})\s*[点點时](?:半|(?:过)?(?:[零一二两三四五六七八九十]+|\d{1,2})分?)?",
+                             text, flags=re.IGNORECASE):
+        text = text[:clock.start()] + " " * len(clock.group()) + text[clock.end():]
+    for match in _EN_NUMBER.finditer(text) if words else ():
+        value = parse_english_number(match.group())
+        if value is not None:
+            found.append(value)
     multipliers = {"万": 10_000, "千": 1000, "百": 100, "亿": 100_000_000, "k": 1000, "K": 1000}
     for match in _NUMBER.finditer(text):
         value = float(match.group(1).replace(",", ""))
@@ -291,7 +409,8 @@ def collect_evidence(messages: Sequence[Mapping[str, Any]], *, roles: Iterable[s
     spans = [span.strip() for span in spans if span.strip()]
     unique_spans = tuple(dict.fromkeys(spans))[:MAX_CANDIDATES]
     numbers = tuple(dict.fromkeys(_numbers(text)))
-    return Evidence(text=text, spans=unique_spans, numbers=numbers, _folded=text.casefold())
+    minutes = tuple(dict.fromkeys(m for m, _ in durations(text)))
+    return Evidence(text=text, spans=unique_spans, numbers=numbers, durations=minutes, _folded=text.casefold())
 
 
 def _unanchored(pattern: str) -> str:
@@ -304,7 +423,8 @@ def _unanchored(pattern: str) -> str:
 def typed_spans(schema: Mapping[str, Any], text: str) -> list[str] | None:
     """Spans of ``text`` shaped like the field's ``pattern`` or ``format``; None for an unshaped field.
 
-    Matches never start or end inside a word, so ``BK-12`` is no candidate in ``BK-1234``.
+    Matches never start or end inside a word, so ``BK-12`` is no candidate in ``BK-1234``. Clock
+    times written in words (3 pm, 下午3点) count in the canonical form the shape accepts (15:00).
     """
     shapes = []
     if isinstance(schema.get("pattern"), str):
@@ -320,6 +440,7 @@ def typed_spans(schema: Mapping[str, Any], text: str) -> list[str] | None:
         except re.error:
             return None
         found += [m.group() for m in regex.finditer(text) if m.group()]
+        found += [t for clock in clock_times(text) for t in (clock, clock.lstrip("0") or "0") if re.fullmatch(shape, t)]
     return list(dict.fromkeys(found))
 
 
@@ -352,7 +473,7 @@ def _fits(candidate: Any, schema: Mapping[str, Any]) -> bool:
 _MISSING = object()
 
 
-def _narrow_field(schema: Mapping[str, Any], evidence: Evidence, grounded: bool) -> Any:
+def _narrow_field(schema: Mapping[str, Any], evidence: Evidence, grounded: bool, name: str = "") -> Any:
     """The narrowed schema of one field, or ``_MISSING`` when the conversation gives no value for it."""
     if not isinstance(schema, Mapping):
         return schema
@@ -398,7 +519,9 @@ def _narrow_field(schema: Mapping[str, Any], evidence: Evidence, grounded: bool)
         return schema
     if kind in ("integer", "number"):
         values = []
-        for number in evidence.numbers:
+        unit = _field_unit(name, schema) if evidence.durations else None
+        given = [*evidence.numbers, *(m / unit for m in evidence.durations)] if unit else evidence.numbers
+        for number in given:
             candidate = _as_number(number, kind == "integer")
             if candidate is not None and _fits(candidate, schema):
                 values.append(candidate)
@@ -432,7 +555,7 @@ def narrow_schema(schema: Mapping[str, Any], evidence: Evidence, *, grounded: bo
     new_required = list(required)
     name_words = {word for name in properties for word in _name_words(name)}
     for name, sub in properties.items():
-        narrowed = _narrow_field(sub, evidence, grounded)
+        narrowed = _narrow_field(sub, evidence, grounded, name)
         if narrowed is not _MISSING:
             new_properties[name] = _cued(name, narrowed, evidence.text, name_words) if narrowed is not sub else narrowed
             continue
@@ -729,30 +852,34 @@ def _richer_dropped(tools: Sequence[ToolSpec], parameters: Mapping[str, Any], dr
 
 
 def _quantities(evidence: Evidence) -> list[float]:
-    """Numbers of the conversation that count something (not ids: at most four integer digits)."""
+    """Numbers written in the conversation that count something (not ids: at most four integer digits)."""
     return [n for n in evidence.numbers if abs(n) < 10_000]
-
-
-def _numeric_fields(spec: ToolSpec) -> list[Mapping[str, Any]]:
-    return [sub for sub in (spec.parameters.get("properties") or {}).values()
-            if isinstance(sub, Mapping) and sub.get("type") in ("integer", "number") and "enum" not in sub]
 
 
 def _unacceptable(tools: Sequence[ToolSpec], parameters: Mapping[str, Any], evidence: Evidence) -> dict[str, str]:
     """Offered tools asked for a quantity no numeric field of theirs accepts ("for 300 minutes" where
     the duration stops at 240): a quantity that fits no numeric field of any tool of the request is
-    a value the tools cannot take, not one to leave out (the model would fill in a default)."""
-    fields = {spec.name: _numeric_fields(spec) for spec in tools}
+    a value the tools cannot take, not one to leave out (the model would fill in a default).
+    Durations are judged against the fields that measure time, in their own unit."""
+    fields = {spec.name: [(name, sub) for name, sub in (spec.parameters.get("properties") or {}).items()
+                          if isinstance(sub, Mapping) and sub.get("type") in ("integer", "number") and "enum" not in sub]
+              for spec in tools}
+
+    def fits(sub: Mapping[str, Any], quantity: float) -> bool:
+        value = _as_number(quantity, sub.get("type") == "integer")
+        return value is not None and _fits(value, sub)
+
+    asked = [(q, None) for q in _quantities(evidence)] + [(m, "time") for m in evidence.durations]
     out = {}
-    for quantity in _quantities(evidence):
-        def fits(sub: Mapping[str, Any], q: float = quantity) -> bool:
-            value = _as_number(q, sub.get("type") == "integer")
-            return value is not None and _fits(value, sub)
-        if any(fits(sub) for subs in fields.values() for sub in subs):
+    for quantity, kind in asked:
+        takers = {tool: [(name, sub) for name, sub in subs if kind is None or _field_unit(name, sub)]
+                  for tool, subs in fields.items()}
+        if any(fits(sub, quantity / (_field_unit(name, sub) or 1) if kind else quantity)
+               for subs in takers.values() for name, sub in subs):
             continue
-        for spec in tools:
-            if spec.name in parameters and fields[spec.name]:
-                out[spec.name] = f"{quantity:g} is outside what its numeric fields accept"
+        for tool, subs in takers.items():
+            if tool in parameters and subs:
+                out[tool] = f"{quantity:g}{' minutes' if kind else ''} is outside what its numeric fields accept"
     return out
 
 
@@ -775,7 +902,7 @@ def _narrow_keep_required(schema: Mapping[str, Any], evidence: Evidence, grounde
 _CLAUSE_SPLIT = re.compile(
     r"[，,；;、。！？!?\n]|(?<=[A-Za-z)])\.(?=\s|$)|\s+(?:and|or|also|then|plus|as well as)\s+"
     r"|以及|并且|然后|另外|还有|同时|和|与|及|再")
-_PUNCTUATION = set("，,；;、。！？!?\n.")
+_PUNCTUATION = set("，,；;。！？!?\n.")
 
 
 @dataclass(frozen=True)
@@ -832,20 +959,38 @@ def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _clauses(text: str) -> list[tuple[str, bool]]:
-    """``(clause, after a conjunction)`` pairs; punctuation alone parts clauses of one action."""
-    out: list[tuple[str, bool]] = []
-    position, conjunction = 0, False
+    """``(clause, after a conjunction)`` pairs; punctuation alone parts clauses of one action.
+
+    The enumeration comma 、 joins like a conjunction (张伟、李秀英和王芳), and so do the commas
+    of a list that ends in one ("Zhang Wei, Li Xiuying and Ouyang Nana": short items only).
+    """
+    out: list[list[Any]] = []
+    position, conjunction, comma = 0, False, False
     for match in _CLAUSE_SPLIT.finditer(text):
         clause = text[position:match.start()].strip()
         if clause:
-            out.append((clause, conjunction))
-            conjunction = False
-        conjunction = conjunction or not set(match.group().strip() or "\n") <= _PUNCTUATION
+            out.append([clause, conjunction, comma])
+            conjunction = comma = False
+        separator = match.group().strip() or "\n"
+        conjunction = conjunction or not set(separator) <= _PUNCTUATION
+        comma = comma or separator in (",", "，")
         position = match.end()
     tail = text[position:].strip()
     if tail:
-        out.append((tail, conjunction))
-    return out
+        out.append([tail, conjunction, comma])
+    for start in range(len(out)):
+        end = start
+        while end < len(out) and out[end][2] and not out[end][1] and _short_item(out[end][0]):
+            end += 1
+        if end > start and end < len(out) and out[end][1] and _short_item(out[end][0]):
+            for item in out[start:end]:
+                item[1] = True
+    return [(clause, conj) for clause, conj, _ in out]
+
+
+def _short_item(clause: str) -> bool:
+    """A list item: a few words or characters, not a sentence."""
+    return len(clause.split()) <= 3 and len(clause) <= 24
 
 
 def _field_hits(schema: Mapping[str, Any], clause: str, shaped: bool, cues: Mapping[str, Sequence[str]] | None = None,
@@ -860,8 +1005,12 @@ def _field_hits(schema: Mapping[str, Any], clause: str, shaped: bool, cues: Mapp
         return set(), False
     local = Evidence(text=clause, _folded=clause.casefold())
     if schema.get("type") in ("integer", "number"):
-        numbers = set(_numbers(clause))
-        return {v for v in enum if isinstance(v, (int, float)) and float(v) in numbers}, True
+        numbers = set(_numbers(clause, words=False))
+        hits = {v for v in enum if isinstance(v, (int, float)) and float(v) in numbers}
+        if hits:
+            return hits, True
+        worded = set(_numbers(clause))  # "Three things: …" may count nothing: number words are weak
+        return {v for v in enum if isinstance(v, (int, float)) and float(v) in worded}, False
     aliases = aliases or schema.get("x-aliases") or {}
     cues = cues or schema.get("x-enum-aliases") or {}
     strong, weak = set(), set()
@@ -872,6 +1021,8 @@ def _field_hits(schema: Mapping[str, Any], clause: str, shaped: bool, cues: Mapp
             strong.add(value)
         elif local.mentions(value) or any(local.mentions(c) for c in cues.get(value, ())):
             (strong if shaped or value in aliases.values() else weak).add(value)
+        elif shaped and value in clock_times(clause):
+            strong.add(value)
     return (strong, True) if strong else (weak, False)
 
 
@@ -939,6 +1090,12 @@ def call_count(tools: Sequence[ToolSpec], parameters: Mapping[str, Mapping[str, 
             tools_here, inherited = set(weak) & current["tools"], True  # "London and Madrid": the same action again
         groups.append({"tools": tools_here, "clauses": [clause], "inherited": inherited,
                        "filled": {t: {**{n: {_WEAK} for n in weak.get(t, ())}, **strong.get(t, {})} for t in tools_here}})
+    names = tool_cues(tools)
+    for group in groups:  # "the status of SO1; …": a group that names some of its tools is about those
+        said = Evidence(text="\n".join(group["clauses"]), _folded="\n".join(group["clauses"]).casefold())
+        named = {t for t in group["tools"] if any(_cue_mentioned(cue, said) for cue in names.get(t, ()))}
+        if named and named != group["tools"] and not group.get("inherited"):
+            group["tools"] = named
     upper = max(1, min(len(groups), max_calls))
     lower = max(1, min(max([len(v) for v in distinct.values()] or [1]), upper))
     return CallCount(lower=lower, upper=upper, groups=tuple(tuple(g["clauses"]) for g in groups),

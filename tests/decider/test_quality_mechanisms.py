@@ -220,3 +220,20 @@ def test_a_cjk_label_before_an_identifier_gives_the_identifier():
     assert props["from_account"]["enum"] == ["6222021001"]
     spans = collect_evidence(user("另外查下工资卡")).spans
     assert "工资卡" in spans and not any(s.startswith(("下", "另外")) for s in spans)
+
+
+def test_numbers_in_words_clock_times_and_durations_are_evidence():
+    from decider.grounding import clock_times, parse_chinese_number, parse_english_number
+
+    assert parse_chinese_number("两千五") == 2500 and parse_chinese_number("一千零五") == 1005
+    assert parse_english_number("two thousand five hundred") == 2500 and parse_english_number("twelve") == 12
+    assert parse_english_number("one") is None  # "one account to another" counts nothing
+    assert clock_times("下午3点，8个人") == ["15:00"] and clock_times("at 3 pm") == ["15:00"]
+    assert clock_times("下午两点半") == ["14:30"]
+    tools = [fn("reserve", {"at": {"type": "string", "pattern": r"^([01]\d|2[0-3]):[0-5]\d$"},
+                            "people": {"type": "integer", "minimum": 1, "maximum": 20},
+                            "minutes": {"type": "integer", "minimum": 15, "maximum": 240, "default": 60}},
+                ["at", "people"])]
+    props = narrowed(tools, "reserve at 3 pm, twelve of us, for two hours").parameters["reserve"]["properties"]
+    assert props["at"]["enum"] == ["15:00"] and 12 in props["people"]["enum"] and props["minutes"]["enum"] == [120]
+    assert 3 not in props["people"]["enum"]  # the 3 of "3 pm" is a time, not a count
