@@ -982,10 +982,22 @@ def _clauses(text: str) -> list[tuple[str, bool]]:
         end = start
         while end < len(out) and out[end][2] and not out[end][1] and _short_item(out[end][0]):
             end += 1
-        if end > start and end < len(out) and out[end][1] and _short_item(out[end][0]):
+        if end > start and end < len(out) and out[end][1] and _short_item(out[end][0]) \
+                and (start == 0 or _parallel(out[start - 1][0], out[start][0])):
             for item in out[start:end]:
                 item[1] = True
     return [(clause, conj) for clause, conj, _ in out]
+
+
+def _parallel(before: str, item: str) -> bool:
+    """Whether the words before a list's first comma end like its items begin: "for Zhang Wei, Li
+    Xiuying and …" lists names; "Which is hotter today, Paris or Berlin" lists after a question."""
+    last, first = re.findall(r"\w+", before)[-1:], re.findall(r"\w+", item)[:1]
+    if not last or not first:
+        return False
+    if _CJK_RUN.match(last[0]) or _CJK_RUN.match(first[0]):
+        return bool(_CJK_RUN.match(last[0])) == bool(_CJK_RUN.match(first[0]))
+    return last[0][0].isupper() == first[0][0].isupper() and last[0][0].isdigit() == first[0][0].isdigit()
 
 
 def _short_item(clause: str) -> bool:

@@ -237,3 +237,12 @@ def test_numbers_in_words_clock_times_and_durations_are_evidence():
     props = narrowed(tools, "reserve at 3 pm, twelve of us, for two hours").parameters["reserve"]["properties"]
     assert props["at"]["enum"] == ["15:00"] and 12 in props["people"]["enum"] and props["minutes"]["enum"] == [120]
     assert 3 not in props["people"]["enum"]  # the 3 of "3 pm" is a time, not a count
+
+
+def test_a_list_makes_one_call_per_item():
+    tools = [fn("balance", {"who": {"type": "string"}}, ["who"])]
+    assert count("balances for Zhang Wei, Li Xiuying and Ouyang Nana", tools).upper == 3
+    assert count("查一下张伟、李秀英和欧阳娜娜的余额", tools).upper == 3
+    forecast = [fn("forecast", {"city": {"type": "string"}, "day": {"type": "string", "enum": ["today", "tomorrow"]}},
+                   ["city", "day"])]
+    assert count("Which is hotter today, Paris or Berlin?", forecast).upper == 2  # a question, then a list of two
