@@ -322,7 +322,10 @@ def dtype_comparison(model: str | None, device: str | None, modes: list[str], *,
     from decider.protocol import DecideRequest
     from decider.service import EmbeddedDecider
 
-    engines = {mode: EmbeddedEngine.load(model, device=device, dtype=mode, max_batch_size=4, max_seq_len=1024)
+    # "<dtype>:jf" / "<dtype>:nojf": the same dtype with jump-forward decoding on / off.
+    engines = {mode: EmbeddedEngine.load(model, device=device, dtype=mode.partition(":")[0], max_batch_size=4,
+                                         max_seq_len=1024,
+                                         **({"jump_forward": mode.endswith(":jf")} if ":" in mode else {}))
                for mode in modes}
     deciders = {mode: EmbeddedDecider.from_engine(engine) for mode, engine in engines.items()}
     requests = [DecideRequest(request_id=f"dtype-{i}", messages=[{"role": "user", "content": text}],
@@ -377,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--dtype", default=None, help="auto (default), hybrid, bfloat16, float32, float16")
     parser.add_argument("--dtypes", default=None,
-                        help="only compare these dtype modes side by side (e.g. float32,bfloat16,hybrid): "
-                             "prefill, decode and s/decision")
+                        help="only compare these dtype modes side by side (e.g. float32,bfloat16,hybrid; "
+                             "hybrid:jf / hybrid:nojf with jump-forward on / off): prefill, decode and s/decision")
     parser.add_argument("--model", default=None, help="local HF model directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--quick", action="store_true", help="one repetition, mixing at batch 4 and 8 only")
