@@ -48,6 +48,9 @@ class GenerationChunk:
     #: ``stop`` (EOS or grammar complete), ``length``, ``cancelled`` when finished.
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
+    #: On the last chunk: the sum of the generated tokens' log-probabilities under the model's own
+    #: distribution (before any grammar mask), when the backend computes it; else None.
+    logprob: float | None = None
 
 
 @runtime_checkable

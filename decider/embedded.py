@@ -161,6 +161,9 @@ class _Sequence:
     text: str = ""
     cancel_requested: bool = False
     finished: bool = False
+    #: Sum of the chosen tokens' log-probabilities under the model (before the grammar mask); tokens
+    #: a jump-forward appends are not scored (the grammar left no choice).
+    logprob: float = 0.0
 
     @property
     def request_id(self) -> str:
@@ -971,6 +974,7 @@ class EmbeddedEngine:
         """Choose the next token per row; masks only the rows whose pick the grammar forbids."""
         logits = logits.cpu()
         tokens = logits.argmax(dim=-1).tolist()
+        normalizer = torch.logsumexp(logits, dim=-1)  # before the mask: the model's own distribution
         bitmask = self._bitmask
         mask_rows = []
         for row, seq in enumerate(batch):
@@ -992,6 +996,7 @@ class EmbeddedEngine:
         for row, seq in enumerate(batch):
             if seq.generator is not None:
                 tokens[row] = self._sample(logits[row], seq.request.temperature, seq.request.top_p, seq.generator)
+            seq.logprob += float(logits[row, tokens[row]] - normalizer[row])  # a chosen token is never masked
         return tokens
 
     @staticmethod
@@ -1101,4 +1106,4 @@ class EmbeddedEngine:
         seq.text += text
         seq.pending_text = ""
         seq.sink(GenerationChunk(request_id=seq.request_id, text=text, token_ids=self._take_ids(seq), finished=True,
-                                 finish_reason=reason, usage=seq.usage()))
+                                 finish_reason=reason, usage=seq.usage(), logprob=seq.logprob))

@@ -44,6 +44,8 @@ class Decision(BaseModel):
     content: str | None = None
     backend: str = ""
     usage: dict[str, int] = Field(default_factory=dict)
+    #: Log-likelihood of ``raw_output`` under the model (sum over its tokens), when the backend reports it.
+    logprob: float | None = None
 
 
 @runtime_checkable

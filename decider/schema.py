@@ -368,6 +368,7 @@ def tool_calls_schema(
                 own = [_call_branch(name, _hoist_defs(dict(parameters), f"p{index}t{j}_", defs))
                        for j, (name, parameters) in enumerate(position)]
                 prefix.append(own[0] if len(own) == 1 else {"anyOf": own})
+            prefix = prefix[:calls.get("maxItems", len(prefix))]  # a fixed smaller count keeps the first groups
             calls = {"type": "array", "prefixItems": prefix, "items": False,
                      "minItems": min(calls["minItems"], len(prefix)),
                      "maxItems": min(calls.get("maxItems", len(prefix)), len(prefix))}

@@ -78,6 +78,8 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
                 "relevance": False},
     "relevance": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": True, "dedupe_calls": True,
                   "relevance": True},
+    "scored-count": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": True, "dedupe_calls": True,
+                     "relevance": True, "score_count": True},
     "no-text": {"grounding": True, "allow_text": False},
 }
 
@@ -106,6 +108,9 @@ class DeciderConfig:
     #: Make exactly the counted number of calls (the upper bound) rather than letting the model
     #: stop anywhere between the bounds (SmolLM2 stops after the first call when it may).
     exact_count: bool = True
+    #: Choose the number of calls between the evidence bounds by log-likelihood: one decision per
+    #: count, batched, the likeliest kept (needs a backend that reports ``logprob``; else the upper bound).
+    score_count: bool = False
     #: Drop exact repeats of a call within one decision (a small model loops on one call).
     dedupe_calls: bool = True
     #: Longest text answer when the model may answer instead of calling (None: the schema's 400).
@@ -267,8 +272,12 @@ class BackendDecider:
             plan.max_tokens = min(plan.max_tokens, self.context_length - plan.prompt_tokens)
         return plan
 
-    def plan(self, request: DecideRequest, *, min_calls: int | None = None) -> DecisionPlan:
-        """Check, ground, build the schema, compile and render one tool-call decision."""
+    def plan(self, request: DecideRequest, *, min_calls: int | None = None, calls: int | None = None) -> DecisionPlan:
+        """Check, ground, build the schema, compile and render one tool-call decision.
+
+        ``calls`` fixes the number of calls within the bounds the evidence gives (a candidate of
+        ``score_count``); ``min_calls`` is a caller's own lower bound and turns counting off.
+        """
         tools = list(request.tools)
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
@@ -326,6 +335,8 @@ class BackendDecider:
             count = call_count(offered, parameters, request.messages, max_calls=max_calls)
             max_calls = min(max_calls, count.upper)
             lower = max(lower, count.upper if self.config.exact_count else count.lower)
+            if calls is not None:
+                lower = max_calls = max(count.lower, min(calls, count.upper))
             base.call_count = (count.lower, count.upper)
             positions = [[(name, self._prepare_cached(spec_by_name[name], schema).grammar_schema)
                           for name, schema in branches] for branches in count.positions(parameters)] or None
@@ -365,7 +376,7 @@ class BackendDecider:
     async def _events(self, plan: DecisionPlan) -> AsyncIterator[StreamEvent]:
         """Generate on the backend and turn the text into events (runs on the decider's loop)."""
         parser = ToolCallStreamParser(plan.request_id, attempt=plan.attempt)
-        finish_reason, usage = None, {}
+        finish_reason, usage, logprob = None, {}, None
         try:
             async for chunk in self.backend.generate(self._generation(plan)):
                 if chunk.request_id != plan.request_id:
@@ -377,7 +388,7 @@ class BackendDecider:
                     elif plan.mode != "tools":
                         yield StreamEvent(content=chunk.text)
                 if chunk.finished:
-                    finish_reason, usage = chunk.finish_reason, dict(chunk.usage)
+                    finish_reason, usage, logprob = chunk.finish_reason, dict(chunk.usage), chunk.logprob
                     break
         except DeciderError:
             raise
@@ -386,6 +397,8 @@ class BackendDecider:
         if finish_reason is None:
             raise StreamInterruptedError(f"the backend's stream for {plan.request_id} ended without a final chunk")
         decision = self._decision(plan, parser, finish_reason, usage)
+        if logprob is not None:
+            decision = decision.model_copy(update={"logprob": logprob})
         yield StreamEvent(decision=decision, finish_reason=finish_reason)
 
     def _decision(self, plan: DecisionPlan, parser: ToolCallStreamParser, finish_reason: str,
@@ -420,10 +433,34 @@ class BackendDecider:
 
     # ------------------------------------------------------------------ public API
 
+    def _candidates(self, request: DecideRequest, plan: DecisionPlan) -> list[DecisionPlan]:
+        """The plans to score: one per call count between the evidence bounds (``score_count``)."""
+        if not self.config.score_count or plan.call_count is None or plan.call_count[0] >= plan.call_count[1]:
+            return [plan]
+        lower, upper = plan.call_count
+        others = [self.plan(request, calls=k) for k in range(lower, upper)]
+        return [plan, *others]
+
+    async def _run_scored(self, plans: list[DecisionPlan]) -> Decision:
+        """Run candidate plans side by side (one batch on the backend) and keep the likeliest."""
+        if len(plans) == 1:
+            return await self._run(plans[0])
+        for index, plan in enumerate(plans[1:], start=1):  # each candidate is its own backend request
+            plan.request_id = f"{plans[0].request_id}~{index}"
+        decisions = await asyncio.gather(*(self._run(plan) for plan in plans))
+        scored = [d for d in decisions if d.logprob is not None]
+        best = max(scored, key=lambda d: d.logprob) if len(scored) == len(decisions) else decisions[0]
+        usage = {**best.usage, "count_candidates": len(plans),
+                 "completion_tokens": sum(d.usage.get("completion_tokens", 0) for d in decisions)}
+        logger.debug("decider.scored_count", request_id=plans[0].request_id,
+                     logprobs=[None if d.logprob is None else round(d.logprob, 2) for d in decisions])
+        return best.model_copy(update={"request_id": plans[0].request_id, "usage": usage, "tool_calls": [
+            call.model_copy(update={"id": call.id.replace(best.request_id, plans[0].request_id)}) for call in best.tool_calls]})
+
     def decide(self, request: DecideRequest) -> Decision:
         """Decide one request (blocking; safe from any thread, never from the decider's own loop)."""
         plan = self.plan(request)
-        future = self._loop.submit(self._run(plan))
+        future = self._loop.submit(self._run_scored(self._candidates(request, plan)))
         try:
             return future.result(timeout=self.config.request_timeout_s)
         except TimeoutError:
@@ -433,7 +470,8 @@ class BackendDecider:
     async def adecide(self, request: DecideRequest, *, min_calls: int | None = None) -> Decision:
         """Decide from async code (any event loop)."""
         plan = await asyncio.to_thread(self.plan, request, min_calls=min_calls)
-        return await self.arun(plan)
+        plans = await asyncio.to_thread(self._candidates, request, plan)
+        return await asyncio.wrap_future(self._loop.submit(self._run_scored(plans)))
 
     async def arun(self, plan: DecisionPlan) -> Decision:
         """Run a plan to its decision from any event loop."""

@@ -246,3 +246,22 @@ def test_a_list_makes_one_call_per_item():
     forecast = [fn("forecast", {"city": {"type": "string"}, "day": {"type": "string", "enum": ["today", "tomorrow"]}},
                    ["city", "day"])]
     assert count("Which is hotter today, Paris or Berlin?", forecast).upper == 2  # a question, then a list of two
+
+
+def test_scored_count_keeps_the_likeliest_call_set(tiny_engine):  # noqa: F811
+    import asyncio
+
+    from decider.protocol import DecideRequest
+    from decider.service import EmbeddedDecider
+
+    decider = EmbeddedDecider.from_engine(tiny_engine, config=DeciderConfig(**TECHNIQUES["scored-count"]))
+    request = DecideRequest(request_id="qm-score", messages=user("note for Anna and Bob"), tools=clinic_tools())
+    plan = decider.plan(request)
+    assert plan.call_count == (1, 2)
+    candidates = {k: asyncio.run(decider.arun(decider.plan(request, calls=k))) for k in (1, 2)}
+    assert all(d.logprob is not None and d.logprob < 0 for d in candidates.values())
+    decision = decider.decide(request)
+    best = max(candidates, key=lambda k: candidates[k].logprob)
+    assert len(decision.tool_calls) == best and decision.usage["count_candidates"] == 2
+    assert abs(decision.logprob - candidates[best].logprob) < 1e-3
+    assert decision.request_id == "qm-score" and all(c.id.startswith("call_qm-score_") for c in decision.tool_calls)
