@@ -479,8 +479,10 @@ class EmbeddedEngine:
     matched fp32 in the tests;
     the price is a second copy of the weights (+270 MB for SmolLM2-135M).
 
-    ``jump_forward`` (opt-in) appends the tokens a grammar forces without a decode step each and
-    feeds them in one multi-token pass (see :meth:`_jump_forward`).
+    ``jump_forward`` (on by default) appends the tokens a grammar forces without a decode step each
+    and feeds them in one multi-token pass (see :meth:`_jump_forward`): on the quality set's dev
+    split (158 rows) it left exact tool calls at 96.8 % and cut the median decision from 4.5 s to
+    1.1 s on 2 CPU cores.
     """
 
     name = "embedded"
@@ -496,7 +498,7 @@ class EmbeddedEngine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefix_block: int = DEFAULT_PREFIX_BLOCK,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-        jump_forward: bool = False,
+        jump_forward: bool = True,
         decode_dtype: torch.dtype | None = None,
         model_path: Path | None = None,
     ) -> None:
@@ -926,7 +928,8 @@ class EmbeddedEngine:
         Most of a tool call's characters (keys, punctuation, const names) are forced. xgrammar
         tokenizes the forced string greedily (holding back a last token that could still grow),
         which may differ from the split the model would have chosen, so outputs can differ
-        from plain decoding; that is why this is opt-in.
+        from plain decoding (2 of 158 dev decisions did, one better, one worse); pass
+        ``jump_forward=False`` for token-exact plain decoding.
         """
         room = seq.max_new_tokens - len(seq.output_ids)
         accepted = []

@@ -28,9 +28,10 @@ MARKER = re.compile(r'"marker": "([^"]*)("?)')
 def engine(tmp_path_factory):
     torch.set_num_threads(1)
     path = tiny_random_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
-    # Fewer slots than requests: some wait, and slots are reused as others finish.
+    # Fewer slots than requests: some wait, and slots are reused as others finish. Plain decoding
+    # (no jump-forward) keeps every request in the batch for one step per token: the most interleaving.
     with EmbeddedEngine.load(path, device="cpu", dtype="float32", max_batch_size=24, max_seq_len=512,
-                             prefill_chunk=64) as eng:
+                             prefill_chunk=64, jump_forward=False) as eng:
         yield eng
 
 
