@@ -403,10 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                   "dtypes": dtype_comparison(args.model, args.device, [m.strip() for m in args.dtypes.split(",")],
                                              reps=2 if args.quick else 5)}
         print_dtype_table(report)
-        out = Path(args.out) if args.out else OUT_DIR / f"decider-dtypes-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nwrote {out}")
+        write_report(report, args.out, "decider-dtypes")
         return 0
     sizes = sorted({1, 16, *(int(b) for b in args.batch_sizes.split(",") if b.strip())})
     engine = EmbeddedEngine.load(args.model, device=args.device, dtype=args.dtype, max_batch_size=max(32, *sizes),
@@ -440,11 +437,16 @@ def main(argv: list[str] | None = None) -> int:
     engine.close()
 
     print_table(report)
-    out = Path(args.out) if args.out else OUT_DIR / f"decider-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    write_report(report, args.out, "decider")
     return 0
+
+
+def write_report(report: dict[str, Any], out: str | None, prefix: str) -> None:
+    """Write ``report`` as JSON to ``out`` (default: a timestamped file under ``bench/out``)."""
+    path = Path(out) if out else OUT_DIR / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {path}")
 
 
 def print_table(report: dict[str, Any]) -> None:

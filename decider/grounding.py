@@ -192,19 +192,24 @@ class Evidence:
         if not word:
             return False
         folded = word.casefold()
-        haystack = self._folded or self.text.casefold()
+        haystack = self.folded
         if re.fullmatch(r"[\w .\-']+", folded, flags=re.ASCII):
             pattern = rf"(?<![A-Za-z0-9]){re.escape(folded)}(?![A-Za-z0-9])"
-            return any(_previous_word(haystack, m.start()) not in SHIFTING_WORDS for m in re.finditer(pattern, haystack))
+            return any(not self.shifted(m.start()) for m in re.finditer(pattern, haystack))
         if len(folded) == 1 and _CJK_RUN.fullmatch(folded):
             return any(start == 0 or not _CJK_RUN.fullmatch(haystack[start - 1]) or haystack[start - 1] in _CJK_NUMERAL_CHARS
                        for start in _occurrences(haystack, folded))
         return folded in haystack
 
+    @property
+    def folded(self) -> str:
+        """The text, case-folded."""
+        return self._folded or self.text.casefold()
 
-def _previous_word(text: str, index: int) -> str:
-    match = re.search(r"([A-Za-z']+)\W*$", text[max(0, index - 24):index])
-    return match.group(1).casefold() if match else ""
+    def shifted(self, index: int) -> bool:
+        """Whether the word starting at ``index`` follows one of :data:`SHIFTING_WORDS` (day *after* tomorrow)."""
+        match = re.search(r"([A-Za-z']+)\W*$", self.folded[max(0, index - 24):index])
+        return bool(match) and match.group(1) in SHIFTING_WORDS
 
 
 def _occurrences(text: str, needle: str) -> Iterator[int]:
@@ -300,15 +305,19 @@ def parse_english_number(words: str) -> float | None:
     return float(total + current) if seen else None
 
 
+_CLOCK_EN = re.compile(r"(?<![\d:])(\d{1,2})(?::(\d{2}))?\s*([ap])\.?\s?m\b\.?", re.IGNORECASE)
+_CLOCK_NUMERAL = "[零一二两三四五六七八九十]+|\\d{1,2}"
+_CLOCK_ZH = re.compile(rf"(凌晨|早上|上午|中午|下午|傍晚|晚上)?\s*({_CLOCK_NUMERAL})\s*[点點时](半|(?:过)?({_CLOCK_NUMERAL})分?)?")
+
+
 def clock_times(text: str) -> list[str]:
     """Clock times written in words or with a half-day, as ``HH:MM``: 3 pm → 15:00, 下午3点半 → 15:30."""
     found: list[str] = []
-    for match in re.finditer(r"(?<![\d:])(\d{1,2})(?::(\d{2}))?\s*([ap])\.?\s?m\b\.?", text, flags=re.IGNORECASE):
+    for match in _CLOCK_EN.finditer(text):
         hour, minute = int(match.group(1)) % 12, int(match.group(2) or 0)
         hour += 12 if match.group(3).casefold() == "p" else 0
         found.append(f"{hour:02d}:{minute:02d}")
-    numeral = "[零一二两三四五六七八九十]+|\\d{1,2}"
-    for match in re.finditer(rf"(凌晨|早上|上午|中午|下午|傍晚|晚上)?\s*({numeral})\s*[点點时](半|(?:过)?({numeral})分?)?", text):
+    for match in _CLOCK_ZH.finditer(text):
         raw = match.group(2)
         hour = int(raw) if raw.isdigit() else int(parse_chinese_number(raw) or -1)
         minute = 30 if match.group(3) == "半" else 0
@@ -364,9 +373,7 @@ def _numbers(text: str, *, words: bool = True) -> list[float]:
     for _, (start, end) in durations(text):
         text = text[:start] + " " * (end - start) + text[end:]
     text = re.sub(r"(?<![零〇一二两三四五六七八九十百千万\d])一个(?!人)", "  ", text)
-    for clock in re.finditer(r"(?<![\d:])\d{1,2}(?::\d{2})?\s*[ap]\.?\s?m\b\.?|(?:凌晨|早上|上午|中午|下午|傍晚|晚上)?\s*"
-                             r"(?:[零一二两三四五六七八九十]+|\d{1,2})\s*[点點时](?:半|(?:过)?(?:[零一二两三四五六七八九十]+|\d{1,2})分?)?",
-                             text, flags=re.IGNORECASE):
+    for clock in [*_CLOCK_EN.finditer(text), *_CLOCK_ZH.finditer(text)]:
         text = text[:clock.start()] + " " * len(clock.group()) + text[clock.end():]
     for match in _EN_NUMBER.finditer(text) if words else ():
         value = parse_english_number(match.group())
@@ -774,8 +781,7 @@ def _cue_mentioned(cue: str, evidence: Evidence) -> bool:
     if _CJK_RUN.search(cue) or " " in cue:
         return evidence.mentions(cue)
     # a Latin cue is a stem: booking, books and booked mention "book"
-    return any(_stem(w.group()).startswith(cue) and len(_stem(w.group())) <= len(cue) + 3
-               and _previous_word(evidence._folded or evidence.text.casefold(), w.start()) not in SHIFTING_WORDS
+    return any(_stem(w.group()).startswith(cue) and len(_stem(w.group())) <= len(cue) + 3 and not evidence.shifted(w.start())
                for w in re.finditer(r"[A-Za-z]+", evidence.text))
 
 
@@ -861,7 +867,7 @@ def _unacceptable(tools: Sequence[ToolSpec], parameters: Mapping[str, Any], evid
     the duration stops at 240): a quantity that fits no numeric field of any tool of the request is
     a value the tools cannot take, not one to leave out (the model would fill in a default).
     Durations are judged against the fields that measure time, in their own unit."""
-    fields = {spec.name: [(name, sub) for name, sub in (spec.parameters.get("properties") or {}).items()
+    fields = {spec.name: [(sub, _field_unit(name, sub)) for name, sub in (spec.parameters.get("properties") or {}).items()
                           if isinstance(sub, Mapping) and sub.get("type") in ("integer", "number") and "enum" not in sub]
               for spec in tools}
 
@@ -869,17 +875,17 @@ def _unacceptable(tools: Sequence[ToolSpec], parameters: Mapping[str, Any], evid
         value = _as_number(quantity, sub.get("type") == "integer")
         return value is not None and _fits(value, sub)
 
-    asked = [(q, None) for q in _quantities(evidence)] + [(m, "time") for m in evidence.durations]
+    asked = [(q, False) for q in _quantities(evidence)] + [(m, True) for m in evidence.durations]
     out = {}
-    for quantity, kind in asked:
-        takers = {tool: [(name, sub) for name, sub in subs if kind is None or _field_unit(name, sub)]
+    for quantity, in_minutes in asked:
+        # a duration is judged by the fields that measure time, in their unit; a number by every numeric field
+        takers = {tool: [(sub, quantity / unit if in_minutes else quantity) for sub, unit in subs if unit or not in_minutes]
                   for tool, subs in fields.items()}
-        if any(fits(sub, quantity / (_field_unit(name, sub) or 1) if kind else quantity)
-               for subs in takers.values() for name, sub in subs):
+        if any(fits(sub, value) for subs in takers.values() for sub, value in subs):
             continue
         for tool, subs in takers.items():
             if tool in parameters and subs:
-                out[tool] = f"{quantity:g}{' minutes' if kind else ''} is outside what its numeric fields accept"
+                out[tool] = f"{quantity:g}{' minutes' if in_minutes else ''} is outside what its numeric fields accept"
     return out
 
 
@@ -1026,6 +1032,7 @@ def _field_hits(schema: Mapping[str, Any], clause: str, shaped: bool, cues: Mapp
     aliases = aliases or schema.get("x-aliases") or {}
     cues = cues or schema.get("x-enum-aliases") or {}
     strong, weak = set(), set()
+    clocks = clock_times(clause) if shaped else ()
     for value in enum:
         if not isinstance(value, str):
             continue
@@ -1033,7 +1040,7 @@ def _field_hits(schema: Mapping[str, Any], clause: str, shaped: bool, cues: Mapp
             strong.add(value)
         elif local.mentions(value) or any(local.mentions(c) for c in cues.get(value, ())):
             (strong if shaped or value in aliases.values() else weak).add(value)
-        elif shaped and value in clock_times(clause):
+        elif value in clocks:
             strong.add(value)
     return (strong, True) if strong else (weak, False)
 

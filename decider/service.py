@@ -438,15 +438,15 @@ class BackendDecider:
         if not self.config.score_count or plan.call_count is None or plan.call_count[0] >= plan.call_count[1]:
             return [plan]
         lower, upper = plan.call_count
-        others = [self.plan(request, calls=k) for k in range(lower, upper)]
+        # each candidate is its own backend request: "<id>~<k>" (call ids are given back the request's own)
+        others = [self.plan(request.model_copy(update={"request_id": f"{request.request_id}~{k}"}), calls=k)
+                  for k in range(lower, upper)]
         return [plan, *others]
 
     async def _run_scored(self, plans: list[DecisionPlan]) -> Decision:
         """Run candidate plans side by side (one batch on the backend) and keep the likeliest."""
         if len(plans) == 1:
             return await self._run(plans[0])
-        for index, plan in enumerate(plans[1:], start=1):  # each candidate is its own backend request
-            plan.request_id = f"{plans[0].request_id}~{index}"
         decisions = await asyncio.gather(*(self._run(plan) for plan in plans))
         scored = [d for d in decisions if d.logprob is not None]
         best = max(scored, key=lambda d: d.logprob) if len(scored) == len(decisions) else decisions[0]
