@@ -159,10 +159,11 @@ def cmd_triton_repo(args: argparse.Namespace) -> int:
             raise PlanError("give --build-dir, or --model and --flavor")
         if flavor == "engine" and not engine_dir:
             raise PlanError("the engine flavor needs --engine-dir (or --build-dir of an engine build)")
-        if flavor == "engine" and args.model_code_from is None and not args.configs_only:
+        if flavor == "engine" and args.model_code_from is None:
             raise PlanError(
-                "the engine flavor needs the pinned release's Python model code: "
-                "--model-code-from <TensorRT-LLM>/triton_backend/all_models/inflight_batcher_llm (or --configs-only)"
+                "the engine flavor is generated from the pinned release's own templates and model code: "
+                "--model-code-from <tensorrtllm_backend v0.19>/all_models/inflight_batcher_llm or, from v0.20, "
+                "<TensorRT-LLM>/triton_backend/all_models/inflight_batcher_llm"
             )
         tokenizer_source = args.tokenizer or model
         from transformers import AutoTokenizer
@@ -182,6 +183,7 @@ def cmd_triton_repo(args: argparse.Namespace) -> int:
             triton_backend=args.triton_backend,
             llm_api_options=llm_api_options,
             model_code_from=args.model_code_from,
+            copy_model_code=not args.configs_only,
             server_root=args.server_root,
         )
         result = write_triton_repo(opts, tokenizer, stop_token_ids=stops)
@@ -225,7 +227,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     repo.add_argument("--tokenizer", default=None, help="tokenizer dir or id, read here (default: --model)")
     repo.add_argument("--engine-dir", default=None, help="engine directory as the server sees it")
     repo.add_argument("--model-code-from", type=Path, default=None, help="all_models/inflight_batcher_llm of the pinned release")
-    repo.add_argument("--configs-only", action="store_true", help="engine flavor: write configs without the Python model code")
+    repo.add_argument("--configs-only", action="store_true", help="engine flavor: write the configs (from --model-code-from templates) without copying the Python model code")
     repo.add_argument("--server-root", default=None, help="path the repository is mounted at on the server")
     repo.add_argument("--server-model", default=None, help="model path/id as the server sees it (default: --model)")
     repo.add_argument("--server-tokenizer-dir", default=None, help="tokenizer dir as the server sees it")

@@ -18,13 +18,16 @@ from engine_build.config_check import (
 )
 from engine_build.errors import ConfigCheckError
 from engine_build.triton_repo import RepoOptions, build_configs, write_triton_repo
+from python_backend_host import RELEASES
+
+V0190 = RELEASES["v0.19.0"]
 
 
 @pytest.fixture
 def engine_repo(tmp_path, tiny_tokenizer):
     opts = RepoOptions(flavor="engine", output=tmp_path / "engine_repo", model="/models/qwen", engine_dir="/engines/qwen-h100",
-                       server_root="/srv/repo")
-    return write_triton_repo(opts, tiny_tokenizer)
+                       server_root="/srv/repo", model_code_from=V0190)
+    return write_triton_repo(opts, tiny_tokenizer, stop_token_ids=[0, 2])
 
 
 @pytest.fixture
@@ -70,7 +73,10 @@ def test_engine_repo_wiring(engine_repo):
     require_servable(configs, "ensemble")
     manifest = json.loads((engine_repo.root / "toolrail_repo_manifest.json").read_text())
     assert manifest["entry_model"] == "tensorrt_llm_bls" and "tensorrt_llm/config.pbtxt" in manifest["files"]
-    assert engine_repo.notes  # model code not copied without model_code_from
+    assert "tensorrt_llm_bls/1/lib/decode.py" in manifest["files"]  # the release's model code, copied
+    # The grammar may only end on the executor's end_id (preprocessing's tokenizer EOS).
+    info = json.loads((engine_repo.root / "tensorrt_llm" / "xgrammar_tokenizer_info.json").read_text())
+    assert info["stop_token_ids"] == [2] and any("narrowed" in note for note in engine_repo.notes)
 
 
 def test_pytorch_repo_ships_model_code_and_options(pytorch_repo):
@@ -136,7 +142,8 @@ def test_entry_checks_names_dtypes_dims(engine_repo):
 
 def test_request_tensors_checked_exactly(pytorch_repo):
     config = load_repository(pytorch_repo.root)["llmapi"]
-    good = {spec.name: (spec.wire, [1, *[1 if d == -1 else d for d in spec.dims]]) for spec in CLIENT_INPUTS}
+    good = {spec.name: (spec.wire, [1, *[1 if d == -1 else d for d in spec.dims]]) for spec in CLIENT_INPUTS
+            if not spec.if_declared}
     assert request_problems(config, good) == []
     assert request_problems(config, {**good, "max_tokens": ("INT64", [1, 1])}) == ["input 'max_tokens': datatype INT64, expected INT32"]
     assert "unexpected input 'random_seed'" in request_problems(config, {**good, "random_seed": ("UINT64", [1, 1])})
@@ -151,27 +158,33 @@ def test_unfilled_template_text_is_refused():
         parse_config('name: "x"\nmax_batch_size: ${triton_max_batch_size}\n')
 
 
-def test_interfaces_read_from_the_pinned_release(tmp_path, tiny_tokenizer):
+def test_engine_flavor_is_generated_from_the_release_templates(tmp_path, tiny_tokenizer):
+    with pytest.raises(ValueError, match="model_code_from"):
+        build_configs(RepoOptions(flavor="engine", output=tmp_path / "x", model="/m", engine_dir="/e"))
+    # A release template with a new parameter and a new optional input: both kept, the parameter filled empty.
     upstream = tmp_path / "inflight_batcher_llm"
-    for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm", "ensemble"):
-        (upstream / name / "1").mkdir(parents=True)
-    for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
-        (upstream / name / "1" / "model.py").write_text(f"# {name} model code of the pinned release\n")
-    # A template of the release, placeholders and all, with one extra optional input.
-    built = build_configs(RepoOptions(flavor="engine", output=tmp_path / "x", model="/m", engine_dir="/e"))
-    bls = built["tensorrt_llm_bls"]
-    bls.input.add(name="new_in_this_release", data_type=mc.TYPE_INT32, dims=[1], optional=True)
-    text = text_format.MessageToString(bls).replace("max_batch_size: 64", "max_batch_size: ${triton_max_batch_size}")
-    (upstream / "tensorrt_llm_bls" / "config.pbtxt").write_text(text)
+    import shutil
+
+    shutil.copytree(V0190, upstream)
+    template = upstream / "tensorrt_llm_bls" / "config.pbtxt"
+    template.write_text(template.read_text() + """
+input [ { name: "new_in_this_release" data_type: TYPE_INT32 dims: [ 1 ] optional: true } ]
+parameters: { key: "new_knob" value: { string_value: "${new_knob}" } }
+""")
     repo = write_triton_repo(
-        RepoOptions(flavor="engine", output=tmp_path / "repo", model="/m", engine_dir="/e", model_code_from=upstream),
+        RepoOptions(flavor="engine", output=tmp_path / "repo", model="/m", engine_dir="/e", model_code_from=upstream,
+                    copy_model_code=False),
         tiny_tokenizer,
     )
-    assert (repo.root / "tensorrt_llm_bls" / "1" / "model.py").read_text().startswith("# tensorrt_llm_bls")
     configs = load_repository(repo.root)
     assert "new_in_this_release" in {t.name for t in configs["tensorrt_llm_bls"].input}
+    assert configs["tensorrt_llm_bls"].parameters["new_knob"].string_value == ""
     assert configs["tensorrt_llm_bls"].max_batch_size == 64
-    assert repo.notes == ()
+    assert not (repo.root / "tensorrt_llm_bls" / "1" / "model.py").exists()
+    # A placeholder in a numeric position that toolrail does not know is refused loudly.
+    template.write_text(template.read_text().replace("count: ${bls_instance_count}", "count: ${bls_new_count}"))
+    with pytest.raises(ConfigCheckError, match="bls_new_count"):
+        build_configs(RepoOptions(flavor="engine", output=tmp_path / "y", model="/m", engine_dir="/e", model_code_from=upstream))
 
 
 def test_cli_triton_repo(tmp_path, tiny_model_dir, capsys):
@@ -181,6 +194,9 @@ def test_cli_triton_repo(tmp_path, tiny_model_dir, capsys):
     assert main(["engine", "triton-repo", "--output", str(out), "--flavor", "engine", "--model", str(tiny_model_dir),
                  "--engine-dir", "/e"]) == 2
     assert "--model-code-from" in capsys.readouterr().err
+    assert main(["engine", "triton-repo", "--output", str(tmp_path / "engine"), "--flavor", "engine", "--model",
+                 str(tiny_model_dir), "--engine-dir", "/e", "--model-code-from", str(V0190)]) == 0
+    assert "TOOLRAIL_TRITON_MODEL=tensorrt_llm_bls" in capsys.readouterr().out
     assert main(["engine", "triton-repo", "--output", str(out), "--flavor", "pytorch", "--model", str(tiny_model_dir)]) == 0
     assert "TOOLRAIL_TRITON_MODEL=llmapi" in capsys.readouterr().out
     info = json.loads((out / "llmapi" / "xgrammar_tokenizer_info.json").read_text())
