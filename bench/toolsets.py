@@ -11,20 +11,47 @@ Three sets, each a list of ``tools.spec.ToolSpec``:
 
 ``calendar`` and ``orders`` exist only for evaluation, so that nothing in the decider can be
 tuned to the built-in tools without the harness noticing.
+
+Five more sets make the ``unseen`` split (``bench/data/unseen_<set>.jsonl``): tool sets shaped
+like what agent builders register, written after the decider was built and scored once at the
+end, never tuned on. They carry only what a tool author would declare: JSON Schema shapes
+(``format``, ``pattern``, bounds, enums), ``x-aliases`` on enums and ``x-grounded`` on values that
+must come from the conversation; no cue words for any decider mechanism.
+
+- ``email``: ``send_email`` (recipient arrays, a composed body), ``search_inbox``.
+- ``agenda``: ``create_event``, ``list_events`` with RFC 3339 ``date-time`` fields and attendee arrays.
+- ``search``: ``web_search`` (bounded result count), ``get_stock_quote`` (ticker pattern),
+  ``convert_currency`` (ISO 4217 enum with aliases).
+- ``devops``: ``restart_service`` (enums, a defaulted boolean), ``create_ticket``, ``get_logs`` (bounded integer).
+- ``commerce``: ``place_order`` (an array of objects), ``cancel_order``, ``track_order``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tools.spec import ToolSpec
 
-__all__ = ["BUILTIN_TOOL_NAMES", "TOOLSETS", "builtin_specs", "calendar_specs", "load_toolset", "orders_specs",
-           "spec_map"]
+__all__ = [
+    "BUILTIN_TOOL_NAMES",
+    "TOOLSETS",
+    "TUNED_TOOLSETS",
+    "UNSEEN_TOOLSETS",
+    "agenda_specs",
+    "builtin_specs",
+    "calendar_specs",
+    "commerce_specs",
+    "devops_specs",
+    "email_specs",
+    "load_toolset",
+    "orders_specs",
+    "search_specs",
+    "spec_map",
+]
 
 #: The built-in tools the benchmark asks about (the registry also holds test-only tools such as ``stress``).
 BUILTIN_TOOL_NAMES = ("get_weather", "query_balance", "transfer")
@@ -185,10 +212,245 @@ def orders_specs() -> list[ToolSpec]:
     ]
 
 
+# --------------------------------------------------------------------------------------------
+# unseen split: agent-style tool sets (evaluation only, never tuned on)
+# --------------------------------------------------------------------------------------------
+
+_Email = Annotated[str, Field(json_schema_extra={"format": "email"})]
+_DATE_TIME = {"format": "date-time"}
+
+
+class SendEmailArgs(BaseModel):
+    """Send an email from the user's mailbox."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    to: list[_Email] = Field(min_length=1, max_length=10, description="Recipient email addresses",
+                             json_schema_extra={"x-grounded": True})
+    cc: list[_Email] = Field(default_factory=list, max_length=10, description="Addresses to copy",
+                             json_schema_extra={"x-grounded": True})
+    subject: str = Field(min_length=1, max_length=150, description="Subject line")
+    body: str = Field(min_length=1, max_length=4000, description="The message text, written out in full")
+
+
+class SearchInboxArgs(BaseModel):
+    """Search the user's inbox and return matching messages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=200, description="Search terms")
+    sender: _Email | None = Field(default=None, description="Only messages from this address")
+    unread_only: bool = Field(default=False, description="Only unread messages")
+    max_results: int = Field(default=10, ge=1, le=50, description="How many messages to return")
+
+
+def email_specs() -> list[ToolSpec]:
+    """The email set: ``send_email``, ``search_inbox``."""
+    return [
+        ToolSpec.from_model("send_email", SendEmailArgs, side_effects=True),
+        ToolSpec.from_model("search_inbox", SearchInboxArgs),
+    ]
+
+
+class CreateEventArgs(BaseModel):
+    """Create an event in the user's calendar and invite attendees."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(min_length=1, max_length=120, description="Event title")
+    start: str = Field(description="Start, RFC 3339 date-time with offset, e.g. 2030-01-31T09:30:00Z (Z when no zone is given)",
+                       json_schema_extra={**_DATE_TIME, "x-grounded": True})
+    duration_minutes: int = Field(default=30, ge=5, le=480, description="Length in minutes")
+    attendees: list[_Email] = Field(default_factory=list, max_length=20, description="Email addresses to invite",
+                                    json_schema_extra={"x-grounded": True})
+    location: str | None = Field(default=None, max_length=120, description="Room, address or video link")
+
+
+class ListEventsArgs(BaseModel):
+    """List the events in the user's calendar between two instants."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: str = Field(description="Range start, RFC 3339 date-time with offset (Z when no zone is given)",
+                       json_schema_extra=_DATE_TIME)
+    end: str = Field(description="Range end, RFC 3339 date-time with offset (Z when no zone is given)",
+                     json_schema_extra=_DATE_TIME)
+    attendee: _Email | None = Field(default=None, description="Only events this address attends")
+
+
+def agenda_specs() -> list[ToolSpec]:
+    """The agenda set: ``create_event``, ``list_events``."""
+    return [
+        ToolSpec.from_model("create_event", CreateEventArgs, side_effects=True),
+        ToolSpec.from_model("list_events", ListEventsArgs),
+    ]
+
+
+_CURRENCIES = Literal["USD", "EUR", "GBP", "JPY", "CNY", "CAD", "CHF"]
+_CURRENCY_ALIASES = {
+    "dollar": "USD", "dollars": "USD", "US dollars": "USD", "美元": "USD", "美金": "USD",
+    "euro": "EUR", "euros": "EUR", "欧元": "EUR",
+    "pound": "GBP", "pounds": "GBP", "sterling": "GBP", "英镑": "GBP",
+    "yen": "JPY", "日元": "JPY",
+    "yuan": "CNY", "renminbi": "CNY", "RMB": "CNY", "人民币": "CNY",
+    "Canadian dollars": "CAD", "加元": "CAD",
+    "Swiss francs": "CHF", "瑞士法郎": "CHF",
+}
+
+
+class WebSearchArgs(BaseModel):
+    """Search the web and return the top results."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=200, description="Search query")
+    max_results: int = Field(default=5, ge=1, le=10, description="Number of results")
+
+
+class StockQuoteArgs(BaseModel):
+    """Get the latest price of a listed stock."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ticker: str = Field(pattern=r"^[A-Z]{1,5}$", description="Exchange ticker symbol, e.g. AAPL")
+
+
+class ConvertCurrencyArgs(BaseModel):
+    """Convert an amount between currencies at today's rate."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    amount: float = Field(gt=0, le=1_000_000_000, description="Amount to convert", json_schema_extra={"x-grounded": True})
+    from_currency: _CURRENCIES = Field(alias="from", description="ISO 4217 code of the amount's currency",
+                                       json_schema_extra={"x-aliases": _CURRENCY_ALIASES})
+    to_currency: _CURRENCIES = Field(alias="to", description="ISO 4217 code to convert into",
+                                     json_schema_extra={"x-aliases": _CURRENCY_ALIASES})
+
+
+def search_specs() -> list[ToolSpec]:
+    """The search set: ``web_search``, ``get_stock_quote``, ``convert_currency`` (all read-only)."""
+    return [
+        ToolSpec.from_model("web_search", WebSearchArgs),
+        ToolSpec.from_model("get_stock_quote", StockQuoteArgs),
+        ToolSpec.from_model("convert_currency", ConvertCurrencyArgs),
+    ]
+
+
+_SERVICES = Literal["checkout-api", "payments-worker", "search-indexer", "auth-gateway", "notification-service"]
+_ENVIRONMENT_ALIASES = {
+    "prod": "production", "live": "production", "生产": "production", "生产环境": "production", "线上": "production",
+    "stage": "staging", "预发": "staging", "预发布": "staging", "预发环境": "staging",
+    "dev": "development", "开发": "development", "开发环境": "development",
+}
+_PRIORITY_ALIASES = {
+    "P0": "urgent", "P1": "high", "P2": "medium", "P3": "low",
+    "紧急": "urgent", "高": "high", "中": "medium", "低": "low",
+}
+
+
+class RestartServiceArgs(BaseModel):
+    """Restart a service in one environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    service_name: _SERVICES = Field(description="Service to restart")
+    environment: Literal["production", "staging", "development"] = Field(
+        description="Where to restart it", json_schema_extra={"x-aliases": _ENVIRONMENT_ALIASES})
+    force: bool = Field(default=False, description="Kill without draining connections")
+
+
+class CreateTicketArgs(BaseModel):
+    """Open a ticket in the engineering issue tracker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(min_length=1, max_length=120, description="One-line summary")
+    priority: Literal["low", "medium", "high", "urgent"] = Field(
+        description="Priority", json_schema_extra={"x-aliases": _PRIORITY_ALIASES})
+    description: str = Field(min_length=1, max_length=4000, description="What happened, in full sentences")
+
+
+class GetLogsArgs(BaseModel):
+    """Fetch the most recent log lines of a service."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    service: _SERVICES = Field(description="Service whose logs to read")
+    environment: Literal["production", "staging", "development"] = Field(
+        default="production", description="Which environment", json_schema_extra={"x-aliases": _ENVIRONMENT_ALIASES})
+    lines: int = Field(default=100, ge=10, le=1000, description="How many recent lines")
+
+
+def devops_specs() -> list[ToolSpec]:
+    """The devops set: ``restart_service``, ``create_ticket``, ``get_logs``."""
+    return [
+        ToolSpec.from_model("restart_service", RestartServiceArgs, side_effects=True),
+        ToolSpec.from_model("create_ticket", CreateTicketArgs, side_effects=True),
+        ToolSpec.from_model("get_logs", GetLogsArgs),
+    ]
+
+
+_SHOP_ORDER_ID = r"^ORD-\d{6}$"
+
+
+class OrderLine(BaseModel):
+    """One product line of an order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sku: str = Field(pattern=r"^[A-Z]{2}-\d{4}$", description="Product SKU, e.g. KT-2041", json_schema_extra={"x-grounded": True})
+    quantity: int = Field(default=1, ge=1, le=20, description="Units of this product")
+
+
+class PlaceOrderArgs(BaseModel):
+    """Place an order for one or more products, shipped to one address."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[OrderLine] = Field(min_length=1, max_length=10, description="Products and quantities")
+    shipping_address: str = Field(min_length=5, max_length=200, description="Full delivery address",
+                                  json_schema_extra={"x-grounded": True})
+
+
+class CancelOrderArgs(BaseModel):
+    """Cancel an order that has not shipped yet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(pattern=_SHOP_ORDER_ID, description="Order id, e.g. ORD-000123", json_schema_extra={"x-grounded": True})
+
+
+class TrackOrderArgs(BaseModel):
+    """Where an order is and when it should arrive."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(pattern=_SHOP_ORDER_ID, description="Order id, e.g. ORD-000123", json_schema_extra={"x-grounded": True})
+
+
+def commerce_specs() -> list[ToolSpec]:
+    """The commerce set: ``place_order``, ``cancel_order``, ``track_order``."""
+    return [
+        ToolSpec.from_model("place_order", PlaceOrderArgs, side_effects=True),
+        ToolSpec.from_model("cancel_order", CancelOrderArgs, side_effects=True),
+        ToolSpec.from_model("track_order", TrackOrderArgs),
+    ]
+
+
+#: The sets the decider was developed against (dev/holdout rows).
+TUNED_TOOLSETS = ("builtin", "calendar", "orders")
+#: The sets of the ``unseen`` split.
+UNSEEN_TOOLSETS = ("email", "agenda", "search", "devops", "commerce")
+
 TOOLSETS: dict[str, Callable[[], list[ToolSpec]]] = {
     "builtin": builtin_specs,
     "calendar": calendar_specs,
     "orders": orders_specs,
+    "email": email_specs,
+    "agenda": agenda_specs,
+    "search": search_specs,
+    "devops": devops_specs,
+    "commerce": commerce_specs,
 }
 
 

@@ -1,4 +1,8 @@
-"""The decision-quality set is well-formed and the harness measures what it claims to (no model)."""
+"""The tuned decision-quality set (dev/holdout) is well-formed and the harness measures what it claims to (no model).
+
+The unseen split has its own checks in ``test_unseen_split.py``; the new metrics theirs in
+``test_quality_metrics.py``.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +21,13 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory, not an installed p
 
 from bench import quality  # noqa: E402
 from bench.quality import Case, EmptyDecider, OracleDecider, load_cases, run_cases, score_row, split_of, summarize  # noqa: E402
-from bench.toolsets import TOOLSETS, builtin_specs, load_toolset, spec_map  # noqa: E402
+from bench.toolsets import TOOLSETS, TUNED_TOOLSETS, builtin_specs, load_toolset, spec_map  # noqa: E402
 from decider.protocol import DecideRequest, Decision  # noqa: E402
 from tools.calls import ToolCall  # noqa: E402
 
-CASES = load_cases(split="all")
+ALL_CASES = load_cases(split="all")
+#: The rows the decider was developed against; the unseen split is checked on its own.
+CASES = [c for c in ALL_CASES if c.split != "unseen"]
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
@@ -35,7 +41,7 @@ def test_at_least_150_rows_half_chinese_half_english_over_three_tool_sets():
     langs = Counter(c.lang for c in CASES)
     assert set(langs) == {"zh", "en"} and langs["zh"] == langs["en"]
     toolsets = Counter(c.toolset for c in CASES)
-    assert set(toolsets) == set(TOOLSETS) and len(toolsets) >= 3
+    assert set(toolsets) == set(TUNED_TOOLSETS) and len(toolsets) >= 3
     assert all(n >= 40 for n in toolsets.values()), toolsets
     for toolset in toolsets:
         per_lang = Counter(c.lang for c in CASES if c.toolset == toolset)
@@ -49,9 +55,10 @@ def test_rows_have_the_documented_fields_and_unique_ids():
         for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
             assert required <= set(row), (path.name, row.get("id"))
-            assert row["toolset"] == path.stem
+            assert row["toolset"] == path.stem.removeprefix("unseen_")
+            assert (row["split"] == "unseen") == path.stem.startswith("unseen_"), row["id"]
             ids.append(row["id"])
-    assert len(ids) == len(set(ids)) == len(CASES)
+    assert len(ids) == len(set(ids)) == len(ALL_CASES)
 
 
 def test_messages_are_chat_turns_ending_with_the_user_in_the_rows_language():
@@ -83,7 +90,7 @@ def test_holdout_is_about_40_percent_and_fixed_by_a_hash_of_the_group():
         assert case.id.startswith(case.group)
     holdout = sum(c.split == "holdout" for c in CASES) / len(CASES)
     assert 0.32 <= holdout <= 0.48, holdout
-    for toolset in TOOLSETS:
+    for toolset in TUNED_TOOLSETS:
         splits = Counter(c.split for c in CASES if c.toolset == toolset)
         assert splits["dev"] and splits["holdout"], (toolset, splits)
     # zh/en twins of one scenario share a group and therefore a split
@@ -158,11 +165,12 @@ def _transfer(frm, to, amount, currency):
 
 
 def test_oracle_scores_100_percent_everywhere():
-    results = run_cases(OracleDecider(CASES), CASES)
+    results = run_cases(OracleDecider(ALL_CASES), ALL_CASES)
     for label, s in quality.grouped_summary(results).items():
         assert s["exact"] == 1.0 and s["count_acc"] == 1.0, label
         assert s["valid"] == 1.0 and s["field_acc"] == 1.0, label
         assert s["wrong_call_rate"] == 0.0 and s["missed_call_rate"] == 0.0, label
+        assert s["wrong_side_effect_calls"] == 0 and s["compositions"][0] == s["compositions"][1], label
         assert s["errors"] == 0
 
 
@@ -266,7 +274,9 @@ def test_filters_and_limit_keep_a_mix():
     assert {c.split for c in load_cases(split="holdout")} == {"holdout"}
     assert {c.lang for c in load_cases(lang="zh", toolset="orders")} == {"zh"}
     limited = load_cases(split="all", limit=12)
-    assert len(limited) == 12 and len({c.toolset for c in limited}) == 3 and len({c.split for c in limited}) == 2
+    assert len(limited) == 12 and {c.toolset for c in limited} == set(TOOLSETS)
+    assert {c.split for c in limited} == {"dev", "holdout", "unseen"}
+    assert {c.split for c in load_cases(split="unseen")} == {"unseen"}
 
 
 def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
@@ -274,9 +284,13 @@ def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     assert quality.main(["--decider", "oracle", "--split", "all", "--quiet", "--out", str(out), "--tags"]) == 0
     printed = capsys.readouterr().out
     assert "| holdout / orders |" in printed and "| dev / zh |" in printed
+    # the split nothing was tuned on is reported first
+    assert printed.index("| unseen |") < printed.index("| holdout |") < printed.index("| dev |")
     report = json.loads(out.read_text(encoding="utf-8"))
-    assert report["rows"] == len(CASES)
+    assert report["rows"] == len(ALL_CASES)
     assert report["runs"][0]["groups"]["holdout"]["exact"] == 1.0
+    assert report["runs"][0]["wrong_side_effect_calls"] == 0
+    assert set(report["runs"][0]["headlines"]) == {"unseen", "holdout", "dev"}
 
 
 def test_cli_ladder_runs_each_technique(tmp_path, capsys, monkeypatch):
@@ -293,11 +307,34 @@ def test_cli_ladder_runs_each_technique(tmp_path, capsys, monkeypatch):
 
 
 def test_techniques_are_presets_or_config_overrides():
-    assert quality._parse_technique("grammar", quality.TECHNIQUES) == {"grounding": False}
-    assert quality._parse_technique("grounding=false+max_calls=2+system_prompt=hi", quality.TECHNIQUES) == {
-        "grounding": False, "max_calls": 2, "system_prompt": "hi"}
+    assert quality.TECHNIQUES == {"grammar": {"candidates": False}, "candidates": {"candidates": True}}
+    assert quality._parse_technique("grammar", quality.TECHNIQUES) == {"candidates": False}
+    assert quality._parse_technique("candidates=false+max_calls=2+system_prompt=hi", quality.TECHNIQUES) == {
+        "candidates": False, "max_calls": 2, "system_prompt": "hi"}
     with pytest.raises(SystemExit):
         quality._parse_technique("nonsense", quality.TECHNIQUES)
+
+
+def test_the_embedded_factory_passes_only_the_rung_overrides(monkeypatch):
+    """A rung is keyword overrides of whatever DeciderConfig the decider defines, nothing more."""
+    import types
+
+    seen = {}
+
+    class Config:
+        def __init__(self, **overrides):
+            seen.update(overrides)
+
+    class Decider:
+        @classmethod
+        def from_engine(cls, engine, *, config):
+            return (engine, config)
+
+    fake = types.SimpleNamespace(DeciderConfig=Config, EmbeddedDecider=Decider)
+    monkeypatch.setattr(quality.importlib, "import_module", lambda name: fake)
+    monkeypatch.setitem(quality._ENGINES, "engine", "an engine")
+    engine, _ = quality._embedded_factory(technique="grammar")
+    assert engine == "an engine" and seen == {"candidates": False}
 
 
 def test_cli_reruns_chosen_ids(tmp_path, capsys):
