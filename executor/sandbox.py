@@ -1,22 +1,27 @@
 """Isolated tool runs: one OS process per call, limited, timed, scrubbed, disposable.
 
 ``Sandbox`` is the boundary; ``ProcessSandbox`` is the implementation. Each call gets a
-child process (``executor.sandbox_child``) in its own session with rlimits on address
-space, CPU time, open files, file size and core dumps, a scratch working directory, an
-environment that carries none of the worker's variables, a fresh network namespace
-unless the tool is declared networked, and a wall-clock kill of its whole process group.
+monitor process (``executor.sandbox_child``) in its own session with rlimits on address
+space, CPU time, open files, file size and core dumps; the monitor forks the tool process
+in namespaces of the call's own (mount: only this call's scratch dir is visible; PID: the
+call's processes die with it; network: none unless the tool is declared networked; user:
+for non-root workers, so the process limit counts this call alone). The environment
+carries none of the worker's variables; a wall-clock kill ends the whole process group.
 
-Run as root, each call also gets a uid of its own (``SANDBOX_UID_BASE`` + the child's
-pid, unique among live processes): ``RLIMIT_NPROC`` binds (it never binds uid 0), the
-call's processes can be found and killed as one even when they left the process group,
-and the worker's files and ``/proc/<pid>/environ`` are out of reach. Landlock (where the
-kernel has it) confines the filesystem to read-only runtime paths plus the scratch dir.
-Where a layer is unavailable the sandbox degrades and logs ``sandbox.degraded`` once.
+Run as root, each call also gets a uid of its own (``SANDBOX_UID_BASE`` + the monitor's
+pid, unique among live processes) and no capability at all; Landlock confines the
+filesystem to read-only runtime paths plus the scratch dir, and a seccomp filter refuses
+sockets to non-networked tools. Where a layer is unavailable the sandbox degrades and
+logs ``sandbox.degraded`` once per layer.
+
+Results come back over a pipe of their own (fd 3 of the monitor), written only by the
+monitor, never by tool code, and read with a cap; stdout and stderr are read with a cap
+too (the rest is discarded and counted) and each line becomes a ``tool.output`` log event
+carrying the call id. A malformed result of any kind is a typed ``ToolOutputError``.
 
 Starting Python and importing the tool modules costs far more than the tool itself, so
-the sandbox keeps ``warm`` children started ahead of time, limits not yet applied and no
-request read. A warm child serves exactly one call and exits: isolation is unchanged,
-the start-up cost moves off the critical path (``bench/sandbox.py`` measures it).
+by default a fork server imports them once and forks one monitor per call (``warm``
+pre-started children are the fallback); ``bench/sandbox.py`` measures it.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from __future__ import annotations
 import json
 import os
 import resource
-import secrets
+import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -46,6 +52,7 @@ from executor.errors import (
     ToolRaisedError,
     ToolTimeoutError,
 )
+from executor.sandbox_child import MAX_RESULT_BYTES, MAX_RESULT_DEPTH, OutputError, decode_object
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
 
@@ -56,20 +63,29 @@ __all__ = [
     "Sandbox",
     "SandboxDeniedError",
     "SandboxResult",
+    "ScratchRootError",
     "ToolLeftProcessError",
     "ToolProcessLimitError",
+    "default_scratch_root",
+    "module_search_path",
+    "prepare_scratch_root",
 ]
 
 log = get_logger("toolrail.sandbox")
 
 #: Variables a tool process may see; everything else of the worker's environment is dropped.
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
-RESULT_MARK = "\x00TOOLRAIL-RESULT "
-MAX_LOG_BYTES = 256_000
-#: Per-call uids start here (root only): uid = base + pid of the sandbox child.
+#: Bytes of a tool's stdout, and of its stderr, kept per call; the rest is read, discarded and counted.
+MAX_STREAM_BYTES = 256_000
+#: Lines of tool output logged per call (``tool.output``), and characters kept of each.
+MAX_OUTPUT_LINES = 200
+MAX_LINE_CHARS = 1000
+#: Per-call uids start here (root only): uid = base + pid of the sandbox monitor.
 SANDBOX_UID_BASE = 1_000_000
-#: Processes (and threads) one call may have at once, the sandbox child included.
+#: Processes (and threads) one call may have at once, the sandbox's own included.
 DEFAULT_MAX_PROCESSES = 32
+#: How long stdout/stderr are still drained after the result arrived (a leftover may hold them).
+_DRAIN_S = 0.2
 
 
 class SandboxDeniedError(SandboxError):
@@ -88,6 +104,12 @@ class ToolLeftProcessError(SandboxError):
     """The tool returned but left processes running; they were killed."""
 
     type = "tool_left_process"
+
+
+class ScratchRootError(SandboxError):
+    """The scratch root is not a directory of the worker's own with mode 0700: the sandbox refuses to start."""
+
+    type = "sandbox_scratch_root"
 
 
 _ERRORS: dict[str, type[SandboxError]] = {
@@ -120,8 +142,11 @@ class SandboxResult:
     duration_s: float
     pid: int
     network: str
+    #: The tool's structured log records (JSON lines on its stderr).
     logs: list[dict[str, Any]]
     isolation: dict[str, str] = field(default_factory=dict)
+    #: What the tool printed: ``{stream: {"lines": n, "dropped_bytes": n}}``.
+    output: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class Sandbox(Protocol):
@@ -130,86 +155,108 @@ class Sandbox(Protocol):
         ...
 
 
+# ----------------------------------------------------------------- scratch root and module path
+
+
+def default_scratch_root() -> Path:
+    """``$TMPDIR/toolrail-scratch-<euid>``: one per worker uid, never shared between users."""
+    return Path(tempfile.gettempdir()) / f"toolrail-scratch-{os.geteuid()}"
+
+
+def prepare_scratch_root(path: Path) -> Path:
+    """Create the scratch root (mode 0700) or check an existing one; ``ScratchRootError`` if not ours.
+
+    An existing root must be a real directory (not a symlink) owned by this process's uid;
+    its mode is set to 0700. Anything else was made by someone else and is refused.
+    """
+    path = Path(os.path.abspath(path))
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ScratchRootError(f"cannot create the sandbox scratch root {path}: {exc}", path=str(path)) from exc
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise ScratchRootError(f"the sandbox scratch root {path} is not a directory (a symlink or a file): refusing it",
+                               path=str(path))
+    if info.st_uid != os.geteuid():
+        raise ScratchRootError(f"the sandbox scratch root {path} belongs to uid {info.st_uid}, not to this worker "
+                               f"(uid {os.geteuid()}): refusing it; remove it or choose another scratch root",
+                               path=str(path), owner=info.st_uid)
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def module_search_path(*, exclude: Path | None = None) -> list[str]:
+    """The worker's module search path, as absolute directories, for the tool process to import the same.
+
+    The worker's working directory counts where ``sys.path`` names it (``''``); nothing at
+    or below ``exclude`` (the scratch root) is ever passed on.
+    """
+    out: list[str] = []
+    fence = os.path.realpath(exclude) if exclude else None
+    for entry in sys.path:
+        full = os.path.abspath(entry or os.getcwd())
+        if not os.path.exists(full) or full in out:
+            continue
+        real = os.path.realpath(full)
+        if fence and (real == fence or real.startswith(fence + os.sep)):
+            continue
+        out.append(full)
+    return out
+
+
+def registry_modules() -> str:
+    """The modules of every registered tool's entrypoint, comma separated (the fork server preloads them)."""
+    from tools.registry import default_registry  # noqa: PLC0415 - the registry is built at worker start
+
+    modules = {"tools.builtin"}
+    modules.update(spec.entrypoint.partition(":")[0] for spec in default_registry().specs() if spec.entrypoint)
+    return ",".join(sorted(modules))
+
+
+# ----------------------------------------------------------------- child processes
+
+
 @dataclass
 class _Warm:
     proc: Any  # subprocess.Popen, or _ForkedCall from the fork server: same surface
-    nonce: str
     started: float
+    #: The parent's ends of the call's pipes: stdin (write), stdout, stderr, result (read).
+    fds: dict[str, int] = field(default_factory=dict)
 
 
 class _ForkedCall:
-    """A sandbox child forked by the fork server, with the parts of ``Popen`` the sandbox uses."""
+    """A sandbox monitor forked by the fork server, with the parts of ``Popen`` the sandbox uses."""
 
-    def __init__(self, server: "_ForkServer", pid: int, stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
+    def __init__(self, server: "_ForkServer", pid: int) -> None:
         self._server = server
         self.pid = pid
         self.returncode: int | None = None
-        self._stdin: int | None = stdin_fd
-        self._readers = {stdout_fd: bytearray(), stderr_fd: bytearray()}
-        self._order = (stdout_fd, stderr_fd)
-        self._open = {stdout_fd, stderr_fd}
 
     def poll(self) -> int | None:
         return self.returncode
-
-    def communicate(self, input: bytes | None = None, timeout: float | None = None) -> tuple[bytes, bytes]:  # noqa: A002
-        import selectors  # noqa: PLC0415
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if self._stdin is not None:
-            try:
-                if input:
-                    os.write(self._stdin, input)
-            except BrokenPipeError:
-                pass
-            finally:
-                os.close(self._stdin)
-                self._stdin = None
-        with selectors.DefaultSelector() as selector:
-            for fd in self._open:
-                selector.register(fd, selectors.EVENT_READ)
-            while self._open:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise subprocess.TimeoutExpired("sandbox child", timeout or 0)
-                for key, _ in selector.select(remaining):
-                    chunk = os.read(key.fd, 65536)
-                    if chunk:
-                        self._readers[key.fd] += chunk
-                    else:
-                        selector.unregister(key.fd)
-                        os.close(key.fd)
-                        self._open.discard(key.fd)
-        self.wait(timeout=None if deadline is None else max(0.5, deadline - time.monotonic()))
-        return bytes(self._readers[self._order[0]]), bytes(self._readers[self._order[1]])
 
     def wait(self, timeout: float | None = None) -> int | None:
         if self.returncode is None:
             self.returncode = self._server.wait_exit(self.pid, timeout=timeout)
         return self.returncode
 
-    def close(self) -> None:
-        for fd in list(self._open) + ([self._stdin] if self._stdin is not None else []):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._open.clear()
-        self._stdin = None
-
 
 class _ForkServer:
     """One pre-imported ``sandbox_child --forkserver`` process per worker process."""
 
-    def __init__(self, python: str, env: dict[str, str], cwd: str) -> None:
+    def __init__(self, python: str, env: dict[str, str]) -> None:
         import socket  # noqa: PLC0415
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock = ours
         self._buffer = b""
-        self.proc = subprocess.Popen([python, "-m", "executor.sandbox_child", "--forkserver", str(theirs.fileno())],
+        self.proc = subprocess.Popen([*_python_argv(python), "executor.sandbox_child", "--forkserver", str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
+                                     stderr=subprocess.DEVNULL, env=env, cwd="/", start_new_session=True)
         theirs.close()
 
     def alive(self) -> bool:
@@ -225,26 +272,28 @@ class _ForkServer:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line.decode()
 
-    def fork(self, nonce: str, *, timeout: float = 30.0) -> _ForkedCall:
+    def fork(self, *, timeout: float = 30.0) -> _Warm:
         import socket  # noqa: PLC0415
 
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+        pipes = {"stdin": os.pipe(), "stdout": os.pipe(), "stderr": os.pipe(), "result": os.pipe()}
+        theirs = [pipes["stdin"][0], pipes["stdout"][1], pipes["stderr"][1], pipes["result"][1]]
+        ours = {"stdin": pipes["stdin"][1], "stdout": pipes["stdout"][0], "stderr": pipes["stderr"][0],
+                "result": pipes["result"][0]}
         try:
-            socket.send_fds(self._sock, [nonce.encode()], [in_r, out_w, err_w])
+            socket.send_fds(self._sock, [b"call"], theirs)
+        except OSError:
+            _close_all(ours.values())
+            raise
         finally:
-            for fd in (in_r, out_w, err_w):
-                os.close(fd)
+            _close_all(theirs)
         try:
             kind, pid = self._line(timeout).split()[:2]
+            if kind != "pid":
+                raise ConnectionError(f"unexpected fork server reply {kind!r}")
         except (OSError, ValueError):
-            for fd in (in_w, out_r, err_r):
-                os.close(fd)
+            _close_all(ours.values())
             raise
-        if kind != "pid":
-            raise ConnectionError(f"unexpected fork server reply {kind!r}")
-        return _ForkedCall(self, int(pid), in_w, out_r, err_r)
+        return _Warm(_ForkedCall(self, int(pid)), time.monotonic(), ours)
 
     def wait_exit(self, pid: int, *, timeout: float | None) -> int | None:
         try:
@@ -262,52 +311,81 @@ class _ForkServer:
             _kill_group(self.proc)
 
 
+def _python_argv(python: str) -> list[str]:
+    """``python -m``, without the working directory first on ``sys.path`` where Python has ``-P`` (3.11+)."""
+    return [python, "-P", "-m"] if sys.version_info >= (3, 11) else [python, "-m"]
+
+
+def _close_all(fds: Any) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+# ----------------------------------------------------------------- the sandbox
+
+
 class ProcessSandbox:
-    """Spawn-per-call sandbox with an optional pool of pre-started children."""
+    """Fork-per-call sandbox (a fork server), or spawn-per-call with an optional pool of pre-started children."""
 
     def __init__(self, *, warm: int = 1, scratch_root: Path | None = None, python: str = sys.executable,
-                 preload: str = "tools.builtin", own_uid: bool | None = None, confine: bool = True,
+                 preload: str | None = None, own_uid: bool | None = None, confine: bool = True,
                  max_processes: int = DEFAULT_MAX_PROCESSES, forkserver: bool = True) -> None:
         self._warm_target = max(0, warm)
         self._use_forkserver = forkserver
         self._forkserver: _ForkServer | None = None
-        self._scratch_root = scratch_root or Path(tempfile.gettempdir()) / "toolrail-scratch"
-        self._scratch_root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self._scratch_root, 0o711)  # per-call uids traverse it, only root lists it
+        self._scratch_root = prepare_scratch_root(scratch_root or default_scratch_root())
         #: A uid of its own per call: only possible (and only needed) as root.
         self._own_uid = os.geteuid() == 0 if own_uid is None else own_uid and os.geteuid() == 0
         if not self._own_uid:
-            _warn_once("uid", "sandbox calls run under the worker's uid: RLIMIT_NPROC does not bind root, and leftover "
-                              "processes are found by process group and subreaper only", euid=os.geteuid())
+            _warn_once("uid", "sandbox calls run under the worker's uid: the process limit needs a user namespace, "
+                              "and files are kept apart by Landlock and the call's own mount namespace",
+                       euid=os.geteuid())
         self._confine = confine
         self._max_processes = max_processes
         self._python = python
-        self._preload = preload
+        self._preload = preload if preload is not None else registry_modules()
         self._pool: deque[_Warm] = deque()
         self._lock = threading.Lock()
         self._closed = False
         if forkserver:
             self._warm_target = 0  # the fork server replaces the pool of pre-started interpreters
-            self._forkserver = _ForkServer(self._python, self._env(), str(self._scratch_root))
+            self._forkserver = _ForkServer(self._python, self._env())
         self._refill()
+
+    @property
+    def scratch_root(self) -> Path:
+        return self._scratch_root
 
     # -- pool ---------------------------------------------------------------
 
     def _env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
-        root = str(Path(__file__).resolve().parent.parent)
-        env.update({"PYTHONPATH": root, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-                    "HOME": str(self._scratch_root), "TOOLRAIL_SANDBOX_PRELOAD": self._preload})
+        env.update({"PYTHONPATH": os.pathsep.join(module_search_path(exclude=self._scratch_root)),
+                    "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HOME": str(self._scratch_root),
+                    "TOOLRAIL_SANDBOX_PRELOAD": self._preload, "TOOLRAIL_SANDBOX_OWN_UID": "1" if self._own_uid else "0"})
         return env
 
     def _spawn(self) -> _Warm:
-        nonce = secrets.token_hex(8)
-        proc = subprocess.Popen(
-            [self._python, "-m", "executor.sandbox_child", nonce],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=self._env(), cwd=str(self._scratch_root), start_new_session=True, close_fds=True,
-        )
-        return _Warm(proc, nonce, time.monotonic())
+        pipes = {"stdin": os.pipe(), "stdout": os.pipe(), "stderr": os.pipe(), "result": os.pipe()}
+        result_w = pipes["result"][1]
+        theirs = [pipes["stdin"][0], pipes["stdout"][1], pipes["stderr"][1], result_w]
+        ours = {"stdin": pipes["stdin"][1], "stdout": pipes["stdout"][0], "stderr": pipes["stderr"][0],
+                "result": pipes["result"][0]}
+        try:
+            proc = subprocess.Popen(
+                [*_python_argv(self._python), "executor.sandbox_child", "--result-fd", str(result_w)],
+                stdin=theirs[0], stdout=theirs[1], stderr=theirs[2], pass_fds=[result_w],
+                env=self._env(), cwd="/", start_new_session=True, close_fds=True,
+            )
+        except OSError:
+            _close_all(ours.values())
+            raise
+        finally:
+            _close_all(theirs)
+        return _Warm(proc, time.monotonic(), ours)
 
     def _refill(self) -> None:
         with self._lock:
@@ -315,15 +393,14 @@ class ProcessSandbox:
                 self._pool.append(self._spawn())
 
     def _fork(self) -> _Warm | None:
-        """A child from the fork server (restarted if it died); None if it cannot serve."""
+        """A monitor from the fork server (restarted if it died); None if it cannot serve."""
         for _ in range(2):
             if self._forkserver is None or not self._forkserver.alive():
                 if self._forkserver is not None:
                     self._forkserver.close()
-                self._forkserver = _ForkServer(self._python, self._env(), str(self._scratch_root))
-            nonce = secrets.token_hex(8)
+                self._forkserver = _ForkServer(self._python, self._env())
             try:
-                return _Warm(self._forkserver.fork(nonce), nonce, time.monotonic())
+                return self._forkserver.fork()
             except (OSError, ConnectionError) as exc:
                 _warn_once("forkserver", "the sandbox fork server failed; restarting it", error=str(exc))
                 self._forkserver.close()
@@ -340,6 +417,7 @@ class ProcessSandbox:
                 warm = self._pool.popleft()
                 if warm.proc.poll() is None:
                     break
+                _release(warm)
             else:
                 warm = None
         if warm is None:
@@ -359,61 +437,206 @@ class ProcessSandbox:
             pool, self._pool = list(self._pool), deque()
         for warm in pool:
             _kill_group(warm.proc)
+            _release(warm)
 
     # -- one call ------------------------------------------------------------
 
     def run(self, spec: ToolSpec, call: CallRun) -> SandboxResult:
+        """Run one call; every way it can end badly is a ``SandboxError`` subclass (never a stranded job)."""
+        try:
+            return self._run(spec, call)
+        except SandboxError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unexpected failure still ends the call with a type
+            log.exception("sandbox.failed", tool=spec.name, call_id=call.call_id, job_id=call.job_id)
+            raise SandboxError(f"the sandbox failed to run {spec.name}: {type(exc).__name__}: {exc}",
+                               exception=type(exc).__name__) from exc
+
+    def _run(self, spec: ToolSpec, call: CallRun) -> SandboxResult:
         warm = self._take()
         proc = warm.proc
         scratch = Path(tempfile.mkdtemp(prefix=f"{spec.name}-", dir=self._scratch_root))
         started = time.monotonic()
         uid = SANDBOX_UID_BASE + proc.pid if self._own_uid else None
+        streams: dict[str, _Captured] = {}
         try:
             if uid is not None:
                 os.chown(scratch, uid, uid)
-                os.chmod(scratch, 0o700)
             _apply_limits(proc.pid, spec, max_processes=self._max_processes if uid is not None else None,
                           forked=isinstance(proc, _ForkedCall))
             request = {
                 "entrypoint": spec.entrypoint, "arguments": call.arguments, "tool": spec.name,
                 "request_id": call.request_id, "job_id": call.job_id, "call_id": call.call_id,
                 "idempotency_key": call.idempotency_key, "scratch_dir": str(scratch),
-                "network": spec.networked, "uid": uid, "confine": self._confine, "env": {**call.env, "TOOLRAIL_REQUEST_ID": call.request_id,
-                                                   "TMPDIR": str(scratch), "HOME": str(scratch)},
+                "scratch_root": str(self._scratch_root), "max_processes": self._max_processes,
+                "network": spec.networked, "uid": uid, "confine": self._confine,
+                "env": {**call.env, "TOOLRAIL_REQUEST_ID": call.request_id},
             }
             try:
-                stdout, stderr = proc.communicate(json.dumps(request, ensure_ascii=False).encode() + b"\n",
-                                                  timeout=spec.timeout_s)
+                streams = _collect(warm.fds, json.dumps(request, ensure_ascii=False).encode() + b"\n",
+                                   timeout=spec.timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
                 if uid is not None:
                     _kill_uid(uid)
-                try:
-                    proc.communicate(timeout=2)
-                except subprocess.TimeoutExpired:
-                    pass  # a process that escaped every kill still holds the pipes: stop reading them
                 raise ToolTimeoutError(f"{spec.name} ran past its {spec.timeout_s:g} s limit and was killed",
                                        timeout_s=spec.timeout_s) from None
             finally:
                 _kill_group(proc)  # nothing the tool started outlives the call
                 if uid is not None:
                     _kill_uid(uid)  # not even what left the process group (setsid)
+                _release(warm)
             duration = time.monotonic() - started
-            logs = _parse_logs(stderr)
-            payload = _parse_result(stdout, warm.nonce)
-            if payload is None:
-                raise _death_error(spec, proc.returncode, stderr)
-            isolation = payload.get("isolation") or {}
-            _check_isolation(isolation, own_uid=uid is not None, confine=self._confine)
-            if not payload.get("ok"):
-                error = payload.get("error") or {}
-                cls = _ERRORS.get(error.get("type", ""), ToolRaisedError)
-                exc = cls(error.get("message", "tool failed"), tool_error=error)
-                raise exc
-            return SandboxResult(result=payload.get("result"), duration_s=duration, pid=proc.pid,
-                                 network=payload.get("network", ""), logs=logs, isolation=isolation)
+            logs = _log_output(streams, spec=spec, call=call)
+            return self._result(spec, proc, streams, logs, duration)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def _result(self, spec: ToolSpec, proc: Any, streams: dict[str, "_Captured"], logs: list[dict[str, Any]],
+                duration: float) -> SandboxResult:
+        stderr = bytes(streams["stderr"].data) if "stderr" in streams else b""
+        raw = streams.get("result")
+        if raw is None or not raw.data:
+            raise _death_error(spec, proc.returncode, stderr)
+        if raw.dropped:
+            raise ToolOutputError(f"{spec.name}: the sandbox's result frame exceeds its cap", dropped_bytes=raw.dropped)
+        try:
+            frame = decode_object(bytes(raw.data), what=f"{spec.name}'s result frame",
+                                  max_bytes=MAX_RESULT_BYTES + 65536, max_depth=MAX_RESULT_DEPTH + 4)
+        except OutputError as exc:
+            raise ToolOutputError(str(exc)) from None
+        isolation = frame.get("isolation") if isinstance(frame.get("isolation"), dict) else {}
+        _check_isolation(isolation, confine=self._confine, own_uid=self._own_uid)
+        if frame.get("ok") is True and isinstance(frame.get("result"), dict):
+            output = {name: {"bytes": c.total, "dropped_bytes": c.dropped} for name, c in streams.items()
+                      if name in ("stdout", "stderr")}
+            return SandboxResult(result=frame["result"], duration_s=duration, pid=proc.pid,
+                                 network=str(frame.get("network", "")), logs=logs, isolation=isolation, output=output)
+        if "exit" in frame and not frame.get("error"):
+            raise _death_error(spec, frame.get("exit"), stderr)
+        error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
+        cls = _ERRORS.get(str(error.get("type", "")), ToolRaisedError)
+        raise cls(str(error.get("message", "tool failed")), tool_error=error)
+
+
+# ----------------------------------------------------------------- reading the call's pipes
+
+
+@dataclass
+class _Captured:
+    """One stream of a call: the first ``cap`` bytes kept, the rest counted."""
+
+    cap: int
+    data: bytearray = field(default_factory=bytearray)
+    total: int = 0
+
+    @property
+    def dropped(self) -> int:
+        return self.total - len(self.data)
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.cap - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+
+
+_CAPS = {"stdout": MAX_STREAM_BYTES, "stderr": MAX_STREAM_BYTES, "result": MAX_RESULT_BYTES + 65536}
+
+
+def _collect(fds: dict[str, int], request: bytes, *, timeout: float) -> dict[str, _Captured]:
+    """Write the request, read stdout, stderr and the result pipe with caps, until the result is complete.
+
+    Memory stays bounded whatever the tool prints: each stream keeps at most its cap.
+    The result pipe has one writer, the monitor: its EOF ends the call (stdout and stderr
+    are drained briefly after, since a leftover process may hold them open).
+    """
+    deadline = time.monotonic() + timeout
+    captured = {name: _Captured(_CAPS[name]) for name in ("stdout", "stderr", "result")}
+    pending = memoryview(request)
+    by_fd = {fd: name for name, fd in fds.items() if name != "stdin"}
+    drain_until: float | None = None
+    with selectors.DefaultSelector() as selector:
+        stdin = fds.get("stdin")
+        if stdin is not None:
+            os.set_blocking(stdin, False)
+            selector.register(stdin, selectors.EVENT_WRITE)
+        for fd in by_fd:
+            selector.register(fd, selectors.EVENT_READ)
+        open_readers = set(by_fd)
+        while open_readers:
+            now = time.monotonic()
+            if drain_until is not None and now >= drain_until:
+                break
+            remaining = deadline - now
+            if remaining <= 0:
+                raise subprocess.TimeoutExpired("sandbox child", timeout)
+            wait = remaining if drain_until is None else min(remaining, drain_until - now)
+            for key, _ in selector.select(wait):
+                if key.fd == stdin:
+                    try:
+                        pending = pending[os.write(stdin, pending):]
+                    except (BrokenPipeError, BlockingIOError) as exc:
+                        if isinstance(exc, BlockingIOError):
+                            continue
+                        pending = pending[len(pending):]
+                    if not pending:
+                        selector.unregister(stdin)
+                        os.close(stdin)
+                        fds.pop("stdin", None)
+                        stdin = None
+                    continue
+                chunk = os.read(key.fd, 65536)
+                if chunk:
+                    captured[by_fd[key.fd]].add(chunk)
+                    continue
+                selector.unregister(key.fd)
+                open_readers.discard(key.fd)
+                if by_fd[key.fd] == "result":
+                    drain_until = time.monotonic() + _DRAIN_S
+    return captured
+
+
+def _release(warm: _Warm) -> None:
+    """Close the parent's ends of a call's pipes."""
+    _close_all(warm.fds.values())
+    warm.fds = {}
+
+
+def _log_output(streams: dict[str, _Captured], *, spec: ToolSpec, call: CallRun) -> list[dict[str, Any]]:
+    """One bounded ``tool.output`` event per line the tool printed; returns its structured (JSON) records."""
+    records: list[dict[str, Any]] = []
+    logged = dropped_lines = 0
+    ids = {"request_id": call.request_id, "job_id": call.job_id, "call_id": call.call_id, "tool": spec.name}
+    for name in ("stdout", "stderr"):
+        captured = streams.get(name)
+        if captured is None:
+            continue
+        for raw in bytes(captured.data).splitlines():
+            if name == "stderr" and raw.startswith(b"{"):
+                try:
+                    item = json.loads(raw)
+                except (ValueError, RecursionError):
+                    item = None
+                if isinstance(item, dict) and item.get("call_id") == call.call_id:
+                    records.append(item)  # the sandbox's own structured events (tool.start, tool.end)
+                    continue
+            if not raw.strip():
+                continue
+            if logged >= MAX_OUTPUT_LINES:
+                dropped_lines += 1
+                continue
+            logged += 1
+            log.info("tool.output", stream=name, line=raw.decode(errors="replace")[:MAX_LINE_CHARS], **ids)
+        if captured.dropped:
+            log.warning("tool.output_truncated", stream=name, kept_bytes=len(captured.data),
+                        dropped_bytes=captured.dropped, **ids)
+    if dropped_lines:
+        log.warning("tool.output_truncated", lines_not_logged=dropped_lines, max_lines=MAX_OUTPUT_LINES, **ids)
+    return records
+
+
+# ----------------------------------------------------------------- limits, kills, errors
 
 
 def _warn_once(what: str, message: str, **details: Any) -> None:
@@ -422,15 +645,29 @@ def _warn_once(what: str, message: str, **details: Any) -> None:
         log.warning("sandbox.degraded", layer=what, message=message, **details)
 
 
-def _check_isolation(isolation: dict[str, str], *, own_uid: bool, confine: bool) -> None:
+def _check_isolation(isolation: dict[str, Any], *, confine: bool, own_uid: bool) -> None:
     """Log (once per layer and process) any isolation layer the child could not apply."""
-    network = isolation.get("network", "")
-    if network.startswith("unavailable"):
-        _warn_once("network", "no network namespace: non-networked tools can reach the network", how=network)
-    filesystem = isolation.get("filesystem", "")
-    if confine and filesystem and not filesystem.startswith("landlock"):
-        _warn_once("filesystem", "no Landlock: tools can read what their uid can read", how=filesystem)
-    if own_uid and confine and not isolation.get("uid", "").isdigit():
+    def missing(key: str, good: tuple[str, ...]) -> str | None:
+        value = str(isolation.get(key, ""))
+        return value if value and not value.startswith(good) else None
+
+    if (how := missing("network", ("netns", "userns+netns", "allowed"))) is not None:
+        _warn_once("network", "no network namespace: non-networked tools can reach the network", how=how)
+    if (how := missing("scratch", ("own-mount",))) is not None:
+        _warn_once("scratch", "no mount namespace: other calls' scratch dirs are kept apart by modes and Landlock only",
+                   how=how)
+    if (how := missing("pid", ("pidns",))) is not None:
+        _warn_once("pid", "no PID namespace: leftover processes are found through the subreaper only", how=how)
+    if (how := missing("processes", ("",))) is not None or str(isolation.get("processes", "")).startswith("unlimited"):
+        _warn_once("processes", "no per-call process limit (needs root or a user namespace)",
+                   how=isolation.get("processes"))
+    if not confine:
+        return
+    if (how := missing("filesystem", ("landlock",))) is not None:
+        _warn_once("filesystem", "no Landlock: tools can read what their uid can read", how=how)
+    if (how := missing("sockets", ("seccomp", "allowed"))) is not None:
+        _warn_once("sockets", "no seccomp: non-networked tools can open Unix sockets", how=how)
+    if own_uid and isolation.get("uid") and not str(isolation.get("uid")).isdigit():
         _warn_once("uid_drop", "the tool process kept the worker's uid", how=isolation.get("uid"))
 
 
@@ -454,7 +691,7 @@ def _kill_uid(uid: int) -> None:
 
 
 def _apply_limits(pid: int, spec: ToolSpec, *, max_processes: int | None = None, forked: bool = False) -> None:
-    """rlimits on the (waiting) child, before it reads its request."""
+    """rlimits on the (waiting) monitor, before it reads its request; the tool process inherits them."""
     memory = spec.memory_mb * 1024 * 1024
     # a spawned child already spent ~1 s of CPU starting the interpreter; a forked one starts at zero
     cpu = int(spec.cpu_s or max(1, int(spec.timeout_s) + 1)) + (0 if forked else 1)
@@ -474,7 +711,7 @@ def _apply_limits(pid: int, spec: ToolSpec, *, max_processes: int | None = None,
             raise SandboxError(f"could not limit the tool process: {exc}", limit=str(which)) from exc
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: Any) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -483,30 +720,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
-
-
-def _parse_result(stdout: bytes, nonce: str) -> dict[str, Any] | None:
-    mark = f"{RESULT_MARK}{nonce} ".encode()
-    at = stdout.rfind(mark)
-    if at < 0:
-        return None
-    line = stdout[at + len(mark):].split(b"\n", 1)[0]
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        return {"ok": False, "error": {"type": "tool_output_invalid", "message": "result line is not JSON"}}
-
-
-def _parse_logs(stderr: bytes) -> list[dict[str, Any]]:
-    out = []
-    for raw in stderr[-MAX_LOG_BYTES:].splitlines():
-        try:
-            item = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            item = {"event": "tool.stderr", "line": raw.decode(errors="replace")[:500]}
-        if isinstance(item, dict):
-            out.append(item)
-    return out
 
 
 def _death_error(spec: ToolSpec, returncode: int | None, stderr: bytes) -> SandboxError:

@@ -1,27 +1,35 @@
-"""The sandboxed side of a tool run: ``python -m executor.sandbox_child NONCE``.
+"""The sandboxed side of a tool run: ``python -m executor.sandbox_child [--result-fd N]``.
 
-Started (often ahead of time) by ``executor.sandbox``; imports the common tool modules,
-then blocks on one JSON request line on stdin. The parent sets rlimits on this process
-*before* writing that line, so no tool code runs unlimited. Then, in this order:
+Started by ``executor.sandbox`` (forked from the fork server, or spawned), one per call.
+Two processes per call, so that nothing the tool runs can write the call's result:
 
-1. drop the network namespace unless the tool is networked (needs privilege: done first);
-2. import the tool's module (registry code, trusted) while the interpreter can still read it;
-3. confine (``confine``): become the call's own unprivileged uid when the parent asks
-   (root: ``RLIMIT_NPROC`` only binds a non-root uid, and a uid of its own means the
-   call's processes can be counted and killed as one), keep at most
-   ``CAP_DAC_READ_SEARCH`` (only when the interpreter is not readable by others), set
-   ``no_new_privs``, and restrict the filesystem with Landlock: read-only on the
-   interpreter, its libraries and the tool packages, read-write on the scratch dir only;
-4. enter the scratch dir, run the tool, then look for processes the tool left behind
-   (this process is their child subreaper): any found are killed and the call fails
-   with ``tool_left_process``.
+- the **monitor** (this process) holds the result pipe (fd 3, ``RESULT_FD``), reads one
+  JSON request line on stdin (the parent sets rlimits on it *before* writing that line),
+  sets up the call's namespaces and forks the tool process; then it reads the tool's
+  answer from a pipe of its own, size-capped while reading, validates it (a JSON object,
+  bounded depth) and writes one result frame to fd 3. It never runs tool code.
+- the **tool process** closes every descriptor but its answer pipe and stdio, imports the
+  tool (registry code, trusted) and confines itself: the call's own uid (root worker), no
+  capabilities, ``no_new_privs``, Landlock (read-only on exactly the interpreter, its
+  libraries and the tool packages; read-write on the scratch dir), and a seccomp filter
+  that refuses ``socket(2)`` of every family for non-networked tools. Before any tool
+  code runs it writes one line saying which layers it applied (the trusted header); the
+  tool's return value follows. It runs as PID 1 of a PID namespace of its own where the
+  kernel allows one, so everything the tool started dies with it.
 
-The tool's own prints go to stderr; logs are JSON lines on stderr carrying
-``request_id``; one result line tagged with the nonce goes to the original stdout.
+Namespaces, per call, set up by the monitor before the fork: a user namespace when the
+worker is not root (RLIMIT_NPROC then counts this call's processes only — the kernel
+tracks process counts per user namespace), a mount namespace in which the call's scratch
+dir is bind-mounted over the scratch root (no other call's dir is even visible), a PID
+namespace, and an empty network namespace unless the tool is networked.
+
+The tool's own prints stay on stdout and stderr (the parent reads both, capped, and logs
+each line with the call id); structured logs are JSON lines on stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import importlib
@@ -29,22 +37,35 @@ import importlib.util
 import inspect
 import json
 import os
+import platform
+import resource
+import select
 import signal
 import stat
 import struct
 import sys
 import time
 import traceback
+from typing import Any
 
+#: The descriptor the monitor writes its one result frame to; the tool process never holds it.
+RESULT_FD = 3
+MAX_RESULT_BYTES = 1_000_000
+#: Nesting depth a result may have (objects and arrays); deeper is ``tool_output_invalid``.
+MAX_RESULT_DEPTH = 64
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
-MAX_RESULT_BYTES = 1_000_000
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
 
 PR_SET_PDEATHSIG = 1
-PR_SET_KEEPCAPS = 8
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
-CAP_DAC_READ_SEARCH = 2
+SECCOMP_MODE_FILTER = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SYS_CAPSET = 126
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -64,11 +85,50 @@ _FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCT
 SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/localtime",
                      "/etc/hosts", "/etc/resolv.conf", "/etc/nsswitch.conf", "/etc/gai.conf", "/etc/host.conf",
                      "/etc/services", "/etc/protocols", "/etc/ssl", "/etc/ca-certificates", "/etc/pki")
+DEVICE_PATHS = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 #: Packages of this platform a tool imports through ``tools.context`` and friends.
 PLATFORM_PACKAGES = ("toolrail", "tools", "executor")
+#: Error types a tool process may report; anything else it claims becomes ``tool_error``.
+KNOWN_ERROR_TYPES = frozenset({"tool_error", "tool_input_error", "insufficient_funds", "unknown_tool",
+                               "tool_memory_limit", "tool_output_invalid", "sandbox_denied", "tool_process_limit",
+                               "tool_left_process", "sandbox_error"})
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+
+class OutputError(ValueError):
+    """A tool's answer that is not a bounded JSON object (the monitor's typed refusal)."""
+
+
+# ----------------------------------------------------------------- namespaces (monitor)
+
+
+def _errno_text() -> str:
+    code = ctypes.get_errno()
+    return f"errno {code} {errno.errorcode.get(code, '')}".strip()
+
+
+def enter_user_namespace() -> str:
+    """A user namespace of this call's own, mapping only the worker's uid and gid (non-root workers).
+
+    The kernel counts RLIMIT_NPROC per user namespace, so inside it the limit binds this
+    call's processes, not every process of the worker's uid.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    if _libc.unshare(CLONE_NEWUSER) != 0:
+        return f"unavailable ({_errno_text()})"
+    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # our own /proc files are root's while not dumpable
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1\n"), ("gid_map", f"{gid} {gid} 1\n")):
+            with open(f"/proc/self/{name}", "w") as fh:
+                fh.write(text)
+    except OSError as exc:
+        return f"failed ({exc})"
+    finally:
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    return "userns"
 
 
 def drop_network() -> str:
@@ -77,10 +137,91 @@ def drop_network() -> str:
         return "netns"
     if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
         return "userns+netns"
-    return f"unavailable (errno {ctypes.get_errno()})"
+    return f"unavailable ({_errno_text()})"
 
 
-# ----------------------------------------------------------------- confinement
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    if _libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None, flags,
+                   data.encode() if data else None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount {source} on {target}: {os.strerror(code)}")
+
+
+def private_mounts() -> None:
+    """A mount namespace of this process's own whose changes never propagate back to the host."""
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"unshare(CLONE_NEWNS): {os.strerror(code)}")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+
+def hide_other_calls(scratch_dir: str, scratch_root: str) -> str:
+    """In a new mount namespace, bind the call's scratch dir over the scratch root.
+
+    The tool then sees only its own dir at the root's path: other calls' dirs are not
+    readable, not listable, not even there — whatever Landlock and file modes say.
+    """
+    try:
+        private_mounts()
+        _mount(scratch_dir, scratch_root, None, MS_BIND)
+    except OSError as exc:
+        return f"unavailable ({exc})"
+    return "own-mount"
+
+
+def new_pid_namespace() -> str:
+    """The next child is PID 1 of a new PID namespace: when it exits, the kernel kills the rest."""
+    if _libc.unshare(CLONE_NEWPID) != 0:
+        return f"unavailable ({_errno_text()})"
+    return "pidns"
+
+
+def make_reachable(paths: list[str]) -> list[str]:
+    """Let an unprivileged per-call uid reach ``paths`` without any capability (root workers).
+
+    Python often lives under a directory only root may search (``/root/.pyenv``). In this
+    process's private mount namespace each such directory is covered with an empty tmpfs
+    (mode 0711) into which exactly the needed entries are bind-mounted back: everything
+    else in it stays hidden. Returns the directories covered.
+    """
+    covered: list[str] = []
+    for _ in range(8):  # each round opens the topmost blocking directory of every path
+        blockers: dict[str, set[str]] = {}
+        for path in paths:
+            current = "/"
+            for name in [p for p in os.path.abspath(path).split("/") if p]:
+                try:
+                    mode = os.stat(current).st_mode
+                except OSError:
+                    break
+                if current != "/" and not mode & stat.S_IXOTH:
+                    blockers.setdefault(current, set()).add(name)
+                    break
+                current = os.path.join(current, name)
+        if not blockers:
+            return covered
+        for folder, names in sorted(blockers.items()):
+            fds = {}
+            for name in sorted(names):
+                with contextlib.suppress(OSError):
+                    fds[name] = os.open(os.path.join(folder, name), os.O_PATH | os.O_CLOEXEC)
+            try:
+                _mount("tmpfs", folder, "tmpfs", 0, "mode=0711,size=64k")
+                for name, fd in fds.items():
+                    target = os.path.join(folder, name)
+                    if stat.S_ISDIR(os.fstat(fd).st_mode):
+                        os.mkdir(target)
+                    else:
+                        open(target, "w").close()  # noqa: SIM115 - an empty mount point
+                    _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+            covered.append(folder)
+    return covered
+
+
+# ----------------------------------------------------------------- confinement (tool process)
 
 
 def landlock_abi() -> int:
@@ -97,17 +238,19 @@ def _landlock(read_paths: list[str], write_paths: list[str], device_paths: list[
     """Restrict this process (and its future children) to the given hierarchies."""
     abi = landlock_abi()
     if abi <= 0:
-        return f"unavailable (errno {ctypes.get_errno()})"
+        return f"unavailable ({_errno_text()})"
     handled = _fs_rights(abi)
     ruleset = -1
+    scoped = ""
     if abi >= 6:  # also forbid signals and abstract sockets towards anything outside the sandbox
         attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, 0, _SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET))
         ruleset = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(24), ctypes.c_uint32(0))
+        scoped = "+scoped" if ruleset >= 0 else ""
     if ruleset < 0:
         attr = ctypes.create_string_buffer(struct.pack("=Q", handled))
         ruleset = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(8), ctypes.c_uint32(0))
     if ruleset < 0:
-        return f"unavailable (errno {ctypes.get_errno()})"
+        return f"unavailable ({_errno_text()})"
     read = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
     try:
         for paths, access in ((read_paths, read), (write_paths, handled),
@@ -115,10 +258,10 @@ def _landlock(read_paths: list[str], write_paths: list[str], device_paths: list[
             for path in paths:
                 _add_rule(int(ruleset), path, access & handled)
         if _libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
-            return f"failed (errno {ctypes.get_errno()})"
+            return f"failed ({_errno_text()})"
     finally:
         os.close(int(ruleset))
-    return f"landlock-v{abi}"
+    return f"landlock-v{abi}{scoped}"
 
 
 def _add_rule(ruleset: int, path: str, access: int) -> None:
@@ -137,21 +280,37 @@ def _add_rule(ruleset: int, path: str, access: int) -> None:
         os.close(fd)
 
 
-def _readable_by_others(path: str) -> bool:
-    """Whether an unprivileged uid can reach ``path`` (every parent searchable, the file readable)."""
-    current = os.path.abspath(path)
-    try:
-        if not os.stat(current).st_mode & stat.S_IROTH:
-            return False
-        while True:
-            parent = os.path.dirname(current)
-            if not os.stat(parent).st_mode & stat.S_IXOTH:
-                return False
-            if parent == current:
-                return True
-            current = parent
-    except OSError:
-        return False
+def _socket_filter() -> bytes | None:
+    """A classic-BPF seccomp program: ``socket(2)`` and io_uring fail with EACCES (x86-64, aarch64)."""
+    machine = platform.machine()
+    if machine == "x86_64":
+        arch, banned = 0xC000003E, (41, 425)  # AUDIT_ARCH_X86_64; socket, io_uring_setup
+    elif machine == "aarch64":
+        arch, banned = 0xC00000B7, (198, 425)  # AUDIT_ARCH_AARCH64; socket, io_uring_setup
+    else:
+        return None
+    ld_w_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EACCES
+    prog = [(ld_w_abs, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, deny), (ld_w_abs, 0, 0, 0),
+            (jge, len(banned) + 1, 0, 0x40000000)]  # x32 numbers on x86-64: refused
+    for i, nr in enumerate(banned):
+        prog.append((jeq, len(banned) - i, 0, nr))
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in prog)
+
+
+def no_sockets() -> str:
+    """Forbid creating sockets of any family from now on (needs ``no_new_privs``)."""
+    program = _socket_filter()
+    if program is None:
+        return f"unavailable (no filter for {platform.machine()})"
+    buf = ctypes.create_string_buffer(program)
+    fprog = struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(buf))
+    fbuf = ctypes.create_string_buffer(fprog)
+    if _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.c_void_p(ctypes.addressof(fbuf)),
+                   ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        return f"unavailable ({_errno_text()})"
+    return "seccomp"
 
 
 def _package_dirs(modules: list[str]) -> list[str]:
@@ -171,16 +330,38 @@ def _package_dirs(modules: list[str]) -> list[str]:
     return out
 
 
-def read_paths(modules: list[str]) -> list[str]:
-    """What a tool may read: the interpreter, its libraries, site-packages, the tool packages, system libs."""
+def _is_library_dir(entry: str) -> bool:
+    """The interpreter's own library directories: the stdlib, lib-dynload, site-packages, zips."""
+    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
+    real = os.path.realpath(entry)
+    if any(real == p or real.startswith(p + os.sep) for p in prefixes):
+        return True
+    return os.path.basename(real) in {"site-packages", "dist-packages"}
+
+
+def read_paths(modules: list[str], *, exclude: list[str] = ()) -> list[str]:
+    """Exactly what a tool may read: the interpreter, its libraries, the tool packages, system libraries.
+
+    Never a bare directory of the module search path (a project folder, the worker's working
+    directory): of those, only the package dir (or the single file) of each tool module and
+    of this platform's packages. Nothing at or below an ``exclude`` path (the scratch root).
+    """
     paths = {sys.base_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    repo_roots = {os.path.dirname(p) for p in _package_dirs(list(PLATFORM_PACKAGES))}
     for entry in sys.path:
-        if entry and os.path.isdir(entry) and os.path.abspath(entry) not in repo_roots:
-            paths.add(os.path.abspath(entry))  # stdlib, lib-dynload, site-packages; never the whole repo
+        if entry and os.path.isdir(entry) and _is_library_dir(entry):
+            paths.add(os.path.abspath(entry))
+        elif entry and os.path.isfile(entry) and entry.endswith(".zip"):
+            paths.add(os.path.abspath(entry))
     paths.update(_package_dirs([*PLATFORM_PACKAGES, *modules]))
     paths.update(SYSTEM_READ_PATHS)
-    return sorted(paths)
+    fenced = [os.path.realpath(p) for p in exclude if p]
+
+    def allowed(path: str) -> bool:
+        real = os.path.realpath(path)
+        return real != "/" and not any(real == f or real.startswith(f + os.sep) or f.startswith(real + os.sep)
+                                       for f in fenced)
+
+    return sorted(p for p in paths if allowed(p))
 
 
 def _capset(keep: int) -> None:
@@ -190,29 +371,31 @@ def _capset(keep: int) -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def confine(*, uid: int | None, scratch_dir: str, modules: list[str]) -> dict[str, str]:
-    """Drop privileges and restrict the filesystem; report what was applied."""
+def effective_caps() -> int:
+    """This process's effective capability set (``CapEff`` of ``/proc/self/status``)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return -1
+
+
+def confine(*, uid: int | None, scratch_dir: str, read: list[str], network: bool, own_proc: str) -> dict[str, str]:
+    """Drop privileges, restrict the filesystem and (non-networked) sockets; report what was applied."""
     applied: dict[str, str] = {}
-    keep_caps = 0
     if uid is not None and os.geteuid() == 0:
-        # The interpreter may live under a root-only directory (/root/.pyenv): then keep
-        # CAP_DAC_READ_SEARCH alone, and let Landlock decide what may actually be read.
-        if not _readable_by_others(sys.executable) or not _readable_by_others(os.__file__):
-            keep_caps = 1 << CAP_DAC_READ_SEARCH
-        _libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0)
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
-        _capset(keep_caps)
-        _libc.prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0)
         applied["uid"] = str(uid)
-        applied["caps"] = "dac_read_search" if keep_caps else "none"
     else:
         applied["uid"] = "unchanged (not root)" if os.geteuid() != 0 else "unchanged (not asked)"
+    with contextlib.suppress(OSError):
+        _capset(0)  # a user namespace gave this process every capability in it: none survive
+    applied["caps"] = "none" if effective_caps() == 0 else f"kept {effective_caps():#x}"
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    own_proc = f"/proc/{os.getpid()}"  # to find the tool's leftover children afterwards
-    applied["filesystem"] = _landlock([*read_paths(modules), own_proc], [scratch_dir],
-                                      ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"])
+    applied["filesystem"] = _landlock([*read, own_proc], [scratch_dir], list(DEVICE_PATHS))
+    applied["sockets"] = "allowed (networked)" if network else no_sockets()
     die_with_parent()  # changing credentials cleared the parent-death signal
     return applied
 
@@ -220,10 +403,10 @@ def confine(*, uid: int | None, scratch_dir: str, modules: list[str]) -> dict[st
 # ----------------------------------------------------------------- leftovers
 
 
-def _children() -> list[int]:
-    """Live children of this process (its own ``/proc`` entry stays readable under Landlock)."""
+def _children(pid: int | None = None) -> list[int]:
+    """Live children of ``pid`` (default: this process), read from ``/proc``."""
     out: list[int] = []
-    me = os.getpid()
+    me = pid or _host_pid()
     try:
         tasks = os.listdir(f"/proc/{me}/task")
     except OSError:
@@ -245,48 +428,121 @@ def _reap() -> None:
         pass
 
 
-def kill_leftovers(own_uid: bool) -> int:
-    """Kill every process the tool left; returns how many were found (at least 1 if any).
+def _live(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that are not zombies."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(pid)
+        except (OSError, IndexError):
+            pass
+    return out
 
-    Every live descendant is a child of this process or below one: orphans reparent here
-    (child subreaper), even after ``setsid``. With a uid of its own, ``kill(-1, SIGKILL)``
-    reaches all of them at once; without, children are killed round by round as their
-    own children reparent here. The parent sweeps the call's uid once more afterwards.
+
+def kill_leftovers(uid: int | None = None) -> int:
+    """Kill every process left below the monitor; returns how many were found.
+
+    With a PID namespace there is nothing left (the kernel killed it with the tool); without
+    one, orphans reparent here (child subreaper), even after ``setsid``, and are killed round
+    by round as their own children reparent. A call's own uid is swept through ``/proc`` too.
     """
     _reap()
-    first = set(_children())
-    _reap()  # a child that exited between the two looks is a zombie, not a leftover
-    found = len(first & set(_children()))
-    if not found:
+    found = len(_live(_children()))
+    if not found and uid is None:
         return 0
     for _ in range(200):  # a fork bomb keeps spawning while we kill: repeat until quiet
-        if own_uid:
-            try:
-                os.kill(-1, signal.SIGKILL)  # every process of this call's own uid, except this one
-            except OSError:
-                pass
-        for pid in _children():
-            try:
+        victims = _live(_children())
+        if uid is not None:
+            victims += _live([int(e) for e in os.listdir("/proc") if e.isdigit() and _owned_by(e, uid)])
+        for pid in victims:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.005)
         _reap()
-        if not _children():
+        if not victims:
             break
+        time.sleep(0.005)
     return found
 
 
-# ----------------------------------------------------------------- the call
+def _owned_by(pid: str, uid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == uid
+    except OSError:
+        return False
 
 
-def _emit(nonce: str, payload: dict, out) -> None:
-    line = json.dumps(payload, ensure_ascii=False, default=str)
-    if len(line) > MAX_RESULT_BYTES:
-        line = json.dumps({"ok": False, "error": {"type": "tool_output_invalid",
-                                                  "message": f"result of {len(line)} bytes exceeds {MAX_RESULT_BYTES}"}})
-    out.write(f"\x00TOOLRAIL-RESULT {nonce} {line}\n")
-    out.flush()
+# ----------------------------------------------------------------- results
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value, without recursion (a hostile value cannot blow the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
+def decode_object(data: bytes, *, what: str, max_bytes: int = MAX_RESULT_BYTES, max_depth: int = MAX_RESULT_DEPTH) -> dict:
+    """``data`` as a JSON object of bounded size and depth, or ``OutputError`` saying why not."""
+    if len(data) > max_bytes:
+        raise OutputError(f"{what} of more than {max_bytes} bytes")
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise OutputError(f"{what} nests deeper than the JSON decoder allows") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OutputError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise OutputError(f"{what} is a JSON {type(value).__name__}, not an object")
+    if json_depth(value) > max_depth:
+        raise OutputError(f"{what} nests deeper than {max_depth} levels")
+    return value
+
+
+def _error(kind: str, message: str, **details: Any) -> dict:
+    return {"ok": False, "error": {"type": kind, "message": message, "details": details}}
+
+
+def _checked_answer(payload: dict) -> dict:
+    """The tool process's answer reduced to ``{ok, result}`` or ``{ok: false, error}`` of known shape."""
+    if payload.get("ok") is True:
+        if not isinstance(payload.get("result"), dict):
+            return _error("tool_output_invalid", "the tool's result is not a JSON object")
+        return {"ok": True, "result": payload["result"]}
+    error = payload.get("error")
+    if payload.get("ok") is not False or not isinstance(error, dict):
+        return _error("tool_output_invalid", "the tool's answer has neither a result nor an error")
+    kind = error.get("type") if error.get("type") in KNOWN_ERROR_TYPES else "tool_error"
+    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    return {"ok": False, "error": {"type": kind, "message": str(error.get("message", "tool failed"))[:2000],
+                                   "details": details}}
+
+
+def encode_result(payload: dict) -> bytes:
+    """The tool process's answer as JSON; a value that cannot be one becomes a typed error."""
+    try:
+        result = payload.get("result")
+        if payload.get("ok") and hasattr(result, "model_dump"):
+            payload = {**payload, "result": result.model_dump(mode="json")}
+        if payload.get("ok") and not isinstance(payload.get("result"), dict):
+            kind = type(payload.get("result")).__name__
+            payload = _error("tool_output_invalid", f"the tool returned a {kind}; a tool returns a JSON object (a dict)")
+        return json.dumps(payload, ensure_ascii=False, default=str).encode()
+    except RecursionError:
+        return json.dumps(_error("tool_output_invalid", "the tool's result nests too deeply to encode")).encode()
+    except (TypeError, ValueError) as exc:
+        return json.dumps(_error("tool_output_invalid", f"the tool's result is not JSON: {exc}")).encode()
+
+
+# ----------------------------------------------------------------- the tool process
 
 
 def _load(entrypoint: str):
@@ -316,6 +572,8 @@ def classify(exc: BaseException) -> dict:
         return to_dict()
     name = type(exc).__name__
     details = {"exception": name}
+    if isinstance(exc, RecursionError):
+        return {"type": "tool_error", "message": f"{name}: {exc}", "details": details}
     if isinstance(exc, BlockingIOError) and exc.errno == errno.EAGAIN and "fork" in traceback.format_exc():
         return {"type": "tool_process_limit", "message": f"the tool hit its process limit: {exc}", "details": details}
     if isinstance(exc, PermissionError) or (isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM)):
@@ -326,39 +584,57 @@ def classify(exc: BaseException) -> dict:
     return {"type": "tool_error", "message": f"{name}: {exc}", "details": details}
 
 
+_parent_pid: int | None = None
+
+
 def die_with_parent() -> None:
-    """SIGKILL this process when the worker that started it dies (no orphaned tool runs)."""
+    """SIGKILL this process when the process that started it dies (no orphaned tool runs).
+
+    The parent is the one seen first by this process (``remember_parent``): inside a PID
+    namespace the tool's parent *is* PID 1, so "my parent is 1" cannot mean "orphaned".
+    """
     try:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
-    if os.getppid() == 1:
+    if os.getppid() != (_parent_pid if _parent_pid is not None else os.getppid()) or (
+            _parent_pid is None and os.getppid() == 1):
         os._exit(0)
 
 
-def main(argv: list[str]) -> int:
-    nonce = argv[1] if len(argv) > 1 else ""
+def remember_parent() -> None:
+    """Call first thing after a fork: the parent ``die_with_parent`` guards."""
+    global _parent_pid
+    _parent_pid = os.getppid()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _host_pid() -> int:
+    """This process's pid as the host's ``/proc`` sees it (``getpid`` says 1 inside a PID namespace)."""
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return os.getpid()
+
+
+def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
+    """Import, confine, run the tool; write the trusted header line, then the answer. Never returns."""
+    remember_parent()
+    os.closerange(RESULT_FD, answer_fd)
+    os.closerange(answer_fd + 1, 1 << 16)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
     die_with_parent()
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
-    result_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)  # the tool's prints land on stderr, never in the result channel
-    sys.stdout = sys.stderr
-    preload = [m for m in os.environ.get("TOOLRAIL_SANDBOX_PRELOAD", "tools.builtin").split(",") if m]
-    for module in preload:
-        try:
-            importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - a broken preload must not kill the pool
-            pass
-    import structlog  # noqa: PLC0415 - after preload, before the request
+    import structlog  # noqa: PLC0415 - preloaded by the fork server
 
     from tools.context import CallContext, set_current_call  # noqa: PLC0415
 
-    line = sys.stdin.readline()
-    if not line:
-        return 0
-    request = json.loads(line)
-    me = os.getpid()
-    network = "allowed" if request.get("network") else drop_network()
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
                                     structlog.processors.TimeStamper(fmt="iso", utc=True),
                                     structlog.processors.JSONRenderer(ensure_ascii=False)],
@@ -367,26 +643,28 @@ def main(argv: list[str]) -> int:
     structlog.contextvars.bind_contextvars(request_id=request["request_id"], job_id=request["job_id"],
                                            call_id=request["call_id"], tool=request["tool"])
     log = structlog.get_logger("toolrail.sandbox")
-    isolation: dict[str, str] = {"network": network}
+    isolation: dict[str, str] = {}
     try:
         func = _load(request["entrypoint"])
         if request.get("confine", True):
-            isolation.update(confine(uid=request.get("uid"), scratch_dir=request["scratch_dir"],
-                                     modules=[*preload, request["entrypoint"].partition(":")[0]]))
+            read = read_paths([*modules, request["entrypoint"].partition(":")[0]],
+                              exclude=[request.get("scratch_root", "")])
+            isolation = confine(uid=request.get("uid"), scratch_dir=request["scratch_dir"], read=read,
+                                network=bool(request.get("network")), own_proc=f"/proc/{_host_pid()}")
+        os.environ.update({**request.get("env", {}), "TMPDIR": request["scratch_dir"], "HOME": request["scratch_dir"]})
+        os.chdir(request["scratch_dir"])
     except Exception as exc:  # noqa: BLE001 - a sandbox that cannot be set up must not run the tool
-        _emit(nonce, {"ok": False, "error": {"type": "sandbox_error", "message": f"sandbox setup failed: {exc}",
-                                             "details": {"exception": type(exc).__name__}}, "isolation": isolation},
-              result_out)
-        return 0
-    os.environ.update(request.get("env", {}))
-    os.chdir(request["scratch_dir"])
-    log.info("tool.start", pid=me, network=network, **{f"isolation_{k}": v for k, v in isolation.items() if k != "network"})
+        _write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")
+        _write_all(answer_fd, json.dumps(_error("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}",
+                                                exception=type(exc).__name__)).encode())
+        os._exit(0)
+    _write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")  # the last line the sandbox writes
+    log.info("tool.start", pid=_host_pid(), **{f"isolation_{k}": v for k, v in isolation.items()})
     set_current_call(CallContext(request_id=request["request_id"], job_id=request["job_id"], call_id=request["call_id"],
                                  idempotency_key=request["idempotency_key"], scratch_dir=request["scratch_dir"]))
+    me = os.getpid()
     try:
-        result = _call(func, request["arguments"])
-        json.dumps(result, default=str)
-        payload = {"ok": True, "result": result, "network": network}
+        payload: dict = {"ok": True, "result": _call(func, request["arguments"])}
     except BaseException as exc:  # noqa: BLE001 - every tool failure becomes a typed result
         if os.getpid() != me:
             os._exit(1)  # a process the tool forked unwound to here: it reports nothing
@@ -394,58 +672,236 @@ def main(argv: list[str]) -> int:
         error.setdefault("details", {})["traceback"] = traceback.format_exc(limit=5)[-2000:]
         payload = {"ok": False, "error": error}
     if os.getpid() != me:
-        os._exit(0)  # a forked copy of the tool returned: only the sandbox's own process reports
-    left = kill_leftovers(own_uid=isolation.get("uid", "").isdigit())
-    if left:
-        log.warning("tool.left_processes", count=left)
-        if payload["ok"] or payload["error"].get("type") == "tool_error":
-            payload = {"ok": False, "error": {"type": "tool_left_process", "message":
-                       f"the tool left {left} process(es) running after it returned; they were killed",
-                       "details": {"processes": left}}}
-    payload["network"] = network
-    payload["isolation"] = isolation
+        os._exit(0)  # a forked copy of the tool returned: only the tool process answers
     log.info("tool.end", ok=payload["ok"])
-    _emit(nonce, payload, result_out)
-    # Leave at once: the result is out, and interpreter teardown (hundreds of modules) only
-    # delays the EOF the worker waits for.
+    try:
+        _write_all(answer_fd, encode_result(payload))
+    except OSError:
+        pass
+    sys.stdout.flush()
     sys.stderr.flush()
+    os._exit(0)  # interpreter teardown only delays the EOF the monitor waits for
+
+
+# ----------------------------------------------------------------- the monitor
+
+
+def _read_answer(fd: int, pid: int, *, limit: int) -> tuple[bytes, bool]:
+    """Read the tool process's answer until it exits; ``(data, too_big)``. Never more than ``limit`` bytes."""
+    data = bytearray()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
+    exited = False
+    try:
+        while True:
+            events = dict(poller.poll(None if pidfd is not None else 50))
+            if fd in events:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                data += chunk
+                if len(data) > limit:
+                    os.kill(pid, signal.SIGKILL)  # the answer is refused whole: stop the writer
+                    return bytes(data[:limit]), True
+                continue
+            if exited:
+                break  # the tool exited and nothing more is buffered; a leftover may hold the pipe open
+            if pidfd is not None and pidfd in events or pidfd is None and os.waitpid(pid, os.WNOHANG)[0]:
+                exited = True
+                os.set_blocking(fd, False)
+                poller.unregister(pidfd) if pidfd is not None else None
+                poller = _drain_poller(fd)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return bytes(data), False
+
+
+def _drain_poller(fd: int) -> Any:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+
+    class _Drain:
+        def poll(self, _timeout: Any) -> list:
+            return poller.poll(0) or [(-1, 0)]
+
+    return _Drain()
+
+
+def _wait_status(pid: int) -> int:
+    while True:
+        try:
+            got, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return 0
+        if got == pid:
+            return status
+
+
+def _init_process(request: dict, answer_fd: int, status_fd: int, modules: list[str]) -> None:
+    """PID 1 of the call (or its stand-in): fork the tool, reap, report its status and leftovers. Never returns."""
+    remember_parent()
+    die_with_parent()
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # without a PID namespace the tool's orphans come here
+    tool = os.fork()
+    if tool == 0:
+        try:
+            os.close(status_fd)
+            tool_process(request, answer_fd, modules)
+        finally:
+            os._exit(1)
+    os.close(answer_fd)
+    status = _wait_status(tool)
+    left = kill_leftovers()
+    with contextlib.suppress(OSError):
+        _write_all(status_fd, f"{status} {left}\n".encode())
+    os._exit(0)  # as PID 1 of the namespace, this exit kills whatever the tool left
+
+
+def monitor(request: dict, modules: list[str]) -> dict:
+    """Set up the call's namespaces, run the tool under its init, and build the result frame."""
+    isolation: dict[str, str] = {}
+    if os.geteuid() != 0:
+        isolation["userns"] = enter_user_namespace()
+        if isolation["userns"] == "userns" and request.get("max_processes"):
+            limit = int(request["max_processes"])
+            resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+            isolation["processes"] = f"{limit} per call (user namespace)"
+    elif request.get("uid") is not None and request.get("max_processes"):
+        isolation["processes"] = f"{request['max_processes']} per call (own uid)"
+    isolation.setdefault("processes", "unlimited per call")
+    isolation["scratch"] = hide_other_calls(request["scratch_dir"], request["scratch_root"])
+    if isolation["scratch"] == "own-mount":
+        request = {**request, "scratch_dir": request["scratch_root"]}
+    isolation["network"] = "allowed" if request.get("network") else drop_network()
+    isolation["pid"] = new_pid_namespace()
+    answer_r, answer_w = os.pipe()
+    status_r, status_w = os.pipe()
+    init = os.fork()
+    if init == 0:
+        try:
+            os.close(answer_r)
+            os.close(status_r)
+            _init_process(request, answer_w, status_w, modules)
+        finally:
+            os._exit(1)
+    os.close(answer_w)
+    os.close(status_w)
+    data, too_big = _read_answer(answer_r, init, limit=MAX_RESULT_BYTES + 65536)
+    os.close(answer_r)
+    _wait_status(init)
+    with os.fdopen(status_r, "rb") as fh:
+        report = fh.read(64).split()
+    status, left = (int(report[0]), int(report[1])) if len(report) == 2 else (None, 0)
+    left += kill_leftovers(request.get("uid"))
+    header, _, body = data.partition(b"\n")
+    try:
+        isolation.update(json.loads(header).get("isolation", {}) if header else {})
+    except (ValueError, AttributeError):
+        pass
+    frame: dict[str, Any]
+    if too_big:
+        frame = _error("tool_output_invalid", f"the tool's result exceeds {MAX_RESULT_BYTES} bytes",
+                       limit_bytes=MAX_RESULT_BYTES)
+    elif not body:  # no answer: the parent names the death (it has the stderr)
+        frame = {"ok": False, "exit": None if status is None else os.waitstatus_to_exitcode(status)}
+    else:
+        try:
+            frame = _checked_answer(decode_object(body, what="the tool's result"))
+        except OutputError as exc:
+            frame = _error("tool_output_invalid", str(exc))
+    if left and (frame.get("ok") or frame.get("error", {}).get("type") == "tool_error"):
+        frame = _error("tool_left_process", f"the tool left {left} process(es) running after it returned; "
+                                            "they were killed", processes=left)
+    frame["isolation"] = isolation
+    frame["network"] = isolation.get("network", "")
+    return frame
+
+
+def main(argv: list[str]) -> int:
+    result_fd = int(argv[argv.index("--result-fd") + 1]) if "--result-fd" in argv else RESULT_FD
+    if result_fd != RESULT_FD:
+        os.dup2(result_fd, RESULT_FD)
+        os.close(result_fd)
+    die_with_parent()
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
+    modules = preload_modules()
+    line = sys.stdin.readline()
+    if not line:
+        return 0
+    request = json.loads(line)
+    try:
+        frame = monitor(request, modules)
+    except Exception as exc:  # noqa: BLE001 - the monitor's own failure is a typed sandbox error
+        frame = _error("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}")
+    try:
+        _write_all(RESULT_FD, json.dumps(frame, ensure_ascii=False).encode())
+    except OSError:
+        pass
     os._exit(0)
 
 
+def preload_modules() -> list[str]:
+    """Import the tool modules named in ``TOOLRAIL_SANDBOX_PRELOAD``; returns their names."""
+    modules = [m for m in os.environ.get("TOOLRAIL_SANDBOX_PRELOAD", "tools.builtin").split(",") if m]
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - a broken module fails its own calls, with the reason, not the pool
+            pass
+    return modules
+
+
+def _strip_unsafe_path() -> None:
+    """Drop the working directory ``python -m`` put first on ``sys.path`` (Python < 3.11 has no ``-P``)."""
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
+
+
 def serve_forks(sock_fd: int) -> int:
-    """Fork server ("zygote"): import once, then fork one fresh child per call.
+    """Fork server ("zygote"): import once, then fork one fresh monitor per call.
 
     Protocol on the Unix socket shared with one worker process, one call at a time:
-    the worker sends its nonce with three fds (the call's stdin, stdout, stderr pipes);
-    we fork, answer ``pid <pid>``, wait for the child and answer ``exit <pid> <status>``.
-    The child becomes exactly what a freshly spawned sandbox child is after its imports —
-    its own session, fds 0/1/2 on the call's pipes — and runs ``main``. Forking a
-    pre-imported process costs milliseconds where starting an interpreter and importing
-    the tool modules costs hundreds (bench/sandbox.py).
+    the worker sends four fds (the call's stdin, stdout, stderr and result pipes); we
+    fork, answer ``pid <pid>``, wait for the child and answer ``exit <pid> <status>``.
+    The child becomes exactly what a freshly spawned monitor is after its imports — its
+    own session, fds 0-3 on the call's pipes — and runs ``main``. Forking a pre-imported
+    process costs milliseconds where starting an interpreter and importing the tool
+    modules costs hundreds (bench/sandbox.py).
+
+    As root with per-call uids, the server first makes the interpreter and the tool
+    packages reachable for an unprivileged uid in a mount namespace of its own
+    (``make_reachable``), so that no tool process needs a capability to import.
     """
     import socket  # noqa: PLC0415
 
     die_with_parent()
-    for module in [m for m in os.environ.get("TOOLRAIL_SANDBOX_PRELOAD", "tools.builtin").split(",") if m]:
-        try:
-            importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - a broken preload must not kill the server
-            pass
+    modules = preload_modules()
     import structlog  # noqa: F401, PLC0415 - preloaded for the children
 
     import tools.context  # noqa: F401, PLC0415
 
+    if os.geteuid() == 0 and os.environ.get("TOOLRAIL_SANDBOX_OWN_UID") == "1":
+        with contextlib.suppress(OSError):
+            private_mounts()
+            make_reachable(read_paths(modules))
     sock = socket.socket(fileno=sock_fd)
     while True:
         try:
-            message, fds, _flags, _addr = socket.recv_fds(sock, 256, 3)
+            message, fds, _flags, _addr = socket.recv_fds(sock, 256, 4)
         except OSError:
             return 0
-        if not message or len(fds) != 3:
+        if not message or len(fds) != 4:
             for fd in fds:
                 os.close(fd)
             return 0
-        nonce = message.decode(errors="replace").strip()
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -453,9 +909,10 @@ def serve_forks(sock_fd: int) -> int:
                 sock.close()
                 os.setsid()
                 for target, fd in enumerate(fds):
-                    os.dup2(fd, target)
-                    os.close(fd)
-                code = main(["sandbox_child", nonce])
+                    if fd != target:
+                        os.dup2(fd, target)
+                        os.close(fd)
+                code = main(["sandbox_child"])
             finally:
                 os._exit(code or 0)
         for fd in fds:
@@ -469,6 +926,7 @@ def serve_forks(sock_fd: int) -> int:
 
 
 if __name__ == "__main__":
+    _strip_unsafe_path()
     if len(sys.argv) > 2 and sys.argv[1] == "--forkserver":
         sys.exit(serve_forks(int(sys.argv[2])))
     sys.exit(main(sys.argv))
