@@ -2,15 +2,21 @@
 
     ToolError                 base; ``retryable`` says whether running again may help
     ├── ToolInputError        the arguments are valid JSON Schema-wise but make no sense (permanent)
+    │   └── PatternBudgetError  a text too long to check against a pattern within the matching budget
     ├── InsufficientFundsError
-    └── UnknownToolError      no tool of that name is registered (permanent)
+    ├── UnknownToolError      no tool of that name is registered (permanent)
+    └── SchemaRejectedError   a client's JSON Schema the platform will not run (carries ``path``):
+        │                     recursive or remote ``$ref``, too large, too deep (permanent)
+        └── UnsupportedPatternError  a ``pattern`` no linear-time engine can run (backreference,
+                                     lookaround); carries ``path``, ``pattern`` and ``reason``
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["InsufficientFundsError", "ToolError", "ToolInputError", "UnknownToolError"]
+__all__ = ["InsufficientFundsError", "PatternBudgetError", "SchemaRejectedError", "ToolError", "ToolInputError",
+           "UnknownToolError", "UnsupportedPatternError"]
 
 
 class ToolError(Exception):
@@ -31,9 +37,36 @@ class ToolInputError(ToolError):
     type = "tool_input_error"
 
 
+class PatternBudgetError(ToolInputError):
+    """Checking a text against a pattern would cost more than the budget allows (linear, but long)."""
+
+    type = "pattern_budget_exceeded"
+
+
 class InsufficientFundsError(ToolError):
     type = "insufficient_funds"
 
 
 class UnknownToolError(ToolError):
     type = "unknown_tool"
+
+
+class SchemaRejectedError(ToolError):
+    """A client-supplied JSON Schema refused before anything runs; ``path`` is the JSON pointer at fault."""
+
+    type = "schema_rejected"
+
+    def __init__(self, path: str, message: str, **details: Any) -> None:
+        super().__init__(message, path=path, **details)
+        self.path = path
+
+
+class UnsupportedPatternError(SchemaRejectedError):
+    """A ``pattern`` (or ``patternProperties`` key) that RE2, a linear-time engine, cannot run."""
+
+    type = "unsupported_pattern"
+
+    def __init__(self, path: str, pattern: str, reason: str) -> None:
+        super().__init__(path, f"pattern {pattern[:200]!r} at {path or '/'} is not supported: {reason}",
+                         pattern=pattern, reason=reason)
+        self.pattern, self.reason = pattern, reason
