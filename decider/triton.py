@@ -11,7 +11,19 @@ The constraint is the request's JSON Schema as ``guided_decoding_guide`` with
 when the repository is not configured for guided decoding; so before the first request this
 backend reads the served model configs and raises
 :class:`~decider.errors.GuidedDecodingNotConfiguredError` unless guided decoding is on end to
-end (checks shared with the repository generator: ``engine_build.config_check``).
+end. The wire contract — tensor names per release, the stream's end, the checks — is
+``decider/triton_wire.py``; the served entry's config decides the names sent
+(``random_seed`` up to tensorrtllm_backend v0.19.0, ``seed`` after) and how text arrives.
+
+End of a stream: the BLS sends its text without the final flag and then an empty final
+response, which Triton forwards only to requests that set
+``triton_enable_empty_final_response=true`` — every request here does (without it the client
+would wait until its timeout on every BLS request). With ``accumulate_tokens`` on (the
+generator sets it) each BLS response is the whole text so far, decoded from all tokens, so a
+character split across tokens never arrives as U+FFFD; the client turns it into deltas.
+``finish_reason``: the LLM-API model says it; for the BLS the client counts the generated
+tokens from the per-step ``output_log_probs`` and reports ``length`` when they reach
+``max_tokens``.
 
 Transport: tritonclient's generated service stubs (``service_pb2_grpc``) over ``grpc.aio``,
 with tritonclient's tensor serialization and ``InferResult``. (The ``stream_infer`` wrapper of
@@ -21,7 +33,8 @@ error routing impossible.)
 Errors: a cut stream → :class:`StreamInterruptedError` (retryable) for every request in flight,
 none of whose partial text is ever returned as final; an unreachable or unready server →
 :class:`BackendUnavailableError`; a server-side error naming the request → permanent
-:class:`InvalidRequestError` when the request itself is at fault, retryable otherwise.
+:class:`InvalidRequestError` when its summary line (a BLS error is a whole traceback) blames
+the request, retryable otherwise (``triton_wire.blames_request``).
 """
 
 from __future__ import annotations
@@ -47,12 +60,18 @@ from decider.errors import (
     InvalidRequestError,
     StreamInterruptedError,
 )
-from engine_build.config_check import (
+from decider.triton_wire import (
     CLIENT_INPUTS,
+    ENABLE_EMPTY_FINAL,
+    FINAL_RESPONSE,
     GUIDE_TYPE_JSON_SCHEMA,
+    LOG_PROBS_OUTPUT,
+    WireProfile,
+    blames_request,
     decoder_model_name,
     entry_problems,
     guided_decoding_problems,
+    resolve_profile,
 )
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_REQUEST_TIMEOUT_S", "DEFAULT_URL", "TritonBackend", "triton_request_id"]
@@ -63,15 +82,12 @@ DEFAULT_URL = "127.0.0.1:8001"
 DEFAULT_MODEL = "tensorrt_llm_bls"
 DEFAULT_REQUEST_TIMEOUT_S = 120.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
-_FINAL = "triton_final_response"
 _NUMPY = {"BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 #: gRPC codes after which the same request may succeed on a new stream.
 _RETRYABLE_CODES = {
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
 }
-#: Words of a server error that blame the request (permanent) rather than the server (retryable).
-_REQUEST_FAULT_WORDS = ("invalid", "unexpected", "expected", "exceeds", "too long", "not supported", "unknown")
 
 
 def triton_request_id(request: GenerationRequest) -> str:
@@ -116,6 +132,7 @@ class TritonBackend:
         self._channel: grpc.aio.Channel | None = None
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
         self._checked = False
+        self._profile = WireProfile()
         self._start_lock: asyncio.Lock | None = None
         self._pending: dict[str, _Pending] = {}
         self._outbox: asyncio.Queue | None = None
@@ -181,6 +198,7 @@ class TritonBackend:
                 raise DeciderPermanentError(
                     f"{self.model_name} on {self.url} does not take the client's tensors: " + "; ".join(mismatch)
                 )
+            self._profile = resolve_profile(entry)
             self._checked = True
 
     async def _config(self, name: str) -> Any:
@@ -238,14 +256,14 @@ class TritonBackend:
 
     @staticmethod
     def _classify(message: str) -> Exception:
-        lowered = message.lower()
-        if any(word in lowered for word in _REQUEST_FAULT_WORDS):
+        if blames_request(message):
             return InvalidRequestError(f"Triton rejected the request: {message}")
         return BackendUnavailableError(f"Triton error: {message}")
 
     # ------------------------------------------------------------------ requests
 
     def _encode(self, request: GenerationRequest, triton_id: str) -> service_pb2.ModelInferRequest:
+        profile = self._profile
         values: dict[str, Any] = {
             "text_input": [request.prompt],
             "max_tokens": [request.max_tokens],
@@ -261,7 +279,10 @@ class TritonBackend:
         if request.json_schema is not None:
             values["guided_decoding_guide_type"] = [GUIDE_TYPE_JSON_SCHEMA]
             values["guided_decoding_guide"] = [request.json_schema]
+        if profile.count_tokens:
+            values["return_log_probs"] = [True]
         message = service_pb2.ModelInferRequest(model_name=self.model_name, id=triton_id)
+        message.parameters[ENABLE_EMPTY_FINAL].bool_param = True
         for spec in CLIENT_INPUTS:
             if spec.name not in values:
                 continue
@@ -272,9 +293,14 @@ class TritonBackend:
             else:
                 array = np.array([items], dtype=_NUMPY[spec.wire])
                 raw = array.tobytes()
-            message.inputs.add(name=spec.name, datatype=spec.wire, shape=list(array.shape))
+            name = profile.input_names.get(spec.name, spec.name)
+            message.inputs.add(name=name, datatype=spec.wire, shape=list(array.shape))
             message.raw_input_contents.append(raw)
         message.outputs.add(name="text_output")
+        if profile.count_tokens:
+            message.outputs.add(name=LOG_PROBS_OUTPUT)
+        if profile.finish_output:
+            message.outputs.add(name=profile.finish_output)
         return message
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
@@ -291,7 +317,8 @@ class TritonBackend:
             assert self._outbox is not None
             self._outbox.put_nowait(self._encode(request, triton_id))
             deadline = time.monotonic() + self.request_timeout_s
-            text_parts: list[str] = []
+            stream = _TextStream(cumulative=self._profile.cumulative_text)
+            tokens = 0
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -301,26 +328,23 @@ class TritonBackend:
                 except asyncio.TimeoutError:
                     continue
                 if isinstance(item, _StreamCut):
-                    raise StreamInterruptedError(f"{triton_id}: {item.detail}; {len(text_parts)} partial responses discarded")
+                    raise StreamInterruptedError(f"{triton_id}: {item.detail}; {stream.responses} partial responses discarded")
                 if isinstance(item, Exception):
                     raise item
                 result = InferResult(item)
                 if result.get_response().id != triton_id:  # routing invariant; never trust arrival order
                     raise StreamInterruptedError(f"response for {result.get_response().id!r} reached {triton_id!r}")
-                delta = _text(result)
-                final = _FINAL in item.parameters and item.parameters[_FINAL].bool_param
+                final = FINAL_RESPONSE in item.parameters and item.parameters[FINAL_RESPONSE].bool_param
+                tokens += _token_count(result)
+                delta = stream.feed(_text(result), final=final)
                 if not final:
                     if delta:
-                        text_parts.append(delta)
                         yield GenerationChunk(request_id=request.request_id, text=delta)
                     continue
-                text_parts.append(delta)
-                yield GenerationChunk(
-                    request_id=request.request_id,
-                    text=delta,
-                    finished=True,
-                    finish_reason=_finish_reason(result),
-                )
+                reason = _finish_reason(result) if self._profile.finish_output else None
+                if reason is None:
+                    reason = "length" if self._profile.count_tokens and tokens >= request.max_tokens else "stop"
+                yield GenerationChunk(request_id=request.request_id, text=delta, finished=True, finish_reason=reason)
                 return
         finally:
             self._pending.pop(triton_id, None)
@@ -339,6 +363,53 @@ class TritonBackend:
         self._checked = False
 
 
+class _TextStream:
+    """Turns a request's ``text_output`` responses into deltas.
+
+    Deltas as they come, or — when every response is the whole text so far (the BLS with
+    ``accumulate_tokens``) — the new tail of it. A cumulative text that ends inside a
+    multi-byte character ends in U+FFFD until the next token completes it: that tail is held
+    back, never streamed.
+    """
+
+    def __init__(self, *, cumulative: bool) -> None:
+        self.cumulative = cumulative
+        self.sent = ""
+        self.responses = 0
+
+    def feed(self, text: str, *, final: bool) -> str:
+        self.responses += 1
+        if not self.cumulative:
+            self.sent += text
+            return text
+        if not text:
+            return ""  # the empty final response carries no text
+        stable = text if final else text.rstrip("\ufffd")
+        if not stable.startswith(self.sent):
+            # Detokenizing more tokens changed text already streamed: keep what was sent, log it.
+            logger.warning("cumulative text changed behind the stream: %r -> %r", self.sent, stable)
+            common = len(_common_prefix(self.sent, stable))
+            stable = self.sent + stable[common:]
+        delta = stable[len(self.sent):]
+        self.sent = stable
+        return delta
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _token_count(result: InferResult) -> int:
+    """Tokens generated in this step: the last dim of ``output_log_probs`` ([1, beams, new tokens])."""
+    if not any(output.name == LOG_PROBS_OUTPUT for output in result.get_response().outputs):
+        return 0
+    array = result.as_numpy(LOG_PROBS_OUTPUT)
+    return int(array.shape[-1]) if array is not None and array.ndim else 0
+
+
 def _text(result: InferResult) -> str:
     array = result.as_numpy("text_output")
     if array is None or array.size == 0:
@@ -346,7 +417,7 @@ def _text(result: InferResult) -> str:
     return "".join(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1))
 
 
-def _finish_reason(result: InferResult) -> str:
+def _finish_reason(result: InferResult) -> str | None:
     response = result.get_response()
     if any(output.name == "finish_reason" for output in response.outputs):
         array = result.as_numpy("finish_reason")
@@ -355,4 +426,4 @@ def _finish_reason(result: InferResult) -> str:
             reason = value.decode("utf-8") if isinstance(value, bytes) else str(value)
             if reason:
                 return reason
-    return "stop"
+    return None

@@ -24,6 +24,7 @@ from decider.triton import TritonBackend
 from engine_build.triton_repo import RepoOptions, write_triton_repo
 from triton_double import TritonProtocolDouble, marker_generator, serve_double
 
+RELEASE_V0190 = Path(__file__).resolve().parents[1] / "engine_build/vendor/tensorrtllm_backend-v0.19.0/all_models/inflight_batcher_llm"
 SCHEMA = json.dumps({"type": "object", "properties": {"marker": {"type": "string"}}, "required": ["marker"]})
 
 
@@ -44,16 +45,17 @@ def _tiny_tokenizer():
 def repo(request, tmp_path_factory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp(f"repo-{request.param}")
     result = write_triton_repo(
-        RepoOptions(flavor=request.param, output=root, model="/models/m", engine_dir="/engines/m"), _tiny_tokenizer()
+        RepoOptions(flavor=request.param, output=root, model="/models/m", engine_dir="/engines/m",
+                    model_code_from=RELEASE_V0190), _tiny_tokenizer()
     )
     return root, result.entry_model
 
 
-async def _with_double(repo, test, **knobs):
+async def _with_double(repo, test, *, request_timeout_s: float = 20, **knobs):
     root, entry = repo
     double = TritonProtocolDouble(root, knobs.pop("produce", None) or marker_generator(), **knobs)
     server, url = await serve_double(double)
-    backend = TritonBackend(url=url, model_name=entry, request_timeout_s=20)
+    backend = TritonBackend(url=url, model_name=entry, request_timeout_s=request_timeout_s)
     try:
         return await test(backend, double)
     finally:
@@ -152,8 +154,8 @@ def test_double_rejects_tensors_that_do_not_match_exactly(repo):
         await backend.start()
         message = backend._encode(GenerationRequest(request_id="bad", prompt="marker=x", json_schema=SCHEMA), "bad:0")
         message.inputs[1].datatype = "INT64"  # max_tokens
-        message.inputs.add(name="random_seed", datatype="UINT64", shape=[1, 1])
-        message.raw_input_contents.append(b"\0" * 8)
+        message.inputs.add(name="min_tokens", datatype="INT32", shape=[1, 1])
+        message.raw_input_contents.append(b"\0" * 4)
         channel = grpc.aio.insecure_channel(backend.url)
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
@@ -164,7 +166,8 @@ def test_double_rejects_tensors_that_do_not_match_exactly(repo):
         await channel.close()
         assert len(responses) == 1 and responses[0].infer_response.id == "bad:0"
         assert "datatype INT64, expected INT32" in responses[0].error_message
-        assert "unexpected input 'random_seed'" in responses[0].error_message
+        assert "unexpected input 'min_tokens'" in responses[0].error_message
+        assert "triton_final_response" not in responses[0].infer_response.parameters  # failed before the model
         assert double.stats.rejected and double.stats.rejected[0][0] == "bad:0"
 
     asyncio.run(_with_double(repo, run))
@@ -197,6 +200,67 @@ def test_server_error_for_one_request_reaches_only_that_request(repo):
         assert isinstance(results[1], DeciderRetryableError) and "engine fell over" in str(results[1])
 
     asyncio.run(_with_double(repo, run, produce=produce))
+
+
+def test_client_that_forgets_the_empty_final_opt_in_hangs_on_the_bls(repo, monkeypatch):
+    """Triton forwards the BLS's empty final only to requests that ask for it: without the opt-in, no end."""
+    root, entry = repo
+    if entry != "tensorrt_llm_bls":
+        pytest.skip("the LLM-API model flags its last data response final")
+    encode = TritonBackend._encode
+
+    def forgetful(self, request, triton_id):
+        message = encode(self, request, triton_id)
+        del message.parameters["triton_enable_empty_final_response"]
+        return message
+
+    async def run(backend, double):
+        request = GenerationRequest(request_id="hang", prompt="marker=h1", json_schema=SCHEMA)
+        with pytest.raises(DeciderRetryableError, match="no final response"):
+            await _collect(backend, request)
+        assert double.stats.swallowed_finals == ["hang:0"]
+
+    monkeypatch.setattr(TritonBackend, "_encode", forgetful)
+    asyncio.run(_with_double(repo, run, request_timeout_s=1.5))
+
+
+def test_every_request_asks_for_the_empty_final(repo):
+    async def run(backend, double):
+        await backend.start()
+        message = backend._encode(GenerationRequest(request_id="p", prompt="x", seed=3), "p:0")
+        assert message.parameters["triton_enable_empty_final_response"].bool_param is True
+        names = {tensor.name for tensor in message.inputs}
+        # The served release's names: v0.19.0's BLS takes random_seed; toolrail's LLM-API model takes seed.
+        assert ("random_seed" in names) == (backend.model_name == "tensorrt_llm_bls")
+        assert ("seed" in names) == (backend.model_name == "llmapi")
+        text, chunks = await _collect(backend, GenerationRequest(request_id="s", prompt="marker=s1", seed=3))
+        assert json.loads(text)["marker"] == "s1" and double.stats.rejected == []
+        assert double.stats.swallowed_finals == []
+
+    asyncio.run(_with_double(repo, run))
+
+
+def test_finish_reason_says_length_when_max_tokens_cut_the_text(repo):
+    async def run(backend, double):
+        _text, chunks = await _collect(backend, GenerationRequest(request_id="cut", prompt="marker=l1", max_tokens=3))
+        assert chunks[-1].finish_reason == "length"
+        text, chunks = await _collect(backend, GenerationRequest(request_id="full", prompt="marker=l2", max_tokens=64))
+        assert chunks[-1].finish_reason == "stop" and json.loads(text)["marker"] == "l2"
+
+    asyncio.run(_with_double(repo, run))
+
+
+def test_errors_are_classified_by_their_summary_line_not_by_words_in_a_traceback():
+    from decider.triton_wire import blames_request
+
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "/models/tensorrt_llm_bls/1/lib/decode.py", line 110, in validate_invalid_unexpected\n'
+        "pb_utils.TritonModelException: Executor worker died (CUDA error: an illegal memory access)"
+    )
+    assert not blames_request(traceback)
+    assert blames_request("Traceback (most recent call last):\nlib.decode.RequestValidationError: max_tokens must be a single value > 0")
+    assert blames_request("[request id: r:0] unexpected shape for input 'top_p' for model 'tensorrt_llm_bls'")
 
 
 class _ServerThread:

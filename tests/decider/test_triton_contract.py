@@ -1,8 +1,9 @@
 """The shared backend contract suite on the Triton backend.
 
 The decider talks to the Triton wire-protocol double over gRPC; the double serves the model
-repository generated for the engine's tokenizer and streams text from the embedded engine
-(tiny random model), shuffling responses across requests.
+repository generated from tensorrtllm_backend v0.19.0's templates for the engine's tokenizer
+and streams text from the embedded engine (tiny random model) the way the release's BLS does
+(cumulative text, empty final), shuffling responses across requests.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from triton_double import TritonProtocolDouble, engine_generator
 @pytest.fixture(scope="module")
 def triton_double_server(tiny_engine, tmp_path_factory):  # noqa: F811
     from engine_build.triton_repo import RepoOptions, write_triton_repo
+    from test_triton_backend import RELEASE_V0190
 
     root = tmp_path_factory.mktemp("triton-contract-repo")
-    write_triton_repo(RepoOptions(flavor="engine", output=root, model="/models/tiny", engine_dir="/engines/tiny"),
+    write_triton_repo(RepoOptions(flavor="engine", output=root, model="/models/tiny", engine_dir="/engines/tiny",
+                                  model_code_from=RELEASE_V0190),
                       tiny_engine.tokenizer, stop_token_ids=sorted(tiny_engine.eos_token_ids))
     double = TritonProtocolDouble(root, engine_generator(tiny_engine), seed=11)
     server = _ServerThread(double)

@@ -1,12 +1,34 @@
 """A test double of Triton's ``GRPCInferenceService`` wire protocol (not a Triton server).
 
-It serves a model repository written by ``engine_build.triton_repo`` (its configs, parsed),
-and answers ``ModelStreamInfer`` like the TensorRT-LLM backend does in decoupled mode: many
-responses per request, each carrying the request id, the last one flagged
-``triton_final_response``. Responses of different requests are deliberately emitted out of
-order (a seeded shuffle across requests; order within a request is kept). A request whose
-tensors do not match the served config *exactly* (names, datatypes, shapes, required inputs)
-is answered with an error naming the problems, and counted.
+It serves a model repository written by ``engine_build.triton_repo`` (its configs, parsed)
+and answers ``ModelStreamInfer`` the way Triton server v2.62.0 (25.10) forwards what a
+decoupled model sends — rules written from the server source, ``src/grpc/``:
+
+- A request whose tensors do not match the served config exactly (names, datatypes, shapes,
+  required inputs) fails before the model runs: one response with ``error_message`` and only
+  the request id, no parameters (``stream_infer_handler.cc`` lines 380-402). So does a
+  ``triton_enable_empty_final_response`` that is not a bool (``infer_handler.cc`` 361-370).
+- Every forwarded model response carries ``triton_final_response`` = whether the model set the
+  final flag (``stream_infer_handler.cc`` line 791); a model's error response keeps the request
+  id and is forwarded like data (lines 728-734, 783-791).
+- A flags-only (empty) final response is forwarded **only** when the request set
+  ``triton_enable_empty_final_response=true`` (lines 763-767); otherwise the client sees
+  nothing more for that request.
+
+What the model sends depends on the entry model served:
+
+- the release's BLS (a config with ``accumulate_tokens``): data responses without the final
+  flag — the whole text so far when ``accumulate_tokens`` is on, else each chunk — then an
+  empty final; on an error, an error response then the empty final
+  (tensorrtllm_backend v0.19.0 ``tensorrt_llm_bls/1/model.py`` lines 216-237). With
+  ``output_log_probs`` requested each data response carries one log prob per chunk (a chunk
+  stands for a token: ``model_instance_state.cc`` lines 1176-1196 give [1, beams, new tokens]).
+- toolrail's LLM-API model (``engine_build/llmapi_model.py``): deltas, then one last response
+  with the rest of the text and ``finish_reason``, flagged final; an error is one error
+  response flagged final.
+
+Generation stops at ``max_tokens`` chunks. Responses of different requests are deliberately
+emitted out of order (a seeded shuffle across requests; order within a request is kept).
 
 Text comes from a ``produce(fields) -> AsyncIterator[str]`` callable: the embedded engine, or
 a deterministic generator. Knobs: ``cut_after`` aborts the stream after that many responses;
@@ -28,7 +50,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from engine_build.config_check import decoder_model_name, load_repository, request_problems
+from decider.triton_wire import ENABLE_EMPTY_FINAL, FINAL_RESPONSE, LOG_PROBS_OUTPUT, decoder_model_name, parameter
+from engine_build.config_check import load_repository, request_problems
 
 Produce = Callable[[dict[str, Any]], AsyncIterator[str]]
 _NUMPY = {"BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "INT64": np.int64}
@@ -55,6 +78,8 @@ class DoubleStats:
     seen_ids: list[str] = field(default_factory=list)
     #: Arrival order of (request id, response index) as emitted: proves the interleaving.
     emitted: list[tuple[str, int]] = field(default_factory=list)
+    #: Requests whose empty final the server did not forward (no opt-in): their clients never see the end.
+    swallowed_finals: list[str] = field(default_factory=list)
 
 
 class TritonProtocolDouble(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -86,43 +111,104 @@ class TritonProtocolDouble(service_pb2_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{request.name}' is not found")
         return service_pb2.ModelConfigResponse(config=self.configs[request.name])
 
-    def _response(self, request, text: str | None, *, final: bool, error: str = "") -> service_pb2.ModelStreamInferResponse:
-        infer = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
-        if text is not None:
-            array = np.array([[text.encode("utf-8")]], dtype=np.object_)
-            infer.outputs.add(name="text_output", datatype="BYTES", shape=list(array.shape))
-            infer.raw_output_contents.append(serialize_byte_tensor(array).item())
-        infer.parameters["triton_final_response"].bool_param = final
+    def _response(self, request, outputs: dict[str, np.ndarray] | None = None, *, final: bool | None,
+                  error: str = "") -> service_pb2.ModelStreamInferResponse:
+        """One forwarded response; ``final=None`` for a request that failed before the model (no parameters)."""
+        infer = service_pb2.ModelInferResponse(id=request.id)
+        if final is not None:
+            infer.model_name = request.model_name
+            infer.parameters[FINAL_RESPONSE].bool_param = final
+        requested = {output.name for output in request.outputs}
+        for name, array in (outputs or {}).items():
+            if requested and name not in requested:
+                continue  # Triton returns only the outputs a request names
+            if array.dtype == np.object_:
+                raw, datatype = serialize_byte_tensor(array).item(), "BYTES"
+            else:
+                raw, datatype = array.tobytes(), {np.float32: "FP32"}[array.dtype.type]
+            infer.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+            infer.raw_output_contents.append(raw)
         return service_pb2.ModelStreamInferResponse(error_message=error, infer_response=infer)
+
+    @staticmethod
+    def _text(text: str) -> np.ndarray:
+        return np.array([[text.encode("utf-8")]], dtype=np.object_)
 
     async def _run_request(self, request, lanes: dict[str, asyncio.Queue], wake: asyncio.Event) -> None:
         lane = lanes[request.id]
         try:
             config = self.configs.get(request.model_name)
             if config is None:
-                lane.put_nowait(self._response(request, None, final=True, error=f"unknown model {request.model_name!r}"))
+                lane.put_nowait(self._response(request, final=None, error=f"Request for unknown model: '{request.model_name}'"))
                 return
             tensors = {t.name: (t.datatype, list(t.shape)) for t in request.inputs}
             problems = request_problems(config, tensors)
             if len(request.raw_input_contents) != len(request.inputs):
                 problems.append("raw_input_contents do not match inputs")
+            opt_in = request.parameters.get(ENABLE_EMPTY_FINAL)
+            if opt_in is not None and opt_in.WhichOneof("parameter_choice") != "bool_param":
+                problems.append(f"invalid value type for '{ENABLE_EMPTY_FINAL}' parameter, expected bool_param.")
             if problems:
                 self.stats.rejected.append((request.id, problems))
-                lane.put_nowait(self._response(request, None, final=True, error="; ".join(problems)))
+                lane.put_nowait(self._response(request, final=None, error="; ".join(problems)))
                 return
             fields = decode_inputs(request)
             decoder = self.configs.get(decoder_model_name(self.configs, request.model_name))
             guided = decoder is not None and "guided_decoding_backend" in decoder.parameters
             fields["_guided"] = guided and "guided_decoding_guide" in fields
-            async for delta in self.produce(fields):
-                if delta:
-                    lane.put_nowait(self._response(request, delta, final=False))
-                    wake.set()
-            lane.put_nowait(self._response(request, "", final=True))
-        except Exception as exc:  # noqa: BLE001 - surfaced to the client as an error response
-            lane.put_nowait(self._response(request, None, final=True, error=f"internal: {exc}"))
+            empty_final = opt_in is not None and opt_in.bool_param
+            if parameter(config, "accumulate_tokens") is not None:
+                await self._run_bls(request, config, fields, lane, wake, empty_final=empty_final)
+            else:
+                await self._run_llmapi(request, fields, lane, wake)
         finally:
             wake.set()
+
+    async def _chunks(self, fields: dict[str, Any]) -> AsyncIterator[str]:
+        limit = int(fields["max_tokens"])
+        count = 0
+        async for delta in self.produce(fields):
+            if not delta:
+                continue
+            yield delta
+            count += 1
+            if count >= limit:
+                return
+
+    async def _run_bls(self, request, config, fields, lane, wake, *, empty_final: bool) -> None:
+        accumulate = (parameter(config, "accumulate_tokens") or "").lower() in {"true", "yes", "1", "t"}
+        log_probs = bool(fields.get("return_log_probs"))
+        text = ""
+        try:
+            async for delta in self._chunks(fields):
+                text += delta
+                outputs = {"text_output": self._text(text if accumulate else delta)}
+                if log_probs:
+                    outputs[LOG_PROBS_OUTPUT] = np.full((1, 1, 1), -0.5, dtype=np.float32)
+                lane.put_nowait(self._response(request, outputs, final=False))
+                wake.set()
+        except Exception as exc:  # noqa: BLE001 - the BLS turns it into an error response (its traceback)
+            message = f"Traceback (most recent call last):\n  File \"model.py\", line 204, in execute\n{type(exc).__name__}: {exc}"
+            lane.put_nowait(self._response(request, final=False, error=message))
+        if empty_final:
+            lane.put_nowait(self._response(request, final=True))
+        else:
+            self.stats.swallowed_finals.append(request.id)
+
+    async def _run_llmapi(self, request, fields, lane, wake) -> None:
+        text = ""
+        try:
+            count = 0
+            async for delta in self._chunks(fields):
+                text += delta
+                count += 1
+                lane.put_nowait(self._response(request, {"text_output": self._text(delta)}, final=False))
+                wake.set()
+            reason = "length" if count >= int(fields["max_tokens"]) else "stop"
+            lane.put_nowait(self._response(request, {"text_output": self._text(""), "finish_reason": self._text(reason)},
+                                           final=True))
+        except Exception as exc:  # noqa: BLE001 - llmapi_model.py sends str(exc) with the final flag
+            lane.put_nowait(self._response(request, final=True, error=str(exc)))
 
     async def ModelStreamInfer(self, request_iterator, context):
         lanes: dict[str, asyncio.Queue] = {}
@@ -166,7 +252,8 @@ class TritonProtocolDouble(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if self.cut_after is not None and self.stats.responses > self.cut_after:
                     self.cut_after = None  # one cut; the client's next stream is served normally
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset (test double cut the stream)")
-                if response.infer_response.parameters["triton_final_response"].bool_param:
+                params = response.infer_response.parameters
+                if (FINAL_RESPONSE in params and params[FINAL_RESPONSE].bool_param) or FINAL_RESPONSE not in params:
                     active.discard(request_id)
                     del lanes[request_id]
                 yield response
@@ -210,7 +297,7 @@ def engine_generator(engine: Any) -> Produce:
         request = GenerationRequest(
             request_id=f"double-{next(counter)}", prompt=fields["text_input"], json_schema=schema,
             max_tokens=int(fields["max_tokens"]), temperature=float(fields.get("temperature", 0.0)),
-            top_p=float(fields.get("top_p", 1.0)), seed=fields.get("seed"),
+            top_p=float(fields.get("top_p", 1.0)), seed=fields.get("seed", fields.get("random_seed")),
         )
         async for chunk in engine.generate(request):
             yield chunk.text

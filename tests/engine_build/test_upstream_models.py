@@ -160,7 +160,14 @@ def test_release_bls_streams_whole_characters_then_an_empty_final(release_repo, 
     assert len(data) == len(llm.tokens)
     texts = [_text(response) for response, _ in data]
     assert texts[-1] == ANSWER  # accumulate_tokens: each response is the whole text so far
+    assert any(text.endswith("\ufffd") for text in texts)  # mid-character steps decode to a trailing U+FFFD
     assert all(ANSWER.startswith(text.rstrip("\ufffd")) for text in texts)
+    # The decider's client turns exactly these texts into deltas, holding back the partial character.
+    from decider.triton import _TextStream
+
+    stream = _TextStream(cumulative=True)
+    deltas = [stream.feed(text, final=False) for text in texts] + [stream.feed("", final=True)]
+    assert "".join(deltas) == ANSWER and not any("\ufffd" in d for d in deltas)
     log_probs = [t for r, _ in data for t in r.output_tensors() if t.name() == "output_log_probs"]
     assert sum(t.as_numpy().shape[-1] for t in log_probs) == len(llm.tokens)  # what the client counts
     (sent_to_llm,) = llm.requests
