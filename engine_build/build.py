@@ -219,7 +219,7 @@ def load_matrix(path: Path, **overrides: Any) -> list[BuildOptions]:
         missing = {"model", "gpu", "trtllm_version"} - set(merged)
         if missing:
             raise PlanError(f"{path}: build {index}: missing {sorted(missing)}")
-        for key in ("output_root", "trtllm_src"):
+        for key in ("output_root", "trtllm_src", "calib_dataset"):
             if key in merged:
                 merged[key] = Path(merged[key])
         merged["trtllm_version"] = str(merged["trtllm_version"])

@@ -34,6 +34,7 @@ def _add_build_options(parser: argparse.ArgumentParser, *, required: bool) -> No
     group.add_argument("--pp", type=int, default=None, help="pipeline parallel size")
     group.add_argument("--dtype", choices=("auto", "bfloat16", "float16"), default=None)
     group.add_argument("--quantization", choices=("none", "fp8"), default=None)
+    group.add_argument("--calib-dataset", type=Path, default=None, help="local calibration dataset directory (fp8)")
     group.add_argument("--max-batch-size", type=int, default=None)
     group.add_argument("--max-input-len", type=int, default=None)
     group.add_argument("--max-seq-len", type=int, default=None)
@@ -47,7 +48,7 @@ def _add_build_options(parser: argparse.ArgumentParser, *, required: bool) -> No
 
 _OPTION_FIELDS = (
     "model", "gpu", "trtllm_version", "backend", "revision", "model_type", "tp", "pp", "dtype", "quantization",
-    "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "kv_cache_free_gpu_mem_fraction",
+    "calib_dataset", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "kv_cache_free_gpu_mem_fraction",
     "workers", "output_root", "trtllm_src", "python",
 )
 

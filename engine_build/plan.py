@@ -2,10 +2,12 @@
 
 Two backends:
 
-- ``engine`` (TensorRT-LLM 0.17 up to 1.x, legacy): ``convert_checkpoint.py`` of the model's
-  family (or ``quantize.py`` for FP8) → ``trtllm-build`` with paged KV cache and paged context
-  FMHA (needed for KV-cache reuse). The engine runs only on the planned SM and TRT-LLM version.
-  0.17 is the floor because guided decoding with xgrammar reached the executor there.
+- ``engine`` (TensorRT-LLM 0.19 up to 1.x, legacy): ``convert_checkpoint.py`` of the model's
+  family (or ``quantize.py`` for FP8, calibrated on a local dataset) → ``trtllm-build`` with
+  paged KV cache and paged context FMHA (needed for KV-cache reuse). The engine runs only on the
+  planned SM and TRT-LLM version. 0.19 is the floor: xgrammar reached the executor in 0.16,
+  but the Triton backend takes guided-decoding inputs and parameters only from
+  tensorrtllm_backend v0.19.0 (its v0.18.2 ``tensorrt_llm/config.pbtxt`` has neither).
 - ``pytorch`` (TensorRT-LLM ≥ 1.0, the default there): no compile step; the plan is an LLM-API
   options file (``extra_llm_api_options`` for ``trtllm-serve``, the LLM arguments of the Triton
   LLM-API model) with guided decoding on.
@@ -34,12 +36,15 @@ __all__ = [
     "DEFAULT_MAX_NUM_TOKENS",
     "DEFAULT_MAX_SEQ_LEN",
     "ENGINE_MIN_VERSION",
+    "ALL_MODELS_MOVED_VERSION",
     "EXAMPLES_MOVED_VERSION",
+    "CONTRIB_FAMILIES",
     "FAMILIES",
     "PYTORCH_MIN_VERSION",
     "BuildOptions",
     "BuildPlan",
     "Step",
+    "all_models_source",
     "detect_model_type",
     "plan_build",
 ]
@@ -51,10 +56,12 @@ DEFAULT_MAX_SEQ_LEN = 5120
 DEFAULT_MAX_NUM_TOKENS = 8192
 DEFAULT_KV_CACHE_FREE_GPU_MEM_FRACTION = 0.85
 
-#: Guided decoding (xgrammar) in the C++ executor and the Triton backend.
-ENGINE_MIN_VERSION = Version("0.17.0")
-#: ``examples/<family>/`` moved to ``examples/models/core/<family>/``.
+#: Guided decoding (xgrammar) through the Triton backend: tensorrtllm_backend v0.19.0.
+ENGINE_MIN_VERSION = Version("0.19.0")
+#: ``examples/<family>/`` moved to ``examples/models/core/<family>/`` (``models/contrib/`` for some).
 EXAMPLES_MOVED_VERSION = Version("0.18.0")
+#: ``all_models/inflight_batcher_llm`` moved from tensorrtllm_backend into TensorRT-LLM's ``triton_backend/``.
+ALL_MODELS_MOVED_VERSION = Version("0.20.0")
 #: The PyTorch backend became the default (and the LLM-API Triton model the way to serve it).
 PYTORCH_MIN_VERSION = Version("1.0.0")
 
@@ -73,6 +80,9 @@ FAMILIES: dict[str, str] = {
     "gpt2": "gpt",
     "falcon": "falcon",
 }
+
+#: Families whose example moved to ``examples/models/contrib/`` rather than ``models/core/``.
+CONTRIB_FAMILIES = frozenset({"falcon"})
 
 #: Hub ids without a local config.json: guess the family from the name.
 _NAME_HINTS = (
@@ -106,6 +116,8 @@ class BuildOptions:
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS
     kv_cache_free_gpu_mem_fraction: float = DEFAULT_KV_CACHE_FREE_GPU_MEM_FRACTION
     workers: int = 1
+    #: Local calibration data for FP8 (``quantize.py --calib_dataset``); its default is a hub dataset.
+    calib_dataset: Path | None = None
     output_root: Path = Path("engines")
     trtllm_src: Path = Path("TensorRT-LLM")
     python: str = "python3"
@@ -236,7 +248,9 @@ def _choose_backend(requested: str, version: Version) -> Literal["engine", "pyto
         raise UnsupportedVersionError(str(version), f"the pytorch backend needs TensorRT-LLM >= {PYTORCH_MIN_VERSION}")
     if requested == "engine" and version < ENGINE_MIN_VERSION:
         raise UnsupportedVersionError(
-            str(version), f"guided decoding with xgrammar needs TensorRT-LLM >= {ENGINE_MIN_VERSION}"
+            str(version),
+            f"guided decoding through the Triton backend needs TensorRT-LLM >= {ENGINE_MIN_VERSION} "
+            "(tensorrtllm_backend v0.19.0 added the guided-decoding inputs and parameters)",
         )
     return requested  # type: ignore[return-value]
 
@@ -247,8 +261,41 @@ def _slug(text: str) -> str:
 
 def _convert_script(opts: BuildOptions, version: Version, family: str) -> Path:
     if version >= EXAMPLES_MOVED_VERSION:
-        return opts.trtllm_src / "examples" / "models" / "core" / family / "convert_checkpoint.py"
+        tier = "contrib" if family in CONTRIB_FAMILIES else "core"
+        return opts.trtllm_src / "examples" / "models" / tier / family / "convert_checkpoint.py"
     return opts.trtllm_src / "examples" / family / "convert_checkpoint.py"
+
+
+def all_models_source(version: Version | str) -> str:
+    """Where the pinned release's Triton model templates and code live (``--model-code-from``)."""
+    version = Version(str(version))
+    if version >= ALL_MODELS_MOVED_VERSION:
+        return f"TensorRT-LLM v{version}: triton_backend/all_models/inflight_batcher_llm"
+    return f"tensorrtllm_backend v{version}: all_models/inflight_batcher_llm"
+
+
+def _convert_argv(opts: BuildOptions, version: Version, family: str, dtype: str, checkpoint_dir: Path) -> tuple[str, ...]:
+    script = str(_convert_script(opts, version, family))
+    if family == "gemma":
+        # Gemma's converter has its own flags: a checkpoint type, dashed names, tensor parallelism only.
+        if opts.pp != 1:
+            raise PlanError("gemma's convert_checkpoint.py supports tensor parallelism only (pp must be 1)")
+        return (
+            opts.python, script,
+            "--ckpt-type", "hf",
+            "--model-dir", opts.model,
+            "--output-model-dir", str(checkpoint_dir),
+            "--dtype", dtype,
+            "--world-size", str(opts.tp),
+        )
+    return (
+        opts.python, script,
+        "--model_dir", opts.model,
+        "--output_dir", str(checkpoint_dir),
+        "--dtype", dtype,
+        "--tp_size", str(opts.tp),
+        "--pp_size", str(opts.pp),
+    )
 
 
 def _engine_steps(opts: BuildOptions, version: Version, model_type: str, out_dir: Path) -> tuple[list[Step], list[str]]:
@@ -263,6 +310,11 @@ def _engine_steps(opts: BuildOptions, version: Version, model_type: str, out_dir
     dtype = "bfloat16" if opts.dtype == "auto" else opts.dtype
     steps: list[Step] = []
     if opts.quantization == "fp8":
+        if opts.calib_dataset is None or not Path(opts.calib_dataset).is_dir():
+            raise PlanError(
+                "FP8 calibration needs a local dataset directory (calib_dataset / --calib-dataset): quantize.py's "
+                "default downloads one from a hub, which a build host may not reach"
+            )
         steps.append(
             Step(
                 name="quantize",
@@ -274,6 +326,7 @@ def _engine_steps(opts: BuildOptions, version: Version, model_type: str, out_dir
                     "--qformat", "fp8",
                     "--kv_cache_dtype", "fp8",
                     "--calib_size", "512",
+                    "--calib_dataset", str(opts.calib_dataset),
                     "--tp_size", str(opts.tp),
                     "--pp_size", str(opts.pp),
                     "--output_dir", str(checkpoint_dir),
@@ -286,14 +339,7 @@ def _engine_steps(opts: BuildOptions, version: Version, model_type: str, out_dir
             Step(
                 name="convert",
                 description=f"HF checkpoint → TensorRT-LLM checkpoint ({family} recipe)",
-                argv=(
-                    opts.python, str(_convert_script(opts, version, family)),
-                    "--model_dir", opts.model,
-                    "--output_dir", str(checkpoint_dir),
-                    "--dtype", dtype,
-                    "--tp_size", str(opts.tp),
-                    "--pp_size", str(opts.pp),
-                ),
+                argv=_convert_argv(opts, version, family, dtype, checkpoint_dir),
                 output=checkpoint_dir,
             )
         )
@@ -321,6 +367,7 @@ def _engine_steps(opts: BuildOptions, version: Version, model_type: str, out_dir
             output=engine_dir,
         )
     )
+    notes.append(f"serve with the release's Triton models: --model-code-from <{all_models_source(version)}>")
     if version >= PYTORCH_MIN_VERSION:
         notes.append(
             f"TensorRT-LLM {version} defaults to the PyTorch backend; the trtllm-build path is legacy "

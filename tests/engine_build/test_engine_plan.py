@@ -24,20 +24,22 @@ def _set_model_type(model_dir: Path, model_type: str) -> None:
 # (model_type, gpu, version, quantization) → (backend, first step, script, gemm plugin)
 ENGINE_TABLE = [
     ("llama", "h100", "0.20.0", "none", "convert", "examples/models/core/llama/convert_checkpoint.py", "bfloat16"),
-    ("llama", "a100", "0.17.0", "none", "convert", "examples/llama/convert_checkpoint.py", "bfloat16"),
+    ("llama", "a100", "0.19.0", "none", "convert", "examples/models/core/llama/convert_checkpoint.py", "bfloat16"),
     ("qwen2", "h100", "0.19.0", "none", "convert", "examples/models/core/qwen/convert_checkpoint.py", "bfloat16"),
-    ("qwen2", "l40s", "0.17.0", "none", "convert", "examples/qwen/convert_checkpoint.py", "bfloat16"),
-    ("mistral", "a10g", "0.18.2", "none", "convert", "examples/models/core/llama/convert_checkpoint.py", "bfloat16"),
-    ("gemma2", "h200", "0.20.0", "none", "convert", "examples/models/core/gemma/convert_checkpoint.py", "bfloat16"),
+    ("qwen2", "l40s", "0.21.0", "none", "convert", "examples/models/core/qwen/convert_checkpoint.py", "bfloat16"),
+    ("mistral", "a10g", "0.20.0", "none", "convert", "examples/models/core/llama/convert_checkpoint.py", "bfloat16"),
+    ("falcon", "h100", "0.20.0", "none", "convert", "examples/models/contrib/falcon/convert_checkpoint.py", "bfloat16"),
     ("qwen2", "h100", "0.20.0", "fp8", "quantize", "examples/quantization/quantize.py", "auto"),
-    ("llama", "l40s", "0.18.0", "fp8", "quantize", "examples/quantization/quantize.py", "auto"),
+    ("llama", "l40s", "0.19.0", "fp8", "quantize", "examples/quantization/quantize.py", "auto"),
 ]
 
 
 @pytest.mark.parametrize(("model_type", "gpu", "version", "quant", "first", "script", "gemm"), ENGINE_TABLE)
-def test_engine_plans_per_family_gpu_version(tiny_model_dir, model_type, gpu, version, quant, first, script, gemm):
+def test_engine_plans_per_family_gpu_version(tiny_model_dir, tmp_path, model_type, gpu, version, quant, first, script, gemm):
     _set_model_type(tiny_model_dir, model_type)
-    plan = plan_build(_opts(tiny_model_dir, gpu=gpu, trtllm_version=version, quantization=quant))
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    plan = plan_build(_opts(tiny_model_dir, gpu=gpu, trtllm_version=version, quantization=quant, calib_dataset=calib))
     assert plan.backend == "engine"
     assert [s.name for s in plan.steps] == [first, "trtllm-build", "tokenizer-info"]
     convert = plan.steps[0].argv
@@ -45,6 +47,7 @@ def test_engine_plans_per_family_gpu_version(tiny_model_dir, model_type, gpu, ve
     assert convert[convert.index("--model_dir") + 1] == str(tiny_model_dir)
     assert convert[convert.index("--output_dir") + 1] == str(plan.checkpoint_dir)
     if quant == "fp8":
+        assert convert[convert.index("--calib_dataset") + 1] == str(calib)  # local: never the hub default
         assert convert[convert.index("--qformat") + 1] == "fp8"
         assert convert[convert.index("--kv_cache_dtype") + 1] == "fp8"
     build = list(plan.steps[1].argv)
@@ -61,6 +64,24 @@ def test_engine_plans_per_family_gpu_version(tiny_model_dir, model_type, gpu, ve
     assert flags["--max_num_tokens"] == "8192"
     assert ("--use_fp8_context_fmha" in flags) == (quant == "fp8")
     assert f"sm{plan.gpu.sm}" in plan.out_dir.name and f"trtllm{version}" in plan.out_dir.name
+
+
+def test_gemma_uses_its_own_converter_flags(tiny_model_dir):
+    """examples/models/core/gemma/convert_checkpoint.py: --ckpt-type, --model-dir, --output-model-dir, --world-size."""
+    _set_model_type(tiny_model_dir, "gemma2")
+    plan = plan_build(_opts(tiny_model_dir, tp=2))
+    argv = plan.steps[0].argv
+    assert argv[1] == str(SRC / "examples/models/core/gemma/convert_checkpoint.py")
+    flags = dict(zip(argv[2::2], argv[3::2]))
+    assert flags == {"--ckpt-type": "hf", "--model-dir": str(tiny_model_dir), "--output-model-dir": str(plan.checkpoint_dir),
+                     "--dtype": "bfloat16", "--world-size": "2"}
+    with pytest.raises(PlanError, match="tensor parallelism only"):
+        plan_build(_opts(tiny_model_dir, pp=2))
+
+
+def test_engine_plan_names_where_the_release_triton_models_live(tiny_model_dir):
+    assert any("tensorrtllm_backend v0.19.0: all_models" in n for n in plan_build(_opts(tiny_model_dir, trtllm_version="0.19.0")).notes)
+    assert any("TensorRT-LLM v0.20.0: triton_backend/all_models" in n for n in plan_build(_opts(tiny_model_dir)).notes)
 
 
 @pytest.mark.parametrize("version", ["1.0.0", "1.1.0", "1.2.0rc1"])
@@ -88,7 +109,9 @@ def test_engine_on_1_0_is_allowed_with_a_note(tiny_model_dir):
     ("kw", "error", "match"),
     [
         ({"trtllm_version": "0.16.0", "backend": "engine"}, UnsupportedVersionError, "guided decoding"),
-        ({"trtllm_version": "0.16.0"}, UnsupportedVersionError, "guided decoding"),
+        ({"trtllm_version": "0.18.2"}, UnsupportedVersionError, "tensorrtllm_backend v0.19.0"),
+        ({"trtllm_version": "0.17.0", "backend": "engine"}, UnsupportedVersionError, "guided decoding"),
+        ({"quantization": "fp8"}, PlanError, "local dataset"),
         ({"trtllm_version": "0.20.0", "backend": "pytorch"}, UnsupportedVersionError, "pytorch backend"),
         ({"gpu": "a100", "quantization": "fp8"}, PlanError, "FP8 needs SM"),
         ({"max_input_len": 8192, "max_seq_len": 4096}, PlanError, "max_seq_len"),
@@ -125,7 +148,7 @@ def test_build_key_depends_on_sm_version_options_and_weights(tiny_model_dir):
         plan_build(_opts(tiny_model_dir, gpu="a100")).key,
         plan_build(_opts(tiny_model_dir, trtllm_version="0.19.0")).key,
         plan_build(_opts(tiny_model_dir, max_batch_size=32)).key,
-        plan_build(_opts(tiny_model_dir, quantization="fp8")).key,
+        plan_build(_opts(tiny_model_dir, quantization="fp8", calib_dataset=tiny_model_dir)).key,
         plan_build(_opts(tiny_model_dir, tp=2)).key,
     }
     assert base not in changed and len(changed) == 5
