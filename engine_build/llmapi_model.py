@@ -3,7 +3,7 @@
 Copied into ``<repo>/llmapi/1/model.py`` by ``toolrail engine triton-repo --flavor pytorch``;
 it runs inside the Triton server (``triton_python_backend_utils`` and ``tensorrt_llm`` are
 imported there, never by toolrail itself). It takes the same tensors as the BLS model of the
-engine layout (``engine_build.config_check.CLIENT_INPUTS``), so the decider speaks one
+engine layout (``decider.triton_wire.CLIENT_INPUTS``), so the decider speaks one
 interface to both. An unknown guide type is an error response, never unconstrained output.
 Every request streams on its own response sender; Triton puts the request id on each response.
 """
@@ -77,6 +77,9 @@ class TritonPythonModel:
             "max_tokens": int(_scalar(request, "max_tokens")),
             "temperature": float(_scalar(request, "temperature", 0.0)),
             "top_p": float(_scalar(request, "top_p", 1.0)),
+            # The decider's prompt is already rendered by the chat template, BOS included: the LLM
+            # API's default (add_special_tokens=True) would add a second one.
+            "add_special_tokens": False,
         }
         seed = _scalar(request, "seed")
         if seed is not None:

@@ -90,6 +90,33 @@ def test_pytorch_repo_ships_model_code_and_options(pytorch_repo):
     assert options["guided_decoding_backend"] == "xgrammar" and options["backend"] == "pytorch"
 
 
+def test_llmapi_model_adds_no_second_bos(pytorch_repo, monkeypatch):
+    """The prompt arrives rendered (BOS included): SamplingParams(add_special_tokens=False), guide mapped."""
+    import sys
+    import types
+
+    import numpy as np
+    from python_backend_host import InferenceRequest, Tensor, install_pb_utils, load_model
+
+    install_pb_utils()
+    trtllm = types.ModuleType("tensorrt_llm")
+    trtllm.SamplingParams = lambda **kw: kw
+    llmapi = types.ModuleType("tensorrt_llm.llmapi")
+    llmapi.GuidedDecodingParams = lambda **kw: ("guide", kw)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", trtllm)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
+    model = load_model(pytorch_repo.root / "llmapi")
+    request = InferenceRequest(inputs=[
+        Tensor("max_tokens", np.array([[8]], dtype=np.int32)),
+        Tensor("seed", np.array([[5]], dtype=np.uint64)),
+        Tensor("guided_decoding_guide_type", np.array([[b"json_schema"]], dtype=object)),
+        Tensor("guided_decoding_guide", np.array([[b'{"type": "object"}']], dtype=object)),
+    ])
+    params = model._sampling_params(request)
+    assert params["add_special_tokens"] is False and params["seed"] == 5 and params["max_tokens"] == 8
+    assert params["guided_decoding"] == ("guide", {"json": '{"type": "object"}'})
+
+
 def _mutate(configs, name, fn):
     copy = {k: mc.ModelConfig.FromString(v.SerializeToString()) for k, v in configs.items()}
     fn(copy[name])
