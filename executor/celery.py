@@ -8,19 +8,22 @@ never Celery's ``correlation_id``, which is the task id.
 from __future__ import annotations
 
 import os
+import sys
 
 import structlog
 from celery import Celery
-from celery.signals import before_task_publish, task_postrun, task_prerun, worker_process_init
+from celery.signals import before_task_publish, task_postrun, task_prerun, worker_init, worker_process_init
 
 from executor.config import celery_config
 from toolrail.context import CELERY_REQUEST_ID_HEADER, bind_request, current_request_id
-from toolrail.logging import configure_logging
+from toolrail.logging import configure_logging, get_logger
 from toolrail.settings import get_settings
 
 __all__ = ["app"]
 
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
+
+log = get_logger("toolrail.worker")
 
 
 def _broker_url() -> str:
@@ -57,3 +60,29 @@ def _clear_request_id(**_: object) -> None:
 @worker_process_init.connect
 def _configure_child_logging(**_: object) -> None:
     configure_logging(force=True)
+
+
+#: Exit status of a worker that refuses to start because a tool module cannot run (EX_CONFIG).
+TOOL_CHECK_EXIT = 78
+
+
+@worker_init.connect
+def _check_tools(sender: object = None, **_: object) -> None:
+    """Before any task: every tool module imports inside a real sandbox child, or the worker stops."""
+    queues = getattr(getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None), "consume_from", None)
+    if queues is not None and {str(name) for name in queues} <= {"decide"}:
+        return  # a decide-only worker runs no tool
+    from executor.toolcheck import check_tools  # noqa: PLC0415
+    from tools.registry import default_registry  # noqa: PLC0415
+
+    configure_logging()
+    report = check_tools(default_registry(), schemas=False)
+    for finding in report.findings:
+        log.error("tools.check_failed", source=finding.source, tool=finding.tool, check=finding.check,
+                  reason=finding.reason, fatal=finding.fatal)
+    if report.fatal:
+        lines = "\n".join(f"  {finding.message()}" for finding in report.fatal)
+        print(f"toolrail worker: refusing to start, tool modules cannot run in the sandbox:\n{lines}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(TOOL_CHECK_EXIT)
+    log.info("tools.checked", tools=len(report.checked), refused=sorted(report.failed_tools()))

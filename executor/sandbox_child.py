@@ -833,6 +833,7 @@ def main(argv: list[str]) -> int:
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
     modules = preload_modules()
+    _reachable_for_own_uid(modules)
     line = sys.stdin.readline()
     if not line:
         return 0
@@ -848,15 +849,60 @@ def main(argv: list[str]) -> int:
     os._exit(0)
 
 
+#: Modules of ``TOOLRAIL_SANDBOX_PRELOAD`` that failed to import here, with the reason (``check_entrypoints``).
+preload_errors: dict[str, str] = {}
+
+
 def preload_modules() -> list[str]:
     """Import the tool modules named in ``TOOLRAIL_SANDBOX_PRELOAD``; returns their names."""
     modules = [m for m in os.environ.get("TOOLRAIL_SANDBOX_PRELOAD", "tools.builtin").split(",") if m]
     for module in modules:
         try:
             importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - a broken module fails its own calls, with the reason, not the pool
-            pass
+        except Exception as exc:  # noqa: BLE001 - a broken module fails its own calls, with the reason, not the pool
+            preload_errors[module] = f"{type(exc).__name__}: {exc}"
     return modules
+
+
+def check_entrypoints(entrypoints: list[str]) -> dict[str, Any]:
+    """A "tool" that checks, confined like any tool, that every tool function can be loaded and read.
+
+    Runs in a tool process after confinement: each module was imported by the sandbox
+    before (as for a real call); its reason is kept if that failed. Its source must still
+    be readable under Landlock, since a tool's lazy imports happen after confinement.
+    """
+    report: dict[str, str | None] = {}
+    for entrypoint in entrypoints:
+        module_name, _, func_name = entrypoint.partition(":")
+        if module_name in preload_errors:
+            report[entrypoint] = preload_errors[module_name]
+            continue
+        try:
+            module = importlib.import_module(module_name)
+            if not callable(getattr(module, func_name, None)):
+                raise AttributeError(f"module {module_name!r} has no function {func_name!r}")
+            origin = getattr(module, "__file__", None)
+            if origin:
+                with open(origin, "rb") as fh:
+                    fh.read(1)
+            report[entrypoint] = None
+        except Exception as exc:  # noqa: BLE001 - every failure is reported by name
+            report[entrypoint] = f"{type(exc).__name__}: {exc}"
+    return {"entrypoints": report, "sys_path": [p for p in sys.path if p][:50]}
+
+
+_reachable_done = False
+
+
+def _reachable_for_own_uid(modules: list[str]) -> None:
+    """As root with per-call uids: once per process (inherited by forks), ``make_reachable`` what tools read."""
+    global _reachable_done
+    if _reachable_done or os.geteuid() != 0 or os.environ.get("TOOLRAIL_SANDBOX_OWN_UID") != "1":
+        return
+    _reachable_done = True
+    with contextlib.suppress(OSError):
+        private_mounts()
+        make_reachable(read_paths(modules))
 
 
 def _strip_unsafe_path() -> None:
@@ -888,10 +934,7 @@ def serve_forks(sock_fd: int) -> int:
 
     import tools.context  # noqa: F401, PLC0415
 
-    if os.geteuid() == 0 and os.environ.get("TOOLRAIL_SANDBOX_OWN_UID") == "1":
-        with contextlib.suppress(OSError):
-            private_mounts()
-            make_reachable(read_paths(modules))
+    _reachable_for_own_uid(modules)
     sock = socket.socket(fileno=sock_fd)
     while True:
         try:

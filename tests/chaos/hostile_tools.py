@@ -22,13 +22,20 @@ from tools.spec import ToolSpec
 
 __all__ = ["CHAOS_TRANSFER_SPEC", "ESCAPE_SPEC", "LINGER_SPEC", "chaos_transfer", "escape", "linger", "register"]
 
+# Modes that probe the result channel and the output caps: ``forge_result`` writes result frames of its own
+# everywhere it can, ``non_object`` / ``deep_result`` / ``huge_result`` / ``recursion`` return what no result
+# may be, ``flood_stdout`` prints ``amount`` MB, ``list_scratch_root`` / ``keep_secret`` probe other calls' files.
+
 
 class EscapeArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["env_secret", "read_file", "write_file", "fork_bomb", "memory", "cpu", "network",
-                  "leave_child", "leave_daemon", "signal_parent", "ok"]
+                  "leave_child", "leave_daemon", "signal_parent", "ok", "unix_socket", "forge_result", "non_object",
+                  "deep_result", "huge_result", "recursion", "flood_stdout", "print_lines", "list_scratch_root",
+                  "keep_secret"]
     target: str = Field(default="", max_length=500)
+    amount: int = Field(default=0, ge=0, le=1_000_000_000)
 
 
 def escape(args: EscapeArgs) -> dict[str, Any]:
@@ -88,7 +95,77 @@ def escape(args: EscapeArgs) -> dict[str, Any]:
     if mode == "signal_parent":
         os.kill(os.getppid(), 9)
         return {"killed_parent": os.getppid()}
+    if mode == "unix_socket":  # a local service on a Unix socket (PostgreSQL, MariaDB, the Redis socket)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(target)
+            return {"connected": target}
+    if mode == "forge_result":
+        return _forge(target)
+    if mode == "non_object":
+        return [1, 2, 3]  # type: ignore[return-value]
+    if mode == "deep_result":
+        value: Any = {}
+        for _ in range(args.amount or 100_000):
+            value = {"d": value}
+        return value
+    if mode == "huge_result":
+        return {"blob": "x" * (args.amount or 50_000_000)}
+    if mode == "recursion":
+        def down(n: int) -> int:
+            return down(n + 1) + 1
+        return {"depth": down(0)}
+    if mode == "flood_stdout":  # ``amount`` megabytes on stdout, then a normal result
+        chunk = ("y" * 1023 + "\n") * 1024
+        for _ in range(args.amount):
+            sys.stdout.write(chunk)
+        sys.stdout.flush()
+        return {"printed_mb": args.amount}
+    if mode == "print_lines":
+        for i in range(args.amount):
+            print(f"{target} line {i}")
+            print(f"{target} err {i}", file=sys.stderr)
+        return {"printed": args.amount}
+    if mode == "list_scratch_root":  # what of other calls' scratch dirs can this call see or read?
+        root = os.path.dirname(os.getcwd()) if target == "" else target
+        seen = {"cwd": os.getcwd(), "parent_listing": _try(lambda: sorted(os.listdir(os.path.dirname(os.getcwd()))))}
+        seen["target"] = _try(lambda: open(target).read()) if target else None  # noqa: SIM115
+        seen["root"] = root
+        return seen
+    if mode == "keep_secret":  # write a secret into this call's scratch dir and stay a while
+        with open("secret.txt", "w") as fh:
+            fh.write(target)
+        time.sleep(args.amount or 3)
+        return {"cwd": os.getcwd()}
     return {"ok": True, "pid": os.getpid(), "uid": os.getuid(), "cwd": os.getcwd()}
+
+
+def _try(action: Any) -> Any:
+    try:
+        return action()
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror}"
+
+
+def _forge(text: str) -> dict[str, Any]:
+    """Every way a tool might write a result frame of its own; returns what it managed."""
+    forged = text or '{"ok": true, "result": {"forged": true}}'
+    tried: dict[str, Any] = {}
+    for fd in range(3, 64):  # a result pipe inherited by mistake
+        try:
+            os.write(fd, forged.encode())
+            tried[f"fd{fd}"] = "written"
+        except OSError as exc:
+            tried[f"fd{fd}"] = exc.errno
+    for path in (f"/proc/{os.getppid()}/fd/3", "/proc/1/fd/3"):  # the monitor's result pipe via /proc
+        try:
+            with open(path, "w") as fh:
+                fh.write(forged)
+            tried[path] = "written"
+        except OSError as exc:
+            tried[path] = exc.errno
+    print("\x00TOOLRAIL-RESULT 0000 " + forged)  # the old line-on-stdout channel
+    os.write(1, b"\x00TOOLRAIL-RESULT " + forged.encode() + b"\n")
+    return {"forged": False, "tried": {k: v for k, v in tried.items() if v == "written"}}
 
 
 class ChaosTransferArgs(BaseModel):

@@ -1,0 +1,142 @@
+"""Tool checks at worker start and in ``toolrail tools check``.
+
+Three checks, each naming the module, the tool and the reason:
+
+1. the registry's own refusals while loading (a module or entry point that fails to
+   import, a duplicate name, a tool function whose signature cannot take its arguments);
+2. the sandbox import: one real sandbox child, confined like any call, imports every
+   tool module with the worker's module search path and reads each tool's source under
+   Landlock — what a call does, before any call is accepted;
+3. a schema self-test: each tool's parameter schema is valid JSON Schema and is
+   accepted by the decider's schema preparation.
+
+At worker start (``executor.celery``) a failure of the first kind ``import`` or of the
+second stops the worker with ``ToolCheckError``'s message; duplicate names and bad
+signatures only refuse those tools (logged), and the other tools keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from executor.errors import PermanentError
+from tools.registry import Registry
+from tools.spec import ToolSpec
+
+__all__ = ["CHECK_ENTRYPOINT", "CheckReport", "Finding", "ToolCheckError", "check_schema", "check_tools",
+           "sandbox_import_check"]
+
+#: The function a sandbox child runs to check the tool modules (see ``executor.sandbox_child``).
+CHECK_ENTRYPOINT = "executor.sandbox_child:check_entrypoints"
+
+
+class ToolCheckError(PermanentError):
+    """A tool module cannot run in the sandbox: the worker does not start."""
+
+    type = "tool_check_failed"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One failed check: where (``source``), which tool, which check, why."""
+
+    source: str
+    check: str
+    reason: str
+    tool: str | None = None
+    #: Whether the worker must not start because of it.
+    fatal: bool = False
+
+    def message(self) -> str:
+        tool = f", tool {self.tool!r}" if self.tool else ""
+        return f"{self.source}{tool}: {self.check}: {self.reason}"
+
+
+@dataclass
+class CheckReport:
+    findings: list[Finding] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    @property
+    def fatal(self) -> list[Finding]:
+        return [f for f in self.findings if f.fatal]
+
+    def failed_tools(self) -> set[str]:
+        return {f.tool for f in self.findings if f.tool}
+
+
+def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., Any] | None = None) -> list[Finding]:
+    """Import every tool module inside one real, confined sandbox child; a finding per tool that fails."""
+    from executor.sandbox import CallRun, ProcessSandbox  # noqa: PLC0415
+
+    specs = [s for s in registry.specs() if s.entrypoint]
+    if not specs:
+        return []
+    modules = ",".join(registry.modules())
+    factory = sandbox_factory or (lambda preload: ProcessSandbox(warm=0, forkserver=False, preload=preload))
+    check = ToolSpec(name="toolrail-tool-check", parameters={"type": "object", "properties": {
+        "entrypoints": {"type": "array", "items": {"type": "string"}}}, "additionalProperties": False},
+        entrypoint=CHECK_ENTRYPOINT, timeout_s=120, memory_mb=max(1024, *(s.memory_mb for s in specs)))
+    box = factory(modules)
+    try:
+        result = box.run(check, CallRun(request_id="tool-check", job_id="tool-check", call_id="tool-check",
+                                        idempotency_key="tool-check",
+                                        arguments={"entrypoints": sorted({s.entrypoint for s in specs})}))
+    except Exception as exc:  # noqa: BLE001 - the sandbox itself failing is a finding too
+        reason = getattr(exc, "to_dict", lambda: {"message": str(exc)})()
+        return [Finding("sandbox", "sandbox import", f"the sandbox could not run the check: {reason.get('message')}",
+                        fatal=True)]
+    finally:
+        box.close()
+    report = result.result.get("entrypoints", {})
+    findings = []
+    for spec in specs:
+        reason = report.get(spec.entrypoint, "not checked")
+        if reason:
+            findings.append(Finding(f"module {spec.entrypoint.partition(':')[0]} ({registry.source(spec.name)})",
+                                    "sandbox import", reason, spec.name, fatal=True))
+    return findings
+
+
+def check_schema(spec: ToolSpec) -> str | None:
+    """Why ``spec``'s parameter schema is unusable (invalid JSON Schema, refused by the decider), or None."""
+    import jsonschema  # noqa: PLC0415
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(spec.parameters)
+    except jsonschema.SchemaError as exc:
+        return f"not a valid JSON Schema: {exc.message} at {'/'.join(map(str, exc.path)) or '/'}"
+    if spec.parameters.get("type", "object") != "object":
+        return "the parameter schema is not an object schema"
+    try:
+        from decider.schema import prepare_tool  # noqa: PLC0415 - the decider's own preparation
+    except ImportError:
+        return None
+    try:
+        prepare_tool(spec)
+    except Exception as exc:  # noqa: BLE001 - whatever the decider refuses, with its reason
+        return f"the decider cannot compile it: {type(exc).__name__}: {exc}"
+    return None
+
+
+def check_tools(registry: Registry, *, sandbox: bool = True, schemas: bool = True,
+                sandbox_factory: Callable[..., Any] | None = None) -> CheckReport:
+    """All three checks; ``report.fatal`` lists what must stop a worker."""
+    report = CheckReport(checked=registry.names())
+    for problem in registry.problems:
+        report.findings.append(Finding(problem.source, f"registration ({problem.kind})", problem.reason, problem.tool,
+                                       fatal=problem.kind == "import"))
+    if sandbox:
+        report.findings.extend(sandbox_import_check(registry, sandbox_factory=sandbox_factory))
+    if schemas:
+        for spec in registry.specs():
+            reason = check_schema(spec)
+            if reason:
+                report.findings.append(Finding(registry.source(spec.name), "schema", reason, spec.name))
+    return report

@@ -1,0 +1,316 @@
+"""Bring your own tools: a local module and an installed package, end to end through real workers.
+
+Every tool module here lives outside the project tree, in a temporary folder the test
+writes: a local module registered by ``TOOLRAIL_TOOL_MODULES`` (on the worker's module
+search path through ``PYTHONPATH``), and a package registered by a ``toolrail.tools``
+entry point (a ``.dist-info`` next to it, as ``pip install`` leaves one). A Celery worker
+started with them and the API over the same registry run calls through the real sandbox.
+Broken modules stop a worker with a message naming the module and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
+from tools.registry import ENTRY_POINT_GROUP, load_registry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SHOP_TOOLS = '''
+"""A user's local tool module (not inside the toolrail tree)."""
+from pydantic import BaseModel, ConfigDict, Field
+
+from tools.context import current_call
+from tools.spec import ToolSpec
+
+
+class LookupArgs(BaseModel):
+    """Look up a product by SKU."""
+
+    model_config = ConfigDict(extra="forbid")
+    sku: str = Field(min_length=1, max_length=32)
+
+
+def lookup(args: LookupArgs) -> dict:
+    import json  # a lazy import of the standard library, after confinement
+    return {"sku": args.sku, "price": len(args.sku) * 100, "call_id": current_call().call_id,
+            "encoded": json.dumps([args.sku])}
+
+
+def register(registry) -> None:
+    registry.add(ToolSpec.from_model("shop_lookup", LookupArgs, entrypoint="shop_tools:lookup", timeout_s=5))
+'''
+
+ACME_TOOLS = '''
+"""A pip-installed package of tools, found through its entry point."""
+from pydantic import BaseModel, ConfigDict
+
+from tools.spec import ToolSpec
+
+
+class EchoArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str
+
+
+def echo(text: str) -> dict:  # keyword arguments, no model
+    print(f"acme echo: {text}")
+    return {"echo": text[::-1]}
+
+
+def register(registry) -> None:
+    registry.add(ToolSpec.from_model("acme_echo", EchoArgs, entrypoint="acme_tools:echo", timeout_s=5))
+'''
+
+DUP_TOOLS = '''
+from pydantic import BaseModel, ConfigDict
+
+from tools.spec import ToolSpec
+
+
+class Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: int = 0
+
+
+def good(args: Args) -> dict:
+    return {"value": args.value}
+
+
+def needs_two(left, right) -> dict:
+    return {}
+
+
+def register(registry) -> None:
+    registry.add(ToolSpec.from_model("get_weather", Args, entrypoint="dup_tools:good"))  # a taken name
+    registry.add(ToolSpec.from_model("bad_signature", Args, entrypoint="dup_tools:needs_two"))
+    registry.add(ToolSpec.from_model("dup_good", Args, entrypoint="dup_tools:good"))
+'''
+
+
+ENV_TOOLS = '''
+import os
+
+from shop_tools import LookupArgs
+from tools.spec import ToolSpec
+
+API_KEY = os.environ["SHOP_API_KEY"]  # read at import: the worker has it, a sandboxed tool never does
+
+
+def lookup(args: LookupArgs) -> dict:
+    return {"sku": args.sku}
+
+
+def register(registry) -> None:
+    registry.add(ToolSpec.from_model("env_lookup", LookupArgs, entrypoint="env_tools:lookup"))
+'''
+
+
+def write_tool_tree(root: Path) -> tuple[Path, Path]:
+    """A local-module folder and a site folder holding an installed distribution with an entry point."""
+    local = root / "project"
+    site = root / "site"
+    local.mkdir(parents=True)
+    (site / "acme_tools").mkdir(parents=True)
+    (local / "shop_tools.py").write_text(SHOP_TOOLS)
+    (local / "dup_tools.py").write_text(DUP_TOOLS)
+    (local / "broken_tools.py").write_text("raise RuntimeError('shop database unreachable at import')\n")
+    (local / "env_tools.py").write_text(ENV_TOOLS)
+    (site / "acme_tools" / "__init__.py").write_text(ACME_TOOLS)
+    dist = site / "acme_tools-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-tools\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nacme = acme_tools:register\n")
+    return local, site
+
+
+@pytest.fixture(scope="module")
+def tool_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    local, site = write_tool_tree(tmp_path_factory.mktemp("own-tools"))
+    sys.path[:0] = [str(local), str(site)]
+    yield local, site
+    for entry in (str(local), str(site)):
+        sys.path.remove(entry)
+    for name in ("shop_tools", "dup_tools", "acme_tools"):
+        sys.modules.pop(name, None)
+
+
+def tool_env(local: Path, site: Path, modules: str, **extra: str) -> dict[str, str]:
+    return {"TOOLRAIL_DECIDER": "none", "TOOLRAIL_TOOL_MODULES": modules, "TOOLRAIL_LOG_JSON": "1",
+            "PYTHONPATH": os.pathsep.join([str(local), str(site)]), **extra}
+
+
+@pytest.fixture(scope="module")
+def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A worker with the user's tools, and an API whose registry was built the same way."""
+    from executor.api import create_app
+    from executor.runtime import Runtime
+    from toolrail.settings import get_settings
+
+    local, site = tool_tree
+    registry = load_registry(modules=["shop_tools", "dup_tools"])
+    log_file = tmp_path_factory.mktemp("own-worker") / "worker.log"
+    worker = start_worker(redis_url, queues=["decide", *registry.queues()], concurrency=1,
+                          env=tool_env(local, site, "shop_tools,dup_tools"), log_file=log_file,
+                          hostname="toolrail-own-tools@%h")
+    try:
+        wait_for_workers(redis_url, count=1, timeout_s=90)
+        runtime = Runtime.from_settings(get_settings(), redis_url=redis_url)
+        runtime.registry = registry
+        server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False))
+        yield {"url": base, "registry": registry, "log": log_file, "worker": worker}
+        server.should_exit = True
+        thread.join(timeout=10)
+    finally:
+        stop_process(worker)
+
+
+def run_job(url: str, name: str, arguments: dict) -> dict:
+    with httpx.Client(base_url=url, timeout=30) as client:
+        response = client.post("/v1/jobs", json={"tool_calls": [{"name": name, "arguments": arguments}], "tools": [name]})
+        assert response.status_code == 202, response.text
+        return wait_for_job(client, response.json()["job_id"], timeout_s=60)
+
+
+# ----------------------------------------------------------------- registration
+
+
+def test_registry_loads_modules_and_entry_points_and_names_each_source(tool_tree: tuple[Path, Path]) -> None:
+    registry = load_registry(modules=["shop_tools"])
+    assert "shop_lookup" in registry and "acme_echo" in registry
+    assert registry.source("shop_lookup") == "module shop_tools"
+    assert registry.source("acme_echo").startswith("entry point acme = acme_tools:register (acme-tools")
+    assert registry.source("get_weather") == "builtin"
+    assert registry.problems == []
+
+
+def test_duplicate_names_and_bad_signatures_are_refused_and_the_rest_load(tool_tree: tuple[Path, Path]) -> None:
+    registry = load_registry(modules=["dup_tools", "no_such_tools"])
+    by_tool = {p.tool: p for p in registry.problems}
+    assert by_tool["get_weather"].kind == "duplicate" and by_tool["get_weather"].source == "module dup_tools"
+    assert "already registered by builtin" in by_tool["get_weather"].reason
+    assert by_tool["bad_signature"].kind == "signature"
+    assert "requires left, right" in by_tool["bad_signature"].reason
+    missing = by_tool[None]
+    assert missing.kind == "import" and missing.source == "module no_such_tools"
+    assert "No module named 'no_such_tools'" in missing.reason
+    assert "dup_good" in registry and "bad_signature" not in registry
+    assert registry.get("get_weather").entrypoint == "tools.builtin:get_weather"  # the built-in kept its name
+
+
+# ----------------------------------------------------------------- end to end
+
+
+def test_local_module_tool_runs_end_to_end(own_stack: dict) -> None:
+    job = run_job(own_stack["url"], "shop_lookup", {"sku": "A-42"})
+    assert job["status"] == "succeeded", job
+    result = job["calls"][0]["result"]
+    assert result["sku"] == "A-42" and result["price"] == 400
+    assert result["call_id"] == job["calls"][0]["id"]
+    assert result["encoded"] == '["A-42"]'
+
+
+def test_entry_point_package_tool_runs_end_to_end_and_its_prints_are_logged(own_stack: dict) -> None:
+    job = run_job(own_stack["url"], "acme_echo", {"text": "toolrail"})
+    assert job["status"] == "succeeded", job
+    assert job["calls"][0]["result"] == {"echo": "liarloot"}
+    call_id = job["calls"][0]["id"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        events = [json.loads(line) for line in own_stack["log"].read_text().splitlines() if line.startswith("{")]
+        printed = [e for e in events if e.get("event") == "tool.output" and e.get("call_id") == call_id]
+        if printed:
+            break
+        time.sleep(0.2)
+    assert printed and printed[0]["line"] == "acme echo: toolrail" and printed[0]["stream"] == "stdout", printed
+
+
+def test_refused_tools_do_not_stop_the_worker_and_the_others_run(own_stack: dict) -> None:
+    assert "bad_signature" not in own_stack["registry"]
+    job = run_job(own_stack["url"], "dup_good", {"value": 7})
+    assert job["status"] == "succeeded", job
+    assert job["calls"][0]["result"] == {"value": 7}
+    assert own_stack["worker"].poll() is None
+
+
+# ----------------------------------------------------------------- the worker's start-up check
+
+
+def _worker_refuses(redis_url: str, env: dict[str, str], log_file: Path) -> str:
+    proc = start_worker(redis_url, queues=["decide", "tool.shop_lookup"], concurrency=1, env=env, log_file=log_file)
+    try:
+        code = proc.wait(timeout=90)
+    finally:
+        stop_process(proc)
+    text = log_file.read_text()
+    assert code == 78, (code, text[-2000:])
+    return text
+
+
+def test_a_module_that_fails_to_import_stops_the_worker_with_the_message(tool_tree: tuple[Path, Path], redis_url: str,
+                                                                      tmp_path: Path) -> None:
+    text = _worker_refuses(redis_url, tool_env(*tool_tree, "shop_tools,broken_tools"), tmp_path / "worker.log")
+    assert "refusing to start" in text
+    assert "module broken_tools" in text and "RuntimeError: shop database unreachable at import" in text
+
+
+def test_a_module_that_fails_only_inside_the_sandbox_stops_the_worker(tool_tree: tuple[Path, Path], redis_url: str,
+                                                                      tmp_path: Path) -> None:
+    # The worker has SHOP_API_KEY, the sandbox's scrubbed environment does not: the import fails in there only.
+    env = tool_env(*tool_tree, "shop_tools,env_tools", SHOP_API_KEY="k-123")
+    text = _worker_refuses(redis_url, env, tmp_path / "worker.log")
+    assert "sandbox import" in text and "module env_tools" in text
+    assert "KeyError: 'SHOP_API_KEY'" in text
+
+
+# ----------------------------------------------------------------- toolrail tools
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT), env["PYTHONPATH"]])}
+    return subprocess.run([sys.executable, "-m", "toolrail.cli", "tools", *args], capture_output=True, text=True,
+                          env=full_env, timeout=180, check=False)
+
+
+def test_tools_list_and_show_name_each_source(tool_tree: tuple[Path, Path]) -> None:
+    env = tool_env(*tool_tree, "shop_tools")
+    listed = _cli("list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows["shop_lookup"]["source"] == "module shop_tools"
+    assert rows["acme_echo"]["source"].startswith("entry point acme")
+    shown = _cli("show", "shop_lookup", env=env)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["entrypoint"] == "shop_tools:lookup"
+    unknown = _cli("show", "nope", env=env)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip().count("\n") == 0 and "unknown tool 'nope'" in unknown.stderr
+
+
+def test_tools_check_passes_good_tools_and_names_every_problem(tool_tree: tuple[Path, Path]) -> None:
+    good = _cli("check", env=tool_env(*tool_tree, "shop_tools"))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "ok    shop_lookup  (module shop_tools)" in good.stdout and "ok    acme_echo" in good.stdout
+    bad = _cli("check", "--json", env=tool_env(*tool_tree, "shop_tools,dup_tools,broken_tools"))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    findings = json.loads(bad.stdout)["findings"]
+    assert {(f["source"], f["tool"]) for f in findings} >= {("module dup_tools", "get_weather"),
+                                                            ("module dup_tools", "bad_signature"),
+                                                            ("module broken_tools", None)}
+    assert all(f["reason"] for f in findings)
+
+
+def test_tools_help_lists_the_subcommands() -> None:
+    out = subprocess.run([sys.executable, "-m", "toolrail.cli", "tools", "--help"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60, check=True).stdout
+    assert all(word in out for word in ("list", "show", "check"))
