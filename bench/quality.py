@@ -17,10 +17,12 @@ Metrics, per split, tool set and language:
 - **exact**: the predicted calls equal the expected ones as a multiset, arguments compared
   after canonicalization (defaults filled in at every level, ``x-aliases`` applied, strings
   NFKC-normalized and stripped, numbers compared numerically, ``date-time`` values compared as
-  instants), composed fields left out, and every predicted call is schema-valid. A row with no
-  expected call is exact only when nothing is called.
+  instants), every predicted call is schema-valid, and composed fields pass the composition
+  check instead of being compared. A row with no expected call is exact only when nothing is
+  called.
 - **valid**: predicted calls whose name is a tool of the set and whose arguments validate
-  against its JSON Schema, over all predicted calls.
+  against its JSON Schema, formats included (``date-time`` as RFC 3339 with an offset), over
+  all predicted calls.
 - **field acc**: expected argument values reproduced (composed fields left out), with expected
   and predicted calls of the same tool paired to agree on the most fields; an unpaired expected
   call scores 0.
@@ -288,15 +290,31 @@ def _call_key(name: str, arguments: Mapping[str, Any]) -> str:
     return name + json.dumps(arguments, sort_keys=True, ensure_ascii=False)
 
 
+_RFC3339 = re.compile(r"^\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)$")
+#: Formats are part of validity, as in the grammar: ``date-time`` is RFC 3339 with an offset
+#: (jsonschema checks it only when the optional rfc3339-validator is installed, so it is here).
+_FORMATS = jsonschema.FormatChecker()
+
+
+@_FORMATS.checks("date-time", raises=ValueError)
+def _is_rfc3339(value: object) -> bool:
+    if not isinstance(value, str):
+        return True
+    if not _RFC3339.match(value):
+        return False
+    dt.datetime.fromisoformat(value.upper().replace("Z", "+00:00"))  # a real date and time, or ValueError
+    return True
+
+
 @lru_cache(maxsize=256)
 def _validator(schema_json: str) -> jsonschema.protocols.Validator:
     schema = json.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema)
+    return cls(schema, format_checker=_FORMATS)
 
 
 def validation_errors(spec: ToolSpec, arguments: Any) -> list[str]:
-    """Messages of every JSON Schema error of ``arguments`` against ``spec`` (empty when valid)."""
+    """Messages of every JSON Schema error of ``arguments`` against ``spec``, formats included (empty when valid)."""
     if not isinstance(arguments, dict):
         return ["arguments are not a JSON object"]
     validator = _validator(json.dumps(spec.parameters, sort_keys=True))
@@ -574,7 +592,6 @@ def score_row(case: Case, predicted: Sequence[ToolCall | Mapping[str, Any]], *, 
                   for c in pred_calls]
     exp_keys = Counter(_call_key(n, a) for n, a in exp_canon)
     same_multiset = exp_keys == Counter(_call_key(n, a) for n, a in pred_canon)
-    exact = same_multiset and valid == len(pred_calls)
 
     unmatched = Counter(exp_keys)
     wrong_side_effects = 0
@@ -591,6 +608,8 @@ def score_row(case: Case, predicted: Sequence[ToolCall | Mapping[str, Any]], *, 
         values = [c["arguments"].get(field_name) if isinstance(c["arguments"], dict) else None
                   for c in pred_calls if c["name"] == tool]
         compositions.append(bool(values) and all(is_composition(v, conversation) for v in values))
+    # A composed field is judged by the composition check instead of equality.
+    exact = same_multiset and valid == len(pred_calls) and all(compositions)
 
     exp_names, pred_names = Counter(n for n, _ in exp_canon), Counter(n for n, _ in pred_canon)
     paired_by_name = sum((exp_names & pred_names).values())

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 import sys
 from collections import Counter
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # bench/ is a plain directory, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from bench.quality import DATA_DIR, canonical_arguments, conversation_text, is_composition, load_cases  # noqa: E402
+from bench.quality import (  # noqa: E402
+    DATA_DIR,
+    canonical_arguments,
+    conversation_text,
+    is_composition,
+    load_cases,
+    validation_errors,
+)
 from bench.toolsets import UNSEEN_TOOLSETS, load_toolset, spec_map  # noqa: E402
 
 UNSEEN = load_cases(split="unseen")
@@ -41,20 +46,8 @@ def _walk(schema, root, value, path=""):
 
 
 def _schema_errors(spec, arguments):
-    """JSON Schema errors, plus the RFC 3339 check the grammar makes of ``date-time`` (an offset is required)."""
-    schema = spec.parameters
-    validator = jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker())
-    errors = [e.message for e in validator.iter_errors(arguments)]
-    for path, sub, value in _walk(schema, schema, arguments):
-        if sub.get("format") == "date-time":
-            try:
-                moment = dt.datetime.fromisoformat(value)
-            except (TypeError, ValueError):
-                errors.append(f"{path}: {value!r} is not a date-time")
-                continue
-            if moment.tzinfo is None or not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", value):
-                errors.append(f"{path}: {value!r} is not RFC 3339 with an offset")
-    return errors
+    """JSON Schema errors, formats included (the harness's own check: ``date-time`` needs an offset)."""
+    return validation_errors(spec, arguments)
 
 
 def _earlier_calls(case):
