@@ -33,9 +33,11 @@ Metrics, per split, tool set and language:
 - **wrong side-effect runs**: calls of a ``side_effects`` tool that would be executed and equal
   no expected call (name and canonical arguments, composed fields excepted): a count, the
   number that matters most. With a decider that offers ``decide_checked`` these are the calls
-  its check lets through (``needs_review`` executes none); otherwise every call ``decide``
-  returns counts as executed.
-- **needs review**: rows whose checked decision ended ``needs_review``.
+  its check lets through (``needs_review`` and ``failed`` execute none); otherwise every call
+  ``decide`` returns counts as executed, schema-valid or not. The ``embedded`` decider runs
+  behind ``decider.checked.decide_checked`` when the platform has it (:class:`PlatformChecked`).
+- **needs review**: rows whose checked decision ended ``needs_review`` (``failed``, a decision
+  cut at a generation bound, is counted apart in the JSON report and the headline).
 - **compositions**: composed free-text fields whose predicted value is a non-empty string of at
   least 3 words (or 6 CJK characters) that is not a contiguous span of the conversation (after
   NFKC, casefolding and whitespace collapse), ``k/n``; a composed field of a tool that is not
@@ -104,6 +106,7 @@ __all__ = [
     "Case",
     "EmptyDecider",
     "OracleDecider",
+    "PlatformChecked",
     "RowResult",
     "admitted_outcomes",
     "canonical_arguments",
@@ -672,6 +675,7 @@ def summarize(results: Sequence[RowResult]) -> dict[str, Any]:
                                      sum(1 for r in results if not r.expected_calls)),
         "wrong_side_effect_calls": sum(r.wrong_side_effect_calls for r in results),
         "needs_review": sum(r.status == "needs_review" for r in results),
+        "failed": sum(r.status == "failed" for r in results),
         "compositions": [sum(compositions), len(compositions)],
         "admitted_rows": len(admitted),
         "admitted_one": _ratio(sum(a == 1 for a in admitted), len(admitted)),
@@ -726,6 +730,7 @@ def headline(summary: Mapping[str, Any], follow_ups: Mapping[str, Any] | None = 
         f"wrong calls {_pct(summary['wrong_call_rate'])} ({summary['wrong_calls']}/{summary['predicted_calls']})",
         f"wrong side-effecting calls executed {summary['wrong_side_effect_calls']}",
         f"needs_review {summary['needs_review']}",
+        *([f"failed {summary['failed']}"] if summary["failed"] else []),
         f"compositions {composed_ok}/{composed_n}",
     ]
     if follow_ups is not None:
@@ -789,24 +794,40 @@ def _admitted(decider: Any, request: DecideRequest) -> tuple[int | str | None, s
     return ("inf" if count == _INF else int(count)), None
 
 
-def _decide(decider: Any, request: DecideRequest) -> tuple[list[ToolCall], dict[str, Any]]:
+#: Checked statuses whose calls never run: the job goes to review, or the decision failed.
+NOT_EXECUTED = frozenset({"needs_review", "failed"})
+
+
+def _as_call(call: Any) -> ToolCall | Mapping[str, Any]:
+    """A call in a shape :func:`score_row` reads (``ToolCall``, a mapping, or any object with name/arguments)."""
+    if isinstance(call, (ToolCall, Mapping)):
+        return call
+    return {"name": getattr(call, "name", None), "arguments": getattr(call, "arguments", None)}
+
+
+def _decide(decider: Any, request: DecideRequest) -> tuple[list[ToolCall | Mapping[str, Any]], dict[str, Any]]:
     """The calls that would be executed, and what else the row records.
 
-    ``decide_checked`` (when the decider has it) returns only the calls its check lets run;
-    plain ``decide`` returns calls that all count as executed.
+    ``decide_checked`` (when the decider has it) is the platform's check-and-re-ask loop: only
+    the calls it lets through run, and a decision that ends ``needs_review`` (or ``failed``) runs
+    none. Plain ``decide`` returns calls that all count as executed.
     """
     checked = getattr(decider, "decide_checked", None)
     if callable(checked):
         outcome = checked(request)
         attempts = getattr(outcome, "attempts", None)
-        decision = getattr(outcome, "decision", None)
-        return list(outcome.calls or ()), {
-            "status": outcome.status,
+        last = attempts[-1] if isinstance(attempts, Sequence) and attempts else None
+        status = getattr(outcome, "status", None)
+        calls = getattr(outcome, "tool_calls", None)
+        if not isinstance(calls, list):
+            calls = list(getattr(outcome, "calls", None) or ())
+        return ([] if status in NOT_EXECUTED else [_as_call(c) for c in calls]), {
+            "status": status,
             "attempts": len(attempts) if isinstance(attempts, Sequence) else attempts,
-            "content": getattr(outcome, "content", None) or getattr(decision, "content", None),
-            "raw_output": getattr(decision, "raw_output", None),
-            "request_id": getattr(outcome, "request_id", None) or getattr(decision, "request_id", None),
-            "usage": dict(getattr(decision, "usage", None) or {}),
+            "content": getattr(outcome, "content", None),
+            "raw_output": getattr(last, "raw_output", None),
+            "request_id": getattr(outcome, "request_id", None),
+            "usage": dict(getattr(last, "usage", None) or {}),
         }
     decision = decider.decide(request)
     return list(decision.tool_calls), {"content": decision.content, "raw_output": decision.raw_output,
@@ -892,15 +913,42 @@ def _parse_technique(technique: str, presets: Mapping[str, Mapping[str, Any]]) -
     return overrides
 
 
+class PlatformChecked:
+    """A decider behind the platform's own check-and-re-ask loop: what a job would execute.
+
+    ``decide_checked(request)`` runs ``check(decider, request)``; everything else (``decide``,
+    ``plan``) is the decider's own.
+    """
+
+    def __init__(self, decider: Decider, check: Callable[..., Any]) -> None:
+        self.decider = decider
+        self._check = check
+
+    def decide(self, request: DecideRequest) -> Decision:
+        return self.decider.decide(request)
+
+    def decide_checked(self, request: DecideRequest) -> Any:
+        return self._check(self.decider, request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.decider, name)
+
+
 def _embedded_factory(technique: str | None = None, **_: Any) -> Decider:
-    """The real decider over the embedded engine; the engine (model weights) loads once per process."""
+    """The real decider over the embedded engine, behind ``decider.checked.decide_checked`` where the
+    platform has it; the engine (model weights) loads once per process."""
     service = importlib.import_module("decider.service")
     config = service.DeciderConfig(**_parse_technique(technique, TECHNIQUES)) if technique else service.DeciderConfig()
     if "engine" not in _ENGINES:
         from decider.embedded import EmbeddedEngine
 
         _ENGINES["engine"] = EmbeddedEngine.load()
-    return service.EmbeddedDecider.from_engine(_ENGINES["engine"], config=config)
+    decider = service.EmbeddedDecider.from_engine(_ENGINES["engine"], config=config)
+    try:
+        check = getattr(importlib.import_module("decider.checked"), "decide_checked", None)
+    except ImportError:  # a platform without the shared check loop: plain decide
+        check = None
+    return PlatformChecked(decider, check) if callable(check) else decider
 
 
 DECIDERS: dict[str, Callable[..., Decider]] = {

@@ -337,6 +337,37 @@ def test_the_embedded_factory_passes_only_the_rung_overrides(monkeypatch):
     assert engine == "an engine" and seen == {"candidates": False}
 
 
+def test_the_embedded_decider_runs_behind_the_platforms_check_loop_when_there_is_one(monkeypatch):
+    import types
+
+    class Decider:
+        @classmethod
+        def from_engine(cls, engine, *, config):
+            return cls()
+
+        def plan(self, request):
+            return "its own plan"
+
+    looped = []
+    modules = {"decider.service": types.SimpleNamespace(DeciderConfig=lambda **_: None, EmbeddedDecider=Decider),
+               "decider.checked": types.SimpleNamespace(decide_checked=lambda decider, request: looped.append(request))}
+    monkeypatch.setattr(quality.importlib, "import_module", modules.__getitem__)
+    monkeypatch.setitem(quality._ENGINES, "engine", "an engine")
+    wrapped = quality._embedded_factory()
+    assert isinstance(wrapped, quality.PlatformChecked) and wrapped.plan("r") == "its own plan"
+    wrapped.decide_checked("r")
+    assert looped == ["r"]
+    del modules["decider.checked"]
+
+    def missing(name):
+        if name not in modules:
+            raise ImportError(name)
+        return modules[name]
+
+    monkeypatch.setattr(quality.importlib, "import_module", missing)
+    assert isinstance(quality._embedded_factory(), Decider)
+
+
 def test_cli_reruns_chosen_ids(tmp_path, capsys):
     quality.main(["--decider", "oracle", "--split", "all", "--ids", "bi-01-zh,ord-03-en", "--quiet",
                   "--out", str(tmp_path / "r.json")])

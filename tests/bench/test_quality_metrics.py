@@ -301,6 +301,29 @@ def test_needs_review_executes_nothing_and_is_counted(invented_toolset):
     assert s["needs_review"] == 1 and s["wrong_side_effect_calls"] == 1 and s["admitted_one"] == 0.0
 
 
+def test_failed_decisions_run_nothing_and_call_objects_with_name_and_arguments_are_read(invented_toolset):
+    @dataclass
+    class Checked:  # the shape of a checked call: name and arguments, neither ToolCall nor mapping
+        index: int
+        name: str
+        arguments: dict
+
+    class Decider:
+        def __init__(self, status):
+            self.status = status
+
+        def decide_checked(self, request):
+            return _Checked(status=self.status, calls=[Checked(0, "post_note", {"board": "sales", "text": "z"})],
+                            request_id=request.request_id)
+
+    [failed] = run_cases(Decider("failed"), [_case([])])
+    assert failed.status == "failed" and failed.predicted == [] and failed.wrong_side_effect_calls == 0
+    assert summarize([failed])["failed"] == 1
+    [ran] = run_cases(Decider("calls"), [_case([])])
+    assert ran.predicted == [{"name": "post_note", "arguments": {"board": "sales", "text": "z"}}]
+    assert ran.wrong_side_effect_calls == 1
+
+
 def test_a_decider_without_plan_or_decide_checked_reports_n_a_and_counts_every_returned_call(invented_toolset):
     [row] = run_cases(_PlainDecider(), [_case([])])
     assert row.admitted is None and row.status is None and row.wrong_side_effect_calls == 1
