@@ -33,7 +33,7 @@ class EscapeArgs(BaseModel):
     mode: Literal["env_secret", "read_file", "write_file", "fork_bomb", "memory", "cpu", "network",
                   "leave_child", "leave_daemon", "signal_parent", "ok", "unix_socket", "forge_result", "non_object",
                   "deep_result", "huge_result", "recursion", "flood_stdout", "print_lines", "list_scratch_root",
-                  "keep_secret"]
+                  "keep_secret", "sys_path"]
     target: str = Field(default="", max_length=500)
     amount: int = Field(default=0, ge=0, le=1_000_000_000)
 
@@ -131,6 +131,8 @@ def escape(args: EscapeArgs) -> dict[str, Any]:
         seen["target"] = _try(lambda: open(target).read()) if target else None  # noqa: SIM115
         seen["root"] = root
         return seen
+    if mode == "sys_path":
+        return {"sys_path": list(sys.path), "cwd": os.getcwd()}
     if mode == "keep_secret":  # write a secret into this call's scratch dir and stay a while
         with open("secret.txt", "w") as fh:
             fh.write(target)
