@@ -1,4 +1,4 @@
-"""``toolrail engine plan|build|triton-repo``.
+"""``toolrail engine plan|build|triton-repo|publish|export-hf4``.
 
 Exit codes: 0 success, 1 a build step or check failed, 2 something needed is missing or
 the request is invalid (the message names it).
@@ -197,6 +197,38 @@ def cmd_triton_repo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    """Upload a build, its tokenizer and its Triton repository to S3; the manifest (every file's sha256) goes last."""
+    from engine_build.manifest import Manifest
+    from engine_build.publish import publish, publish_layout
+
+    try:
+        if args.print_layout:
+            layout = publish_layout(Manifest.read(args.build_dir).key, engine_root=args.engine_root)
+            print(" ".join(f"--{key.replace('_', '-')} {value}" for key, value in layout.items()))
+            return 0
+        if not args.to:
+            raise PlanError("give --to s3://bucket[/prefix] (or --print-layout)")
+        result = publish(args.build_dir, args.to, repo_dir=args.repo, tokenizer_dir=args.tokenizer,
+                         engine_root=args.engine_root, log=lambda line: print(line, file=sys.stderr))
+    except (EngineBuildError, FileNotFoundError, ValueError, OSError) as exc:
+        return _fail(exc)
+    print(f"published {len(result.files)} files; set the stack's engine manifest to {result.manifest_uri}")
+    return 0
+
+
+def cmd_export_hf4(args: argparse.Namespace) -> int:
+    """Export an HF model dir saved by transformers 5 in the layout TensorRT-LLM's pinned transformers 4.x reads."""
+    from engine_build.hf_export import export_hf4
+
+    try:
+        target = export_hf4(args.model, args.output, log=lambda line: print(line, file=sys.stderr))
+    except (EngineBuildError, FileNotFoundError, ValueError, OSError) as exc:
+        return _fail(exc)
+    print(f"wrote {target}: build or serve with --model {target}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``engine`` and its sub-commands to the umbrella CLI."""
     engine = subparsers.add_parser(
@@ -236,3 +268,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     repo.add_argument("--kv-cache-free-gpu-mem-fraction", type=float, default=0.85)
     repo.add_argument("--triton-backend", choices=("tensorrtllm", "python"), default="tensorrtllm")
     repo.set_defaults(handler=cmd_triton_repo)
+
+    pub = sub.add_parser("publish", help="upload a build + tokenizer + Triton repository to S3, manifest last",
+                         description=cmd_publish.__doc__)
+    pub.add_argument("--build-dir", type=Path, required=True, help="a finished build directory")
+    pub.add_argument("--to", default=None, help="s3://bucket[/prefix]; objects go to <prefix>/<build_key>/")
+    pub.add_argument("--repo", type=Path, default=None, help="the generated model repository (default: <build-dir>/triton_repo)")
+    pub.add_argument("--tokenizer", type=Path, default=None, help="tokenizer dir (default: the build's local model dir)")
+    pub.add_argument("--engine-root", default="/engines", help="where the entrypoint puts builds on the GPU host")
+    pub.add_argument("--print-layout", action="store_true",
+                     help="print the triton-repo server-path options for this build's published layout and exit")
+    pub.set_defaults(handler=cmd_publish)
+
+    export = sub.add_parser("export-hf4", help="rewrite a transformers-5 model dir for transformers 4.x (TensorRT-LLM)",
+                            description=cmd_export_hf4.__doc__)
+    export.add_argument("--model", type=Path, required=True, help="HF model dir saved by transformers 5")
+    export.add_argument("--output", type=Path, required=True, help="directory to write")
+    export.set_defaults(handler=cmd_export_hf4)

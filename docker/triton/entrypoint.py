@@ -1,13 +1,16 @@
 """Start Triton on the engine named by a toolrail manifest.
 
 The ECS task sets ``TOOLRAIL_ENGINE_MANIFEST_URI`` (``s3://bucket/engines/<build_key>/manifest.json``,
-written by ``toolrail engine build``). Before ``tritonserver`` starts, this script
+uploaded last by ``toolrail engine publish``, after every file it lists). Before ``tritonserver``
+starts, this script
 
 1. reads the manifest and refuses an engine built for another TensorRT-LLM version or GPU SM than
    this container and this GPU (a TensorRT engine runs only where it was built to run);
 2. downloads every file the manifest lists next to it in S3 and checks each sha256;
-3. execs ``tritonserver`` on the model repository inside the engine directory, with strict
-   readiness so ``/v2/health/ready`` (the load balancer's health check) waits for the models.
+3. execs ``tritonserver`` on the model repository the manifest names (``model_repository``),
+   with strict readiness so ``/v2/health/ready`` (the load balancer's health check) waits for
+   the models. The repository's server paths point into ``/engines/<build_key>/`` (publish
+   refuses one written for another layout).
 """
 
 from __future__ import annotations
@@ -123,7 +126,8 @@ def main() -> int:
             s3.download_file(bucket, f"{prefix}/{relative}", str(target))
         if _sha256(target) != digest:
             raise EngineRejected(f"sha256 mismatch for {relative}")
-    repository = model_repository(engine_dir, hint=os.environ.get("TOOLRAIL_MODEL_REPOSITORY"))
+    hint = os.environ.get("TOOLRAIL_MODEL_REPOSITORY") or manifest.get("model_repository")
+    repository = model_repository(engine_dir, hint=hint)
     _log("engine.ready", build_key=build_key, model_repository=str(repository), sm=manifest.get("sm"))
     args = [
         "tritonserver",
