@@ -19,7 +19,7 @@ output "triton_grpc_url" {
 }
 
 output "engine_artifacts_bucket" {
-  description = "Bucket `toolrail engine build` uploads engines/<build_key>/ to."
+  description = "Bucket `toolrail engine publish` uploads engines/<build_key>/ to."
   value       = module.decider.artifacts_bucket
 }
 

@@ -87,7 +87,7 @@ resource "aws_kms_alias" "this" {
   target_key_id = aws_kms_key.this.key_id
 }
 
-# --- Engine artifacts: `toolrail engine build` uploads engines/<build_key>/ with manifest.json. ---
+# --- Engine artifacts: `toolrail engine publish` uploads engines/<build_key>/, manifest.json last. ---
 
 resource "aws_s3_bucket" "artifacts" {
   #checkov:skip=CKV_AWS_144:Engines are reproducible from their build key (model, SM, TensorRT-LLM version, options); replication would be cost without recovery value.
