@@ -161,7 +161,9 @@ class _ChatCompletions:
         raise InvalidRequestError(f"unsupported response_format type {kind!r}")
 
     async def handle(self, request: Request) -> Any:
-        request_id = sanitize_request_id(request.headers.get(REQUEST_ID_HEADER))
+        # one id per request: when mounted in the job API its middleware already chose it (and will put it
+        # in the response header and the logs); choosing again would give the completion another id
+        request_id = getattr(request.state, "request_id", None) or sanitize_request_id(request.headers.get(REQUEST_ID_HEADER))
         with request_scope(request_id):
             try:
                 raw = await request.json()

@@ -5,7 +5,14 @@
     GET  /v1/jobs/{id}          status and every call with its outcome
     GET  /v1/jobs/{id}/events   Server-Sent Events of each state change
     GET  /v1/tools              registered tools and their schemas
+    GET  /v1/models             the served model(s), in OpenAI's shape
     GET  /healthz  /readyz  /metrics
+
+Jobs take OpenAI's shapes as they are: ``tool_calls`` as ``{id, type: "function", function:
+{name, arguments: "<json string>"}}`` (or the flat ``{name, arguments}``), and whole
+conversations in ``messages`` (assistant ``tool_calls``, ``tool`` messages answering them by
+``tool_call_id``, text content parts, the ``developer`` role). They are normalized here, at
+the boundary, into one form: text content, OpenAI-shaped assistant calls.
 
 Every error a client can cause is a 4xx with ``{"error": {"type", "message", "details"}}``;
 Redis being down is a 503; nothing answers with a stack trace.
@@ -29,11 +36,13 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from executor.errors import ExecutorError, IdempotencyConflictError, JobNotFoundError, StoreUnavailableError
+from executor.metrics import OutcomeCollector
 from executor.ratelimit import install_load_control, rate_limited
+from executor.readiness import Readiness
 from executor.runtime import Runtime
 from executor.store import TERMINAL_JOB, JobRecord
 from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
@@ -62,14 +71,129 @@ def _error_body(type_: str, message: str, details: Any = None) -> dict[str, Any]
 # ----------------------------------------------------------------- request bodies
 
 
-class Message(BaseModel):
+class ClientCall(BaseModel):
+    """A tool call in the flat shape: ``{name, arguments, id?}``."""
+
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = Field(default=None, max_length=20_000)
+    name: str = Field(min_length=1, max_length=64)
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    id: str | None = Field(default=None, max_length=200)
+
+    def flat(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    #: OpenAI sends a JSON string (possibly broken: the check repairs it); an object is taken too.
+    arguments: str | dict[str, Any] = ""
+
+
+class OpenAIToolCall(BaseModel):
+    """A tool call in OpenAI's shape: ``{id, type: "function", function: {name, arguments}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(default=None, max_length=200)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+    index: int | None = Field(default=None, ge=0)  # kept by clients that merge streamed deltas
+
+    def flat(self) -> dict[str, Any]:
+        call = {"name": self.function.name, "arguments": self.function.arguments}
+        return {**call, "id": self.id} if self.id else call
+
+
+def _call_shape(value: Any) -> str:
+    if isinstance(value, dict):
+        return "openai" if "function" in value or "type" in value else "flat"
+    return "openai" if isinstance(value, OpenAIToolCall) else "flat"
+
+
+#: Either shape; the discriminator picks one, so a bad call gets the errors of its own shape only.
+AnyToolCall = Annotated[Annotated[ClientCall, Tag("flat")] | Annotated[OpenAIToolCall, Tag("openai")],
+                        Discriminator(_call_shape)]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str = Field(max_length=20_000)
+
+
+class Message(BaseModel):
+    """One chat message, OpenAI's shape (including what the openai SDK adds when a reply is sent back)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = Field(default=None, max_length=20_000)
     name: str | None = Field(default=None, max_length=64)
     tool_call_id: str | None = Field(default=None, max_length=200)
-    tool_calls: list[dict[str, Any]] | None = Field(default=None, max_length=16)
+    tool_calls: list[AnyToolCall] | None = Field(default=None, max_length=16)
+    # fields of the SDK's ChatCompletionMessage, accepted so a reply can be appended as is
+    refusal: str | None = Field(default=None, max_length=20_000)
+    annotations: list[dict[str, Any]] | None = Field(default=None, max_length=64)
+    audio: dict[str, Any] | None = None
+    function_call: None = None
+
+    @model_validator(mode="after")
+    def _role_fields(self) -> "Message":
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls, not {self.role!r}")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_call_id and self.role != "tool":
+            raise ValueError(f"only tool messages carry tool_call_id, not {self.role!r}")
+        for call in self.tool_calls or []:
+            if not call.id:
+                raise ValueError("every tool call of an assistant message needs an id (tool messages answer by it)")
+        return self
+
+    def normalized(self) -> dict[str, Any]:
+        """The stored form: text content, ``system`` for ``developer``, OpenAI-shaped calls with string arguments."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
+        if content is not None or self.role != "assistant":
+            message["content"] = content if content is not None else ""
+        if self.name:
+            message["name"] = self.name
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [_openai_call(call.flat()) for call in self.tool_calls]
+        return message
+
+
+def _openai_call(call: dict[str, Any]) -> dict[str, Any]:
+    arguments = call.get("arguments", "")
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": text}}
+
+
+def _check_conversation(messages: list[Message]) -> None:
+    """Each tool message answers a call of an earlier assistant message, once."""
+    open_calls: dict[str, str] = {}
+    answered: set[str] = set()
+    for position, message in enumerate(messages):
+        for call in message.tool_calls or []:
+            open_calls[str(call.id)] = call.flat()["name"]
+        if message.role == "tool":
+            call_id = str(message.tool_call_id)
+            if call_id not in open_calls:
+                raise ApiError(422, "unknown_tool_call_id", f"messages[{position}] answers tool call {call_id!r}, "
+                               "which no earlier assistant message made", position=position, tool_call_id=call_id,
+                               known=sorted(open_calls))
+            if call_id in answered:
+                raise ApiError(422, "duplicate_tool_result", f"messages[{position}] answers tool call {call_id!r} again",
+                               position=position, tool_call_id=call_id)
+            answered.add(call_id)
 
 
 class FunctionDef(BaseModel):
@@ -87,12 +211,96 @@ class InlineTool(BaseModel):
     function: FunctionDef
 
 
-class ClientCall(BaseModel):
+class NamedChoice(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=64)
-    arguments: dict[str, Any] | str = Field(default_factory=dict)
-    id: str | None = Field(default=None, max_length=200)
+    type: Literal["function"] = "function"
+    function: dict[str, str]
+
+
+class JobCreate(BaseModel):
+    """A job: a conversation to decide on, or tool calls/raw output the client brings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[Message] = Field(default_factory=list, max_length=64)
+    tools: list[str | InlineTool] | None = Field(default=None, max_length=32,
+                                                 description="registered tool names or inline OpenAI function specs; default: all registered")
+    tool_calls: list[AnyToolCall] | None = Field(default=None, max_length=16)
+    # fields of the SDK's ChatCompletionMessage, accepted so a reply can be appended as is
+    refusal: str | None = Field(default=None, max_length=20_000)
+    annotations: list[dict[str, Any]] | None = Field(default=None, max_length=64)
+    audio: dict[str, Any] | None = None
+    function_call: None = None
+
+    @model_validator(mode="after")
+    def _role_fields(self) -> "Message":
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls, not {self.role!r}")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_call_id and self.role != "tool":
+            raise ValueError(f"only tool messages carry tool_call_id, not {self.role!r}")
+        for call in self.tool_calls or []:
+            if not call.id:
+                raise ValueError("every tool call of an assistant message needs an id (tool messages answer by it)")
+        return self
+
+    def normalized(self) -> dict[str, Any]:
+        """The stored form: text content, ``system`` for ``developer``, OpenAI-shaped calls with string arguments."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
+        if content is not None or self.role != "assistant":
+            message["content"] = content if content is not None else ""
+        if self.name:
+            message["name"] = self.name
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [_openai_call(call.flat()) for call in self.tool_calls]
+        return message
+
+
+def _openai_call(call: dict[str, Any]) -> dict[str, Any]:
+    arguments = call.get("arguments", "")
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": text}}
+
+
+def _check_conversation(messages: list[Message]) -> None:
+    """Each tool message answers a call of an earlier assistant message, once."""
+    open_calls: dict[str, str] = {}
+    answered: set[str] = set()
+    for position, message in enumerate(messages):
+        for call in message.tool_calls or []:
+            open_calls[str(call.id)] = call.flat()["name"]
+        if message.role == "tool":
+            call_id = str(message.tool_call_id)
+            if call_id not in open_calls:
+                raise ApiError(422, "unknown_tool_call_id", f"messages[{position}] answers tool call {call_id!r}, "
+                               "which no earlier assistant message made", position=position, tool_call_id=call_id,
+                               known=sorted(open_calls))
+            if call_id in answered:
+                raise ApiError(422, "duplicate_tool_result", f"messages[{position}] answers tool call {call_id!r} again",
+                               position=position, tool_call_id=call_id)
+            answered.add(call_id)
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+    description: str = Field(default="", max_length=2_000)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class InlineTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"] = "function"
+    function: FunctionDef
 
 
 class NamedChoice(BaseModel):
@@ -110,7 +318,9 @@ class JobCreate(BaseModel):
     messages: list[Message] = Field(default_factory=list, max_length=64)
     tools: list[str | InlineTool] | None = Field(default=None, max_length=32,
                                                  description="registered tool names or inline OpenAI function specs; default: all registered")
-    tool_calls: list[ClientCall] | None = Field(default=None, max_length=16)
+    tool_calls: list[AnyToolCall] | None = Field(default=None, max_length=16,
+                                                 description="calls to check and run: flat {name, arguments} or OpenAI's "
+                                                             "{id, type, function: {name, arguments}}")
     raw_output: str | None = Field(default=None, max_length=100_000)
     tool_choice: Literal["auto", "required", "none"] | NamedChoice = "auto"
     parallel_tool_calls: bool = True
@@ -267,6 +477,9 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     http_latency = Histogram("toolrail_http_request_duration_seconds", "API latency", ["method", "route", "status"],
                              registry=metrics, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
     metrics.register(_QueueDepth(runtime))
+    metrics.register(OutcomeCollector(runtime.redis))
+    readiness = Readiness(runtime.redis, ping_workers)
+    started_at = int(time.time())
     install_load_control(app, settings=settings, runtime=runtime, metrics=metrics)
 
     @app.middleware("http")
@@ -282,7 +495,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
             response = JSONResponse(_error_body("internal", "internal error; quote the request id", {"request_id": request_id}),
                                     status_code=500)
         elapsed = time.perf_counter() - started
-        route = getattr(request.scope.get("route"), "path", "unmatched")
+        route = _route_template(request)
         http_latency.labels(request.method, route, str(response.status_code)).observe(elapsed)
         response.headers[REQUEST_ID_HEADER] = request_id
         if request.url.path not in {"/healthz", "/metrics"}:
@@ -335,29 +548,30 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
 
     @app.get("/readyz", tags=["ops"])
     def readyz() -> JSONResponse:
-        checks: dict[str, Any] = {}
-        try:
-            runtime.redis.ping()
-            checks["redis"] = "ok"
-        except redis.RedisError as exc:
-            checks["redis"] = f"down: {type(exc).__name__}"
-        workers = 0
-        if checks["redis"] == "ok":
-            try:
-                workers = ping_workers()
-            except Exception as exc:  # noqa: BLE001 - readiness reports, never raises
-                checks["workers_error"] = type(exc).__name__
-        checks["workers"] = workers
-        ready = checks["redis"] == "ok" and workers > 0
-        return JSONResponse({"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503)
+        """200 once Redis answers and workers have answered recently; else 503 saying what it waits for."""
+        ready, body = readiness.check()
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)  # documents text/plain in the OpenAPI spec
     def metrics_endpoint() -> Response:
         return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/tools", tags=["tools"])
-    def list_tools() -> dict[str, Any]:
+    def list_tools(tenant: Tenant) -> dict[str, Any]:
         return {"tools": [spec.public() for spec in runtime.registry.specs()]}
+
+    @app.get("/v1/models", tags=["models"])
+    def list_models(tenant: Tenant) -> dict[str, Any]:
+        """The served model(s), as OpenAI's ``GET /v1/models`` lists them (``client.models.list()``)."""
+        return {"object": "list", "data": _served_models(settings, created=started_at)}
+
+    @app.get("/v1/models/{model_id:path}", tags=["models"])
+    def get_model(model_id: str, tenant: Tenant) -> dict[str, Any]:
+        for model in _served_models(settings, created=started_at):
+            if model["id"] == model_id:
+                return model
+        raise ApiError(404, "model_not_found", f"model {model_id!r} is not served here", model=model_id)
+
 
     @app.post("/v1/jobs", status_code=202, tags=["jobs"])
     def create_job(body: JobCreate, request: Request, tenant: Tenant,
@@ -375,16 +589,17 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                                tool=chosen)
         if body.tool_choice == "required" and not names and not inline:
             raise ApiError(400, "invalid_request", "tool_choice=required with an empty tool list")
+        _check_conversation(body.messages)
         client_output = None
         if body.tool_calls is not None:
-            client_output = {"tool_calls": [c.model_dump(exclude_none=True) for c in body.tool_calls]}
+            client_output = {"tool_calls": [c.flat() for c in body.tool_calls]}
         elif body.raw_output is not None:
             client_output = {"raw_output": body.raw_output}
         max_reasks = settings.default_max_reasks if body.max_reasks is None else body.max_reasks
         if max_reasks > settings.max_reasks_limit:
             raise ApiError(422, "validation_error", f"max_reasks may be at most {settings.max_reasks_limit}")
         job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
-                        messages=[m.model_dump(exclude_none=True) for m in body.messages], tools=names,
+                        messages=[m.normalized() for m in body.messages], tools=names,
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
                         max_reasks=max_reasks, client_output=client_output)
@@ -457,6 +672,26 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     return app
+
+
+def _route_template(request: Request) -> str:
+    """The matched route's template (``/v1/jobs/{job_id}``), never the raw path: bounded label values."""
+    route = request.scope.get("route")
+    template = getattr(route, "path_format", None) or getattr(route, "path", None)
+    return template if isinstance(template, str) else "unmatched"
+
+
+def _served_models(settings: Settings, *, created: int) -> list[dict[str, Any]]:
+    """OpenAI model objects for the decider this process serves (none when ``decider=none``)."""
+    if settings.decider == "none":
+        return []
+    if settings.decider == "triton":
+        model_id = settings.triton_model
+    else:
+        from decider.model import DEFAULT_MODEL_NAME  # noqa: PLC0415
+
+        model_id = settings.model or DEFAULT_MODEL_NAME
+    return [{"id": model_id, "object": "model", "created": created, "owned_by": "toolrail", "backend": settings.decider}]
 
 
 def _fail_enqueue(job: JobRecord, exc: Exception) -> None:

@@ -16,18 +16,23 @@ DEMO_PROMPT = "北京明天天气怎么样"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="run the API, a worker pool and (if needed) an embedded Redis",
-                                  description="Run the job API with a Celery worker pool. Without REDIS_URL and with "
-                                              "nothing on 127.0.0.1:6379, an embedded redis-server is started.")
+                                  description="Run the job API with a Celery worker pool. The Redis is --redis-url, else "
+                                              "REDIS_URL, else an embedded redis-server started on a free loopback port "
+                                              "(a Redis already on 6379 is used only when named).")
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1; others need API keys)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
-    serve.add_argument("--concurrency", type=int, default=2, help="worker processes (default 2)")
+    serve.add_argument("--concurrency", type=int, default=None,
+                       help="worker processes (default: TOOLRAIL_WORKER_CONCURRENCY, 2)")
+    serve.add_argument("--redis-url", default=None, metavar="URL",
+                       help="use this Redis (e.g. redis://127.0.0.1:6379/0) instead of REDIS_URL or an embedded one")
     serve.add_argument("--no-worker", action="store_true", help="API only (workers run elsewhere)")
     serve.set_defaults(handler=_serve)
 
     worker = subparsers.add_parser("worker", help="run a Celery worker (same as: celery -A executor.celery worker)",
                                    description="Run a Celery worker for the given queues.")
     worker.add_argument("-Q", "--queues", default=None, help="comma-separated queues (default: decide and every tool queue)")
-    worker.add_argument("-c", "--concurrency", type=int, default=2)
+    worker.add_argument("-c", "--concurrency", type=int, default=None,
+                        help="worker processes (default: TOOLRAIL_WORKER_CONCURRENCY, 2)")
     worker.add_argument("--loglevel", default="INFO")
     worker.set_defaults(handler=_worker)
 
@@ -64,7 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from executor.stack import start_worker, stop_process  # noqa: PLC0415
     from toolrail.logging import configure_logging, get_logger  # noqa: PLC0415
-    from toolrail.redis_embed import ensure_redis  # noqa: PLC0415
+    from toolrail.redis_embed import display_url, ensure_redis  # noqa: PLC0415
     from toolrail.settings import get_settings  # noqa: PLC0415
 
     configure_logging()
@@ -76,17 +81,19 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"refusing to bind {host}: no API keys are configured (set TOOLRAIL_API_KEYS=key:tenant,...) "
               "— without keys only loopback addresses are allowed", file=sys.stderr)
         return 2
-    url, embedded = ensure_redis(settings.redis_url, settings.cache_dir)
+    source = "--redis-url" if args.redis_url else "REDIS_URL" if settings.redis_url else "embedded"
+    url, embedded = ensure_redis(args.redis_url or settings.redis_url, settings.cache_dir, redis_server=settings.redis_server)
     os.environ["REDIS_URL"] = url
     get_settings.cache_clear()
     settings = get_settings()
-    log.info("serve.redis", url=url.split("@")[-1], embedded=embedded is not None)
+    log.info("serve.redis", url=display_url(url), source=source)
     worker = None
     try:
         if not args.no_worker:
             from tools.registry import default_registry  # noqa: PLC0415
 
-            worker = start_worker(url, queues=["decide", *default_registry().queues()], concurrency=args.concurrency)
+            worker = start_worker(url, queues=["decide", *default_registry().queues()],
+                                  concurrency=args.concurrency or settings.worker_concurrency)
         from executor.api import create_app  # noqa: PLC0415
         from executor.runtime import Runtime  # noqa: PLC0415
 
@@ -110,10 +117,12 @@ def _is_loopback(host: str) -> bool:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from toolrail.settings import get_settings  # noqa: PLC0415
     from tools.registry import default_registry  # noqa: PLC0415
 
     queues = args.queues or ",".join(["decide", *default_registry().queues()])
-    argv = [sys.executable, "-m", "celery", "-A", "executor.celery", "worker", "-Q", queues, "-c", str(args.concurrency),
+    concurrency = args.concurrency or get_settings().worker_concurrency
+    argv = [sys.executable, "-m", "celery", "-A", "executor.celery", "worker", "-Q", queues, "-c", str(concurrency),
             "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"]
     os.execvp(argv[0], argv)
     return 0  # pragma: no cover

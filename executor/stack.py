@@ -19,7 +19,7 @@ import httpx
 import redis
 
 from toolrail.logging import get_logger
-from toolrail.redis_embed import EmbeddedRedis, ensure_redis, free_port
+from toolrail.redis_embed import EmbeddedRedis, display_url, ensure_redis, free_port
 
 __all__ = ["LocalStack", "serve_in_thread", "start_worker", "wait_for_job", "wait_for_workers", "wait_http_ok"]
 
@@ -136,7 +136,9 @@ class LocalStack:
         from toolrail.settings import DEFAULT_CACHE_DIR, get_settings  # noqa: PLC0415
 
         settings = get_settings()
-        url, self._redis = ensure_redis(self.redis_url or settings.redis_url, self.cache_dir or settings.cache_dir or DEFAULT_CACHE_DIR)
+        url, self._redis = ensure_redis(self.redis_url or settings.redis_url, self.cache_dir or settings.cache_dir or DEFAULT_CACHE_DIR,
+                                        redis_server=settings.redis_server)
+        log.info("stack.redis", url=display_url(url), source="embedded" if self._redis else "given")
         self.redis_url = url
         os.environ["REDIS_URL"] = url
         get_settings.cache_clear()

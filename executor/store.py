@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 import redis
 from pydantic import BaseModel, Field
 
+from executor import metrics
 from executor.errors import IdempotencyConflictError, JobNotFoundError, StoreUnavailableError
 
 __all__ = ["CallRecord", "JobRecord", "JobStore", "RedisJobStore", "TERMINAL_CALL", "TERMINAL_JOB"]
@@ -30,6 +31,8 @@ JobStatus = Literal["queued", "deciding", "validating", "running", "succeeded", 
 CallStatus = Literal["pending", "running", "succeeded", "failed", "validated"]
 TERMINAL_JOB = frozenset({"succeeded", "failed", "needs_review", "cancelled"})
 TERMINAL_CALL = frozenset({"succeeded", "failed", "validated"})
+#: Statuses of a job while its output is being decided or checked (what the decision latency measures).
+DECIDING_JOB = frozenset({"validating", "deciding"})
 
 
 class CallRecord(BaseModel):
@@ -65,6 +68,9 @@ class JobRecord(BaseModel):
     attempts: list[dict[str, Any]] = Field(default_factory=list)
     content: str | None = None
     error: dict[str, Any] | None = None
+    #: When the job last entered deciding/validating, and how long that took once it left.
+    decision_started_at: float | None = None
+    decision_s: float | None = None
     calls: list[CallRecord] = Field(default_factory=list)
 
     def public(self) -> dict[str, Any]:
@@ -97,6 +103,17 @@ return redis.call('DECR', KEYS[2])
 """
 
 
+def _time_decision(job: JobRecord, before: str) -> bool:
+    """Stamp when a job starts deciding; on leaving, set ``decision_s``. True when a decision just ended."""
+    if job.status in DECIDING_JOB and before not in DECIDING_JOB:
+        job.decision_started_at, job.decision_s = job.updated_at, None
+    elif before in DECIDING_JOB and job.status not in DECIDING_JOB:
+        if job.decision_started_at is not None:
+            job.decision_s = round(job.updated_at - job.decision_started_at, 6)
+        return True
+    return False
+
+
 def _guard(fn):
     def wrapper(*args, **kwargs):
         try:
@@ -117,11 +134,16 @@ class RedisJobStore:
         self._p = prefix
         self._ttl = ttl_s
         self._finish = client.register_script(_FINISH_CALL)
+        self._metrics = metrics.metrics_key(prefix)
         #: Non-terminal jobs scored by their last status change: what the reconciler watches.
         self._active = f"{prefix}:active"
 
     def _k(self, job_id: str, suffix: str = "") -> str:
         return f"{self._p}:job:{job_id}{suffix}"
+
+    def events_key(self, job_id: str) -> str:
+        """The Redis stream of the job's state changes (what :meth:`events` reads; async readers read it too)."""
+        return self._k(job_id, ":events")
 
     @_guard
     def create(self, job: JobRecord, *, idempotency_key: str | None = None, body_hash: str | None = None) -> tuple[JobRecord, bool]:
@@ -183,8 +205,14 @@ class RedisJobStore:
                     before = job.status
                     mutate(job)
                     job.updated_at = time.time()
+                    decided = _time_decision(job, before)
                     pipe.multi()
                     pipe.set(key, job.model_dump_json(exclude={"calls"}), keepttl=True)
+                    if decided:
+                        metrics.record_decision(pipe, self._metrics, outcome=job.status, seconds=job.decision_s,
+                                                reasks=max(0, len(job.attempts) - 1))
+                    if job.status in TERMINAL_JOB and before not in TERMINAL_JOB:
+                        metrics.record_job_finished(pipe, self._metrics, job.status)
                     events = []
                     if job.status != before:
                         events.append({"type": "status", "status": job.status, "request_id": job.request_id,
@@ -214,6 +242,9 @@ class RedisJobStore:
             pipe.expire(calls_key, self._ttl)
         pending = sum(1 for c in calls if c.status not in TERMINAL_CALL)
         pipe.set(self._k(job_id, ":pending"), pending, ex=self._ttl)
+        for call in calls:
+            if call.status == "validated":
+                metrics.record_call(pipe, self._metrics, tool=metrics.NOT_RUN_TOOL, outcome="validated", seconds=None)
         pipe.execute()
 
     @_guard
@@ -238,8 +269,14 @@ class RedisJobStore:
         event = json.dumps({"type": "call", "call_id": call.id, "index": call.index, "name": call.name,
                             "status": call.status, **({"error": call.error} if call.error else {})},
                            ensure_ascii=False, default=str)
-        return int(self._finish(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"), self._k(job_id, ":events")],
-                                args=[call.id, call.model_dump_json(), event]))
+        remaining = int(self._finish(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"), self._k(job_id, ":events")],
+                                     args=[call.id, call.model_dump_json(), event]))
+        if remaining >= 0:  # this process made the call final: count it once
+            pipe = self.redis.pipeline(transaction=False)
+            metrics.record_call(pipe, self._metrics, tool=call.name if call.queue else metrics.NOT_RUN_TOOL,
+                                outcome=call.status, seconds=call.duration_s)
+            pipe.execute()
+        return remaining
 
     @_guard
     def stale_jobs(self, *, older_than_s: float, limit: int = 100) -> list[str]:

@@ -17,7 +17,7 @@ from toolrail import __version__
 __all__ = ["build_parser", "main"]
 
 #: Modules that contribute subcommands, in the order they appear in ``--help``.
-COMMAND_MODULES = ("executor.cli", "decider.cli", "decider.model_cli", "engine_build.cli")
+COMMAND_MODULES = ("executor.cli", "executor.tools_cli", "decider.cli", "decider.model_cli", "engine_build.cli", "toolrail.config_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +58,63 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        message = one_line_error(exc)
+        if message is None:
+            raise
+        print(f"toolrail: {message}", file=sys.stderr)
+        return 1
+
+
+def one_line_error(exc: BaseException) -> str | None:
+    """A one-line explanation of a failure the user can fix (a service down, a bad setting); None otherwise.
+
+    Connection problems and invalid settings are the user's environment, not a bug: they get one line
+    naming what was tried, not a traceback.
+    """
+    import httpx  # noqa: PLC0415
+    import redis  # noqa: PLC0415
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from toolrail.redis_embed import EmbeddedRedisError  # noqa: PLC0415
+
+    if isinstance(exc, httpx.TransportError):
+        url = exc.request.url if _has_request(exc) else "the API"
+        reason = _reason(exc)
+        hint = " (is the API running? start one with `toolrail serve`)" if isinstance(exc, httpx.ConnectError) else ""
+        return f"cannot reach {url}: {reason}{hint}"
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return f"cannot reach Redis: {_reason(exc)} (check REDIS_URL or `toolrail serve --redis-url`)"
+    if isinstance(exc, EmbeddedRedisError):
+        return f"embedded Redis: {exc}"
+    if isinstance(exc, ValidationError) and exc.title == "Settings":
+        from toolrail.settings import env_names  # noqa: PLC0415
+
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error.get("loc") else "?"
+            try:
+                name = env_names(field)[0]
+            except KeyError:
+                name = field
+            problems.append(f"{name}: {error['msg']}")
+        return "invalid setting " + "; ".join(problems)
+    return None
+
+
+def _has_request(exc: Exception) -> bool:
+    try:
+        return exc.request is not None  # type: ignore[attr-defined]
+    except RuntimeError:  # httpx raises when the error carries no request
+        return False
+
+
+def _reason(exc: BaseException) -> str:
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    # httpx and redis wrap the OS error: "[Errno 111] Connection refused" → "Connection refused"
+    if text.startswith("[Errno") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text[:300]
 
 
 if __name__ == "__main__":

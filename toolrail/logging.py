@@ -1,40 +1,55 @@
 """Structured logging: JSON lines in production, pretty on a terminal.
 
 Every event passes through ``merge_contextvars`` so the bound ``request_id``
-appears on each line of a request's life.
+appears on each line of a request's life. The format and level come from
+``Settings.log_format`` / ``Settings.log_level`` (``TOOLRAIL_LOG_FORMAT``, ``TOOLRAIL_LOG_LEVEL``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
+from typing import Any
 
 import structlog
 
-__all__ = ["configure_logging", "get_logger"]
+__all__ = ["StaticFields", "configure_logging", "get_logger"]
 
 _configured = False
+
+
+class StaticFields:
+    """Processor: adds fields that hold for the whole process (environment, worker group) to every event."""
+
+    def __init__(self, **fields: str) -> None:
+        self.fields = {key: value for key, value in fields.items() if value}
+
+    def __call__(self, _logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+        for key, value in self.fields.items():
+            event.setdefault(key, value)
+        return event
 
 
 def configure_logging(*, json: bool | None = None, level: str | None = None, force: bool = False) -> None:
     """Configure structlog and the stdlib root logger once per process.
 
-    ``json`` defaults to True unless stderr is a TTY (override with ``TOOLRAIL_LOG_JSON``).
+    ``json`` and ``level`` override the settings; ``log_format=auto`` means JSON unless stderr is a TTY.
     """
     global _configured
     if _configured and not force:
         return
+    from toolrail.settings import Settings  # noqa: PLC0415 - fresh: logging may be reconfigured after env changes
+
+    settings = Settings()
     if json is None:
-        env = os.environ.get("TOOLRAIL_LOG_JSON")
-        json = (env.lower() in {"1", "true", "yes"}) if env else not sys.stderr.isatty()
-    level_name = (level or os.environ.get("TOOLRAIL_LOG_LEVEL", "INFO")).upper()
-    level_no = logging.getLevelName(level_name)
+        json = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
+    level_no = logging.getLevelName((level or settings.log_level).upper())
     if not isinstance(level_no, int):
         level_no = logging.INFO
 
     shared = [
         structlog.contextvars.merge_contextvars,
+        StaticFields(environment=settings.environment, worker_group=settings.worker_group),
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]

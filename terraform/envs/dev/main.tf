@@ -99,6 +99,7 @@ module "executor" {
   redis_url_secret_value_from     = module.redis.url_secret_value_from
   redis_kms_key_arn               = module.redis.kms_key_arn
   triton_url                      = module.decider.triton_grpc_url
+  triton_model                    = module.decider.triton_model
   triton_client_security_group_id = module.decider.client_security_group_id
   log_group_names                 = module.observability.log_group_names
   log_group_arns                  = module.observability.log_group_arns

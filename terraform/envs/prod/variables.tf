@@ -42,8 +42,9 @@ variable "engine" {
     gpu            = string
     sm             = number
     trtllm_version = string
+    backend        = optional(string, "pytorch")
   })
-  description = "Engine to serve, from manifest.json of `toolrail engine build` (key, gpu, sm, trtllm_version)."
+  description = "Engine to serve, from manifest.json of `toolrail engine build` (key, gpu, sm, trtllm_version, backend: pytorch or engine)."
 }
 
 variable "certificate_arn" {

@@ -610,7 +610,6 @@ resource "aws_ecs_task_definition" "triton" {
     environment = [
       { name = "TOOLRAIL_ENGINE_MANIFEST_URI", value = local.manifest_uri },
       { name = "TOOLRAIL_ENGINE_DIR", value = "/engines" },
-      { name = "TOOLRAIL_EXPECTED_SM", value = tostring(var.engine.sm) },
       { name = "TOOLRAIL_EXPECTED_TRTLLM_VERSION", value = var.triton_trtllm_version },
       { name = "HOME", value = "/tmp" },
     ]

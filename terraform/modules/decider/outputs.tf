@@ -3,6 +3,11 @@ output "triton_grpc_url" {
   value       = "${aws_lb.triton.dns_name}:8001"
 }
 
+output "triton_model" {
+  description = "Model the decide workers call (TOOLRAIL_TRITON_MODEL): llmapi for the pytorch repository flavour, tensorrt_llm_bls for the engine flavour (engine_build/triton_repo.py)."
+  value       = var.engine.backend == "engine" ? "tensorrt_llm_bls" : "llmapi"
+}
+
 output "client_security_group_id" {
   description = "Security group to attach to tasks that call Triton (decide workers)."
   value       = aws_security_group.client.id

@@ -60,12 +60,18 @@ variable "engine" {
     gpu            = string
     sm             = number
     trtllm_version = string
+    backend        = optional(string, "pytorch")
   })
-  description = "The engine to serve, copied from the manifest.json that `toolrail engine build` wrote (key, gpu, sm, trtllm_version). Artifacts live under s3://<artifacts bucket>/engines/<build_key>/."
+  description = "The engine to serve, copied from the manifest.json that `toolrail engine build` wrote (key, gpu, sm, trtllm_version, backend: pytorch or engine; it picks the Triton model). Artifacts live under s3://<artifacts bucket>/engines/<build_key>/."
 
   validation {
     condition     = can(regex("^[0-9a-f]{16,64}$", var.engine.build_key))
     error_message = "engine.build_key must be the hex build key from manifest.json."
+  }
+
+  validation {
+    condition     = contains(["pytorch", "engine"], var.engine.backend)
+    error_message = "engine.backend must be pytorch (LLM-API model llmapi) or engine (trtllm-build, model tensorrt_llm_bls), as in manifest.json."
   }
 }
 

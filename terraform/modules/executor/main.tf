@@ -210,11 +210,11 @@ resource "aws_ecs_task_definition" "worker" {
       TOOLRAIL_WORKER_GROUP         = each.key
       TOOLRAIL_WORKER_CONCURRENCY   = tostring(each.value.concurrency)
       TOOLRAIL_TASK_TIME_LIMIT_S    = tostring(each.value.task_time_limit_s)
-      TOOLRAIL_TASK_SOFT_LIMIT_S    = tostring(max(1, each.value.task_time_limit_s - 5))
       TOOLRAIL_CACHE_DIR            = "/tmp/toolrail"
       TOOLRAIL_LOG_FORMAT           = "json"
       TOOLRAIL_DECIDER              = each.value.needs_triton ? "triton" : "none"
       TOOLRAIL_TRITON_URL           = each.value.needs_triton ? var.triton_url : ""
+      TOOLRAIL_TRITON_MODEL         = each.value.needs_triton ? var.triton_model : ""
       TOOLRAIL_VISIBILITY_TIMEOUT_S = "3600"
     }, each.value.environment) : { name = key, value = value }]
     secrets = [{ name = "REDIS_URL", valueFrom = var.redis_url_secret_value_from }]

@@ -140,6 +140,17 @@ variable "triton_url" {
   default     = ""
 }
 
+variable "triton_model" {
+  type        = string
+  description = "Triton model the decide workers call (TOOLRAIL_TRITON_MODEL): the decider module's triton_model output, which follows the model repository flavour."
+  default     = "llmapi"
+
+  validation {
+    condition     = contains(["llmapi", "tensorrt_llm_bls"], var.triton_model)
+    error_message = "triton_model must be llmapi (pytorch flavour) or tensorrt_llm_bls (engine flavour)."
+  }
+}
+
 variable "triton_client_security_group_id" {
   type        = string
   description = "Security group that may reach Triton gRPC; attached to groups with needs_triton. Empty when there is no Triton."

@@ -1,0 +1,125 @@
+"""Outcome metrics of jobs, calls and decisions, shared by every process through Redis.
+
+Jobs end and calls finish in whichever worker ran them, on any host; a per-process Prometheus
+registry would only see its own share. So the process that records an outcome (the job store,
+at the one transition that makes a job terminal or a call final) adds it to one Redis hash, in
+the same transaction where it can, and the API exports the totals at scrape time
+(:class:`OutcomeCollector`):
+
+    toolrail_jobs_finished_total{status}          jobs by terminal status
+    toolrail_calls_total{tool, outcome}           calls by tool and outcome (succeeded, failed, validated)
+    toolrail_call_duration_seconds{tool}          histogram of tool run time
+    toolrail_decisions_total{outcome}             decisions by what came of them (running, succeeded,
+                                                  needs_review, failed, cancelled)
+    toolrail_decision_duration_seconds            histogram: time in deciding/validating
+    toolrail_reasks_total                         re-asks made (attempts after the first)
+
+Label values are bounded: statuses are enums, and ``tool`` is a registered tool's name for
+calls that ran; calls of tools without an entrypoint (inline tools) are only validated and
+count as ``tool="(not run)"``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+__all__ = ["CALL_BUCKETS", "DECISION_BUCKETS", "NOT_RUN_TOOL", "OutcomeCollector", "metrics_key", "record_call", "record_decision",
+           "record_job_finished"]
+
+CALL_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+DECISION_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+NOT_RUN_TOOL = "(not run)"
+_SEP = "\x1f"  # unit separator: never part of a status or a tool name
+
+
+def metrics_key(prefix: str = "tr") -> str:
+    return f"{prefix}:metrics"
+
+
+def _bucket(value: float, bounds: Sequence[float]) -> str:
+    for bound in bounds:
+        if value <= bound:
+            return repr(bound)
+    return "+Inf"
+
+
+def _observe(pipe: Any, key: str, name: str, labels: Sequence[str], value: float, bounds: Sequence[float]) -> None:
+    base = _SEP.join([name, *labels])
+    pipe.hincrby(key, f"{base}{_SEP}le{_SEP}{_bucket(value, bounds)}", 1)
+    pipe.hincrbyfloat(key, f"{base}{_SEP}sum", float(value))
+
+
+def record_job_finished(pipe: Any, key: str, status: str) -> None:
+    """Count a job that just reached ``status`` (call inside the transaction that sets it)."""
+    pipe.hincrby(key, _SEP.join(["jobs", status]), 1)
+
+
+def record_decision(pipe: Any, key: str, *, outcome: str, seconds: float | None, reasks: int) -> None:
+    """Count a decision that just ended with the job moving to ``outcome``."""
+    pipe.hincrby(key, _SEP.join(["decisions", outcome]), 1)
+    if reasks > 0:
+        pipe.hincrby(key, "reasks", reasks)
+    if seconds is not None and math.isfinite(seconds) and seconds >= 0:
+        _observe(pipe, key, "decision_s", [], seconds, DECISION_BUCKETS)
+
+
+def record_call(pipe: Any, key: str, *, tool: str, outcome: str, seconds: float | None) -> None:
+    """Count a call that just became final; ``tool`` must be a registered name (or :data:`NOT_RUN_TOOL`)."""
+    pipe.hincrby(key, _SEP.join(["calls", tool, outcome]), 1)
+    if seconds is not None and math.isfinite(seconds) and seconds >= 0:
+        _observe(pipe, key, "call_s", [tool], seconds, CALL_BUCKETS)
+
+
+class OutcomeCollector:
+    """Prometheus collector: the totals in Redis, read at scrape time (nothing when Redis is down)."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "tr") -> None:
+        self._redis = client
+        self._key = metrics_key(prefix)
+
+    def collect(self) -> Iterator[Any]:
+        jobs = CounterMetricFamily("toolrail_jobs_finished", "Jobs by terminal status", labels=["status"])
+        calls = CounterMetricFamily("toolrail_calls", "Calls by tool and outcome", labels=["tool", "outcome"])
+        decisions = CounterMetricFamily("toolrail_decisions", "Decisions by the status they moved the job to",
+                                        labels=["outcome"])
+        reasks = CounterMetricFamily("toolrail_reasks", "Re-asks made (attempts after the first)")
+        call_s = HistogramMetricFamily("toolrail_call_duration_seconds", "Tool run time per tool", labels=["tool"])
+        decision_s = HistogramMetricFamily("toolrail_decision_duration_seconds", "Time a job spent deciding and checking")
+        try:
+            raw = self._redis.hgetall(self._key)
+        except redis.RedisError:
+            raw = {}
+        histograms: dict[tuple[str, ...], dict[str, Any]] = {}
+        reask_total = 0
+        for field_b, value_b in raw.items():
+            parts = field_b.decode().split(_SEP)
+            value = value_b.decode()
+            if parts[0] == "jobs" and len(parts) == 2:
+                jobs.add_metric([parts[1]], int(value))
+            elif parts[0] == "calls" and len(parts) == 3:
+                calls.add_metric([parts[1], parts[2]], int(value))
+            elif parts[0] == "decisions" and len(parts) == 2:
+                decisions.add_metric([parts[1]], int(value))
+            elif parts[0] == "reasks":
+                reask_total = int(value)
+            elif parts[0] in {"call_s", "decision_s"}:
+                entry = histograms.setdefault(tuple(parts[:-1] if parts[-1] == "sum" else parts[:-2]),
+                                              {"buckets": {}, "sum": 0.0})
+                if parts[-1] == "sum":
+                    entry["sum"] = float(value)
+                else:
+                    entry["buckets"][parts[-1]] = int(value)
+        reasks.add_metric([], reask_total)
+        for (name, *labels), entry in sorted(histograms.items()):
+            bounds = CALL_BUCKETS if name == "call_s" else DECISION_BUCKETS
+            cumulative, running = [], 0
+            for bound in [*(repr(b) for b in bounds), "+Inf"]:
+                running += entry["buckets"].get(bound, 0)
+                cumulative.append((bound, running))
+            (call_s if name == "call_s" else decision_s).add_metric(labels, cumulative, entry["sum"])
+        yield from (jobs, calls, call_s, decisions, decision_s, reasks)

@@ -1,0 +1,87 @@
+"""Readiness of the API process: Redis answers, and workers have been seen recently.
+
+Why it flapped: ``/readyz`` asked the workers with a 0.5 s broadcast ping on every request,
+from FastAPI's thread pool, through one shared Celery app. Pings that overlap (two health
+checkers, a poller) share the app's reply queue and connection: measured with one live worker,
+7 of 40 pings from 4 threads at once came back with no reply, 0 of 23 sequential ones did. So
+a ready service answered 503 right after 200.
+
+Now one probe runs at a time, at most every ``probe_interval_s``; the result is cached; and
+once workers have answered, a missed ping does not make the service unready until no worker
+has answered for ``workers_grace_s``. Redis is checked live: without it no job can be taken.
+While not ready the body says what it is waiting for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+__all__ = ["DEFAULT_PROBE_INTERVAL_S", "DEFAULT_WORKERS_GRACE_S", "Readiness"]
+
+DEFAULT_PROBE_INTERVAL_S = 2.0
+DEFAULT_WORKERS_GRACE_S = 30.0
+
+
+@dataclass
+class Readiness:
+    """``check()`` → ``(ready, body)`` for ``/readyz``."""
+
+    redis_client: redis.Redis
+    ping_workers: Callable[[], int]
+    probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
+    workers_grace_s: float = DEFAULT_WORKERS_GRACE_S
+    clock: Callable[[], float] = time.monotonic
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _probed_at: float | None = field(default=None, init=False)
+    _workers: int = field(default=0, init=False)
+    _workers_seen_at: float | None = field(default=None, init=False)
+    _probe_error: str | None = field(default=None, init=False)
+    _was_ready: bool = field(default=False, init=False)
+
+    def _probe_workers(self) -> None:
+        now = self.clock()
+        if not self._lock.acquire(blocking=False):
+            return  # another request is probing: use what it finds next time
+        try:
+            if self._probed_at is not None and now - self._probed_at < self.probe_interval_s:
+                return
+            try:
+                self._workers, self._probe_error = int(self.ping_workers()), None
+            except Exception as exc:  # noqa: BLE001 - readiness reports, never raises
+                self._workers, self._probe_error = 0, type(exc).__name__
+            self._probed_at = self.clock()
+            if self._workers > 0:
+                self._workers_seen_at = self._probed_at
+        finally:
+            self._lock.release()
+
+    def check(self) -> tuple[bool, dict[str, Any]]:
+        checks: dict[str, Any] = {}
+        try:
+            self.redis_client.ping()
+            checks["redis"] = "ok"
+        except redis.RedisError as exc:
+            checks["redis"] = f"down: {type(exc).__name__}"
+        if checks["redis"] == "ok":
+            self._probe_workers()
+        checks["workers"] = self._workers
+        if self._probe_error:
+            checks["workers_error"] = self._probe_error
+        seen_at = self._workers_seen_at
+        workers_ok = seen_at is not None and self.clock() - seen_at <= self.workers_grace_s
+        if seen_at is not None:
+            checks["workers_seen_s_ago"] = round(self.clock() - seen_at, 1)
+        waiting = [name for name, ok in (("redis", checks["redis"] == "ok"), ("workers", workers_ok)) if not ok]
+        ready = not waiting
+        body: dict[str, Any] = {"status": "ready" if ready else ("not_ready" if self._was_ready else "starting"),
+                                "checks": checks}
+        if waiting:
+            body["waiting_for"] = waiting
+        self._was_ready = self._was_ready or ready
+        return ready, body
