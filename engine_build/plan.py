@@ -25,20 +25,24 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from engine_build.errors import PlanError, UnknownModelFamilyError, UnsupportedVersionError
+from engine_build.errors import (
+    PlanError,
+    UnknownModelFamilyError,
+    UnsupportedVersionError,
+)
 from engine_build.gpus import GPU, resolve_gpu
 from engine_build.manifest import FileHashCache, build_key, model_fingerprint
 
 __all__ = [
+    "ALL_MODELS_MOVED_VERSION",
     "BACKENDS",
+    "CONTRIB_FAMILIES",
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_MAX_INPUT_LEN",
     "DEFAULT_MAX_NUM_TOKENS",
     "DEFAULT_MAX_SEQ_LEN",
     "ENGINE_MIN_VERSION",
-    "ALL_MODELS_MOVED_VERSION",
     "EXAMPLES_MOVED_VERSION",
-    "CONTRIB_FAMILIES",
     "FAMILIES",
     "PYTORCH_MIN_VERSION",
     "BuildOptions",

@@ -62,9 +62,9 @@ class PublishError(EngineBuildError):
 class S3Client(Protocol):
     """The two boto3 S3 client calls publishing uses."""
 
-    def upload_file(self, Filename: str, Bucket: str, Key: str) -> None: ...  # noqa: N803 - boto3's names
+    def upload_file(self, Filename: str, Bucket: str, Key: str) -> None: ...
 
-    def put_object(self, *, Bucket: str, Key: str, Body: bytes, ContentType: str) -> Any: ...  # noqa: N803
+    def put_object(self, *, Bucket: str, Key: str, Body: bytes, ContentType: str) -> Any: ...
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from triton_double import TritonProtocolDouble, marker_generator, serve_double
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2_grpc
 
@@ -22,7 +23,6 @@ from decider.errors import (
 )
 from decider.triton import TritonBackend
 from engine_build.triton_repo import RepoOptions, write_triton_repo
-from triton_double import TritonProtocolDouble, marker_generator, serve_double
 
 RELEASE_V0190 = Path(__file__).resolve().parents[1] / "engine_build/vendor/tensorrtllm_backend-v0.19.0/all_models/inflight_batcher_llm"
 SCHEMA = json.dumps({"type": "object", "properties": {"marker": {"type": "string"}}, "required": ["marker"]})
@@ -204,7 +204,7 @@ def test_server_error_for_one_request_reaches_only_that_request(repo):
 
 def test_client_that_forgets_the_empty_final_opt_in_hangs_on_the_bls(repo, monkeypatch):
     """Triton forwards the BLS's empty final only to requests that ask for it: without the opt-in, no end."""
-    root, entry = repo
+    _root, entry = repo
     if entry != "tensorrt_llm_bls":
         pytest.skip("the LLM-API model flags its last data response final")
     encode = TritonBackend._encode
@@ -233,7 +233,7 @@ def test_every_request_asks_for_the_empty_final(repo):
         # The served release's names: v0.19.0's BLS takes random_seed; toolrail's LLM-API model takes seed.
         assert ("random_seed" in names) == (backend.model_name == "tensorrt_llm_bls")
         assert ("seed" in names) == (backend.model_name == "llmapi")
-        text, chunks = await _collect(backend, GenerationRequest(request_id="s", prompt="marker=s1", seed=3))
+        text, _chunks = await _collect(backend, GenerationRequest(request_id="s", prompt="marker=s1", seed=3))
         assert json.loads(text)["marker"] == "s1" and double.stats.rejected == []
         assert double.stats.swallowed_finals == []
 

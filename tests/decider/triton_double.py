@@ -50,7 +50,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from decider.triton_wire import ENABLE_EMPTY_FINAL, FINAL_RESPONSE, LOG_PROBS_OUTPUT, decoder_model_name, parameter
+from decider.triton_wire import (
+    ENABLE_EMPTY_FINAL,
+    FINAL_RESPONSE,
+    LOG_PROBS_OUTPUT,
+    decoder_model_name,
+    parameter,
+)
 from engine_build.config_check import load_repository, request_problems
 
 Produce = Callable[[dict[str, Any]], AsyncIterator[str]]

@@ -24,7 +24,7 @@ import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from google.protobuf import json_format
@@ -99,7 +99,7 @@ class InferenceResponse:
 
 
 class Logger:
-    lines: list[tuple[str, str]] = []
+    lines: ClassVar[list[tuple[str, str]]] = []
 
     @classmethod
     def log_error(cls, message: str) -> None:

@@ -5,7 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from engine_build.errors import PlanError, UnknownModelFamilyError, UnsupportedVersionError
+from engine_build.errors import (
+    PlanError,
+    UnknownModelFamilyError,
+    UnsupportedVersionError,
+)
 from engine_build.plan import BuildOptions, plan_build
 
 SRC = Path("/opt/TensorRT-LLM")

@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from python_backend_host import RELEASES
+from test_engine_build_run import FakeRunner, _console, _fake_actions
 
 from engine_build.build import build
 from engine_build.plan import BuildOptions, plan_build
 from engine_build.publish import PublishError, publish, publish_layout
 from engine_build.triton_repo import RepoOptions, write_triton_repo
-from python_backend_host import RELEASES
-from test_engine_build_run import FakeRunner, _console, _fake_actions
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 
@@ -35,11 +35,11 @@ class FakeS3:
         self.objects: dict[tuple[str, str], bytes] = {}
         self.order: list[str] = []
 
-    def upload_file(self, Filename, Bucket, Key):  # noqa: N803 - boto3's names
+    def upload_file(self, Filename, Bucket, Key):
         self.objects[(Bucket, Key)] = Path(Filename).read_bytes()
         self.order.append(Key)
 
-    def put_object(self, *, Bucket, Key, Body, ContentType):  # noqa: N803
+    def put_object(self, *, Bucket, Key, Body, ContentType):
         self.objects[(Bucket, Key)] = Body
         self.order.append(Key)
 

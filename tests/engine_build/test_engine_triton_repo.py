@@ -5,6 +5,7 @@ import re
 
 import pytest
 from google.protobuf import text_format
+from python_backend_host import RELEASES
 from tritonclient.grpc import model_config_pb2 as mc
 
 from engine_build.config_check import (
@@ -18,7 +19,6 @@ from engine_build.config_check import (
 )
 from engine_build.errors import ConfigCheckError
 from engine_build.triton_repo import RepoOptions, build_configs, write_triton_repo
-from python_backend_host import RELEASES
 
 V0190 = RELEASES["v0.19.0"]
 
@@ -96,7 +96,12 @@ def test_llmapi_model_adds_no_second_bos(pytorch_repo, monkeypatch):
     import types
 
     import numpy as np
-    from python_backend_host import InferenceRequest, Tensor, install_pb_utils, load_model
+    from python_backend_host import (
+        InferenceRequest,
+        Tensor,
+        install_pb_utils,
+        load_model,
+    )
 
     install_pb_utils()
     trtllm = types.ModuleType("tensorrt_llm")

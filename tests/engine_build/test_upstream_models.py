@@ -14,10 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from engine_build.config_check import load_repository
-from engine_build.errors import ConfigCheckError
-from engine_build.triton_repo import RepoOptions, write_triton_repo
 from python_backend_host import (
     COMPLETE_FINAL,
     RELEASES,
@@ -28,6 +24,10 @@ from python_backend_host import (
     load_model,
     model_args,
 )
+
+from engine_build.config_check import load_repository
+from engine_build.errors import ConfigCheckError
+from engine_build.triton_repo import RepoOptions, write_triton_repo
 
 ANSWER = '{"city": "北京", "sky": "晴"}'  # "晴" is not in the tiny vocabulary: three byte tokens
 MAX_BATCH = 16
