@@ -64,10 +64,15 @@ class BuildResult:
 
 
 def preflight(plan: BuildPlan, *, check_gpu: bool = True) -> None:
-    """Refuse early, naming what is missing: ``tensorrt_llm``, ``trtllm-build``, the scripts, the GPU."""
-    if importlib.util.find_spec("tensorrt_llm") is None:
+    """Refuse early, naming what is missing: ``tensorrt_llm``, ``trtllm-build``, the scripts, the GPU.
+
+    ``tensorrt_llm`` must import in the interpreter that runs the example scripts
+    (``options.python``), which need not be toolrail's own (in NVIDIA's image toolrail runs from
+    its own virtualenv, beside the image's TensorRT-LLM and transformers 4.x).
+    """
+    if not _imports_tensorrt_llm(plan.options.python):
         raise TensorRTLLMNotInstalledError(
-            "the tensorrt_llm Python package",
+            f"the tensorrt_llm Python package (for {plan.options.python})",
             f"install TensorRT-LLM {plan.options.trtllm_version} (NVIDIA's wheel index or the NGC container)",
         )
     if plan.backend == "engine":
@@ -88,6 +93,18 @@ def preflight(plan: BuildPlan, *, check_gpu: bool = True) -> None:
                 f"a GPU with SM {plan.gpu.sm} ({plan.gpu.name})",
                 f"this machine has {seen}; engines only run on the SM they were built on",
             )
+
+
+def _imports_tensorrt_llm(python: str) -> bool:
+    if Path(python).resolve() == Path(sys.executable).resolve():
+        return importlib.util.find_spec("tensorrt_llm") is not None
+    if shutil.which(python) is None:
+        return False
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('tensorrt_llm') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=120, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _write_llm_api_options(plan: BuildPlan) -> None:

