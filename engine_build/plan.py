@@ -281,7 +281,8 @@ def all_models_source(version: Version | str) -> str:
 def _convert_argv(opts: BuildOptions, version: Version, family: str, dtype: str, checkpoint_dir: Path) -> tuple[str, ...]:
     script = str(_convert_script(opts, version, family))
     if family == "gemma":
-        # Gemma's converter has its own flags: a checkpoint type, dashed names, tensor parallelism only.
+        # Gemma's converter has its own flags (examples/models/core/gemma/convert_checkpoint.py,
+        # parse_arguments): --ckpt-type, --model-dir, --output-model-dir, --world-size; tensor parallelism only.
         if opts.pp != 1:
             raise PlanError("gemma's convert_checkpoint.py supports tensor parallelism only (pp must be 1)")
         return (
@@ -314,6 +315,8 @@ def _engine_steps(opts: BuildOptions, version: Version, model_type: str, out_dir
     dtype = "bfloat16" if opts.dtype == "auto" else opts.dtype
     steps: list[Step] = []
     if opts.quantization == "fp8":
+        # examples/quantization/quantize.py: --calib_dataset defaults to 'cnn_dailymail', "the huggingface
+        # dataset name or the local directory of the dataset" — only the latter works on a host without a hub.
         if opts.calib_dataset is None or not Path(opts.calib_dataset).is_dir():
             raise PlanError(
                 "FP8 calibration needs a local dataset directory (calib_dataset / --calib-dataset): quantize.py's "
