@@ -583,10 +583,22 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
 
 
 def _route_template(request: Request) -> str:
-    """The matched route's template (``/v1/jobs/{job_id}``), never the raw path: bounded label values."""
+    """The matched route's template (``/v1/jobs/{job_id}``), never the raw path: bounded label values.
+
+    A route of an included router knows only its own path (``/chat/completions``); the prefix it
+    was included under (``/v1``) is what its pattern leaves unmatched at the front of the path.
+    """
     route = request.scope.get("route")
-    template = getattr(route, "path_format", None) or getattr(route, "path", None)
-    return template if isinstance(template, str) else "unmatched"
+    template = getattr(route, "path_format", None)
+    pattern = getattr(route, "path_regex", None)
+    if not isinstance(template, str):
+        return "unmatched"
+    path = request.scope.get("path", "")
+    if pattern is not None and not pattern.match(path):
+        for cut in range(1, len(path)):
+            if path[cut] == "/" and pattern.match(path[cut:]):
+                return path[:cut] + template
+    return template
 
 
 def _served_models(settings: Settings, *, created: int) -> list[dict[str, Any]]:

@@ -198,6 +198,9 @@ def test_completion_id_header_and_logs_share_one_id(completions_api: str) -> Non
     assert completion.id == f"chatcmpl-{request_id}"
     lines = [e for e in capture.entries if e.get("event") == "http.request" and e.get("path") == "/v1/chat/completions"]
     assert lines and {e["request_id"] for e in lines} == {request_id}
+    # the route of an included router is labelled with its full template, not its own suffix
+    metrics = httpx.get(f"{completions_api}/metrics", timeout=10).text
+    assert 'route="/v1/chat/completions"' in metrics and 'route="/chat/completions"' not in metrics
 
 
 def test_route_label_is_the_template(client: httpx.Client) -> None:
