@@ -15,13 +15,15 @@ caller can fix, raised before any decoding.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from decider.errors import (
@@ -36,11 +38,94 @@ from decider.errors import (
 from decider.protocol import DecideRequest, Decision
 from decider.service import BackendDecider, DecisionPlan
 from toolrail.context import REQUEST_ID_HEADER, request_scope, sanitize_request_id
+from tools.errors import SchemaRejectedError
+from tools.schema_guard import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, check_client_schema
 from tools.spec import ToolSpec
 
 __all__ = ["ChatCompletionRequest", "create_app", "create_router", "error_response"]
 
 DeciderFactory = Callable[[], BackendDecider]
+
+DEFAULT_MAX_TOKENS_CAP = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatLimits:
+    """What one chat completion may ask for; checked before any decoding."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS_CAP
+    max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES
+    max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH
+
+
+def _limit_refusal(body: "ChatCompletionRequest", limits: ChatLimits, request_id: str) -> JSONResponse | None:
+    """A 4xx for a request over its limits (token cap, schema size, depth, recursion, patterns), else None."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        asked = getattr(body, name)
+        if asked is not None and not 1 <= asked <= limits.max_tokens:
+            return error_response(400, "max_tokens_out_of_range", f"{name} must be between 1 and {limits.max_tokens}",
+                                  request_id, param=name, limit=limits.max_tokens)
+    schemas = [(f"/tools/{i}/function/parameters", (tool.get("function") or {}).get("parameters"))
+               for i, tool in enumerate(body.tools or []) if isinstance(tool, dict)]
+    fmt = body.response_format or {}
+    if isinstance(fmt.get("json_schema"), dict):
+        schemas.append(("/response_format/json_schema/schema", fmt["json_schema"].get("schema")))
+    for path, schema in schemas:
+        if schema is None:
+            continue
+        try:
+            check_client_schema(schema, path=path, max_bytes=limits.max_schema_bytes, max_depth=limits.max_schema_depth)
+        except SchemaRejectedError as exc:
+            return error_response(422, exc.type, str(exc), request_id, **exc.details)
+    return None
+
+
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any], *,
+                               on_disconnect: Callable[[], None]) -> Any:
+    """Await ``work``; when the client hangs up first, cancel it and answer 499 to nobody.
+
+    Cancelling the task cancels the decider's async path down to the backend request; ``on_disconnect``
+    stops what a thread may still be decoding.
+    """
+    task = asyncio.ensure_future(work)
+    hangup = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        on_disconnect()
+        await asyncio.wait({task})
+        return Response(status_code=499)
+    finally:
+        for pending in (task, hangup):
+            if not pending.done():
+                pending.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client hangs up: ``http.disconnect`` on the request's own receive channel.
+
+    Not ``request.is_disconnected()``: behind ``BaseHTTPMiddleware`` its zero-timeout read never
+    sees the message.
+    """
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except RuntimeError:  # the channel is closed or already drained: nothing more will come
+        await asyncio.Event().wait()
+
+
+def _cancel_decoding(decider: Any, request_id: str, attempts: int) -> None:
+    """Stop every generation of ``request_id`` the backend still runs (the re-ask attempts included)."""
+    cancel = getattr(decider, "cancel", None)
+    if callable(cancel):
+        cancel(request_id)
+        return
+    cancel = getattr(getattr(decider, "backend", None), "cancel", None)
+    if callable(cancel):
+        for attempt in range(attempts + 1):
+            cancel(request_id, attempt)
 
 
 class ChatCompletionRequest(BaseModel):
@@ -120,8 +205,9 @@ def _finish(reason: str, backend_reason: str | None) -> str:
 class _ChatCompletions:
     """The endpoint's logic, holding how to get the decider."""
 
-    def __init__(self, get_decider: DeciderFactory) -> None:
+    def __init__(self, get_decider: DeciderFactory, limits: ChatLimits | None = None) -> None:
         self.get_decider = get_decider
+        self.limits = limits or ChatLimits()
 
     def _decide_request(self, body: ChatCompletionRequest, request_id: str) -> DecideRequest:
         try:
@@ -174,8 +260,12 @@ class _ChatCompletions:
             except ValidationError as exc:
                 return error_response(400, "invalid_request_error", "invalid request body", request_id,
                                       errors=json.loads(exc.json(include_url=False, include_input=False)))
+            refusal = _limit_refusal(body, self.limits, request_id)
+            if refusal is not None:
+                return refusal
             try:
-                return await self._complete(body, request_id)
+                return await _unless_disconnected(request, self._complete(body, request_id), on_disconnect=lambda: (
+                    _cancel_decoding(self.get_decider(), request_id, attempts=(body.max_reasks or 0) + 2)))
             except DeciderError as exc:
                 return _error_for(exc, request_id)
 
@@ -272,11 +362,14 @@ class _ChatCompletions:
         yield "data: [DONE]\n\n"
 
 
-def create_router(get_decider: DeciderFactory | None = None) -> APIRouter:
+def create_router(get_decider: DeciderFactory | None = None, *, limits: ChatLimits | None = None,
+                  dependencies: Sequence[Any] = ()) -> APIRouter:
     """A router with ``POST /chat/completions`` (mount it under ``/v1``).
 
     ``get_decider`` returns the decider to use (called per request; make it cheap);
     by default it is :func:`decider.service.get_default_decider` with the process settings.
+    ``limits`` caps what one request may ask for; ``dependencies`` (FastAPI ``Depends``) run before
+    the endpoint: the job API passes its tenant authentication and rate limit.
     """
     if get_decider is None:
         def get_decider() -> BackendDecider:
@@ -285,9 +378,10 @@ def create_router(get_decider: DeciderFactory | None = None) -> APIRouter:
 
             return get_default_decider(get_settings())
 
-    endpoint = _ChatCompletions(get_decider)
+    endpoint = _ChatCompletions(get_decider, limits)
     router = APIRouter()
-    router.add_api_route("/chat/completions", endpoint.handle, methods=["POST"], name="chat_completions")
+    router.add_api_route("/chat/completions", endpoint.handle, methods=["POST"], name="chat_completions",
+                         dependencies=list(dependencies))
     return router
 
 

@@ -20,11 +20,13 @@ Redis being down is a 503; nothing answers with a stack trace.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
@@ -32,10 +34,9 @@ import redis
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -44,11 +45,14 @@ from executor.metrics import OutcomeCollector
 from executor.ratelimit import install_load_control, rate_limited
 from executor.readiness import Readiness
 from executor.runtime import Runtime
+from executor.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
 from executor.store import TERMINAL_JOB, JobRecord
 from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
 from toolrail.logging import get_logger
 from toolrail.settings import Settings
-from tools.errors import UnknownToolError
+from tools.errors import SchemaRejectedError, UnknownToolError
+from tools.patterns import validator_for
+from tools.schema_guard import check_client_schema
 from tools.spec import ToolSpec
 
 __all__ = ["ApiError", "JobCreate", "create_app"]
@@ -449,6 +453,9 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return JSONResponse(_error_body(exc.type, str(exc), exc.details), status_code=400)
 
     app.state.tenants = tenants
+    stream_slots = app.state.stream_slots = StreamSlots(settings.sse_max_streams_per_tenant)
+    metrics.register(stream_slots)
+    events_redis = AsyncRedisFactory(runtime.redis, block_s=settings.sse_heartbeat_s)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:
@@ -461,8 +468,12 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)  # documents text/plain in the OpenAPI spec
-    def metrics_endpoint() -> Response:
-        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+    def metrics_endpoint(authorization: Annotated[str | None, Header()] = None) -> Response:
+        """The scrape. With API keys set, tenant names appear only to the bearer of ``TOOLRAIL_METRICS_KEY``;
+        anyone else gets every series summed over tenants."""
+        bearer = authorization[7:].strip() if authorization and authorization.lower().startswith("bearer ") else ""
+        per_tenant = not tenants or (bool(settings.metrics_key) and hmac.compare_digest(bearer, settings.metrics_key))
+        return Response(generate_latest(metrics if per_tenant else _WithoutTenants(metrics)), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/tools", tags=["tools"])
     def list_tools(tenant: Tenant) -> dict[str, Any]:
@@ -485,7 +496,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     def create_job(body: JobCreate, request: Request, tenant: Tenant,
                    idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
         request_id = request.state.request_id
-        names, inline = _resolve_tools(runtime, body)
+        names, inline = _resolve_tools(runtime, body, settings)
         if not body.messages and body.tool_calls is None and body.raw_output is None:
             raise ApiError(422, "validation_error", "give messages to decide on, or tool_calls / raw_output to validate")
         if body.tool_calls is not None and body.raw_output is not None:
@@ -554,29 +565,33 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return JSONResponse({"job_id": job_id, "request_id": job.request_id, "status": job.status})
 
     @app.get("/v1/jobs/{job_id}/events", tags=["jobs"])
-    def job_events(job_id: str, tenant: Tenant, last_event_id: Annotated[str | None, Header()] = None,
-                   timeout_s: float = 60.0) -> StreamingResponse:
-        runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 for other tenants, before streaming
+    async def job_events(job_id: str, tenant: Tenant, last_event_id: Annotated[str | None, Header()] = None,
+                         timeout_s: float = 60.0) -> StreamingResponse:
+        """SSE of the job's state changes until it ends, ``timeout_s`` passes or the client goes away.
+
+        A coroutine per stream, never a thread; ``: heartbeat`` comments every ``TOOLRAIL_SSE_HEARTBEAT_S``
+        while idle; at most ``TOOLRAIL_SSE_MAX_STREAMS_PER_TENANT`` open streams per tenant (429 beyond).
+        """
+        await asyncio.to_thread(runtime.store.get, _checked_id(job_id), tenant=tenant)  # 404 for other tenants
         start = last_event_id if last_event_id and _valid_stream_id(last_event_id) else "0"
-        block_ms = int(max(1.0, min(timeout_s, 300.0)) * 1000)
-
-        def stream() -> Iterator[bytes]:
-            try:
-                for event_id, data in runtime.store.events(job_id, last_id=start, block_ms=block_ms):
-                    yield (f"id: {event_id}\nevent: {data.get('type', 'message')}\n"
-                           f"data: {json.dumps(data, ensure_ascii=False, default=str)}\n\n").encode()
-            except StoreUnavailableError:
-                yield b"event: error\ndata: {\"type\": \"unavailable\"}\n\n"
-
-        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        if not stream_slots.acquire(tenant):
+            raise ApiError(429, "too_many_streams", f"at most {stream_slots.limit} open event streams per tenant; close "
+                           "one first", limit=stream_slots.limit)
+        stream = job_event_stream(events_redis.client(), runtime.store.events_key(job_id), last_id=start,
+                                  duration_s=max(1.0, min(timeout_s, 300.0)), heartbeat_s=settings.sse_heartbeat_s)
+        return SlotStreamingResponse(stream, slots=stream_slots, tenant=tenant, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     if mount_openai is None:
         mount_openai = settings.decider != "none"
     if mount_openai:
         try:
-            from decider.openai_api import create_router  # noqa: PLC0415 - heavy (torch); the model loads on first use
+            from decider.openai_api import ChatLimits, create_router  # noqa: PLC0415 - heavy (torch); the model loads on first use
 
-            app.include_router(create_router(), prefix="/v1")
+            app.include_router(create_router(limits=ChatLimits(max_tokens=settings.max_tokens_cap,
+                                                               max_schema_bytes=settings.max_schema_bytes,
+                                                               max_schema_depth=settings.max_schema_depth),
+                                             dependencies=[Depends(rate_limited(tenant_of))]), prefix="/v1")
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     return app
@@ -630,11 +645,11 @@ def _valid_stream_id(value: str) -> bool:
     return left.isdigit() and (right.isdigit() or right == "")
 
 
-def _resolve_tools(runtime: Runtime, body: JobCreate) -> tuple[list[str], list[dict[str, Any]]]:
+def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings) -> tuple[list[str], list[dict[str, Any]]]:
     if body.tools is None:
         return runtime.registry.names(), []
     names, inline = [], []
-    for item in body.tools:
+    for index, item in enumerate(body.tools):
         if isinstance(item, str):
             try:
                 runtime.registry.get(item)
@@ -646,8 +661,12 @@ def _resolve_tools(runtime: Runtime, body: JobCreate) -> tuple[list[str], list[d
             if fn.name in runtime.registry:
                 raise ApiError(422, "tool_name_taken", f"inline tool {fn.name!r} has the name of a registered tool", tool=fn.name)
             try:
-                Draft202012Validator.check_schema(fn.parameters)
+                check_client_schema(fn.parameters, path=f"/tools/{index}/function/parameters",
+                                    max_bytes=settings.max_schema_bytes, max_depth=settings.max_schema_depth)
+                validator_for(fn.parameters)  # the metaschema check, with patterns compiled for RE2
                 spec = ToolSpec.from_openai(item.model_dump())
+            except SchemaRejectedError as exc:  # recursive $ref, too large or deep, a pattern RE2 cannot run
+                raise ApiError(422, exc.type, f"tool {fn.name!r}: {exc}", tool=fn.name, **exc.details) from None
             except (SchemaError, ValueError) as exc:
                 message = exc.message if isinstance(exc, SchemaError) else str(exc)
                 raise ApiError(422, "invalid_tool_schema", f"tool {fn.name!r}: {message}", tool=fn.name) from None
@@ -660,6 +679,30 @@ def _celery_ping() -> int:
 
     replies = celery_app.control.ping(timeout=0.5) or []
     return len(replies)
+
+
+class _WithoutTenants:
+    """A view of a metrics registry with the ``tenant`` label summed away: the public scrape names no tenant."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self):  # noqa: ANN201 - prometheus collector protocol
+        for family in self._registry.collect():
+            if not any("tenant" in sample.labels for sample in family.samples):
+                yield family
+                continue
+            summed: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted((k, v) for k, v in sample.labels.items() if k != "tenant")))
+                if sample.name.endswith("_created"):  # a creation time: the earliest, not a sum
+                    summed[key] = min(summed.get(key, sample.value), sample.value)
+                else:
+                    summed[key] = summed.get(key, 0.0) + sample.value
+            merged = Metric(family.name, family.documentation, family.type, family.unit)
+            for (name, labels), value in summed.items():
+                merged.add_sample(name, dict(labels), value)
+            yield merged
 
 
 class _QueueDepth:

@@ -165,7 +165,7 @@ def run_call(rt: Runtime, job_id: str, call_id_: str) -> CallRecord:
         try:
             result = guarded_run(rt, spec, CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id,
                                                    idempotency_key=f"{job_id}:{call.id}", arguments=arguments,
-                                                   env=rt.tool_env(spec)))
+                                                   env=rt.tool_env(spec)), tenant=job.tenant)
             for line in result.logs:
                 log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
                          tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))

@@ -44,7 +44,7 @@ def test_bucket_refills_at_its_rate(redis_client: redis.Redis) -> None:
 
 
 def test_api_sheds_with_429_and_retry_after_per_tenant(runtime) -> None:
-    with _app(runtime, api_keys="ka:alpha,kb:beta", rate_limit_per_s=2, rate_limit_burst=3) as client:
+    with _app(runtime, api_keys="ka:alpha,kb:beta", rate_limit_per_s=2, rate_limit_burst=3, metrics_key="mk") as client:
         runtime.redis.delete("tr:rl:alpha", "tr:rl:beta")
         statuses = [client.get("/v1/jobs", headers={"X-API-Key": "ka"}).status_code for _ in range(5)]
         assert statuses == [200, 200, 200, 429, 429]
@@ -55,8 +55,9 @@ def test_api_sheds_with_429_and_retry_after_per_tenant(runtime) -> None:
         assert body["type"] == "rate_limited" and body["details"]["limit_per_s"] == 2
         assert client.get("/v1/jobs", headers={"X-API-Key": "kb"}).status_code == 200  # beta has its own bucket
         assert client.get("/healthz").status_code == 200  # ops endpoints are never limited
-        metrics = client.get("/metrics").text
+        metrics = client.get("/metrics", headers={"Authorization": "Bearer mk"}).text  # tenants: the operator's view
         assert 'toolrail_rate_limited_total{tenant="alpha"} 3.0' in metrics
+        assert "alpha" not in client.get("/metrics").text  # the public scrape sums them away
         time.sleep(0.6)
         assert client.get("/v1/jobs", headers={"X-API-Key": "ka"}).status_code == 200
 

@@ -1,0 +1,88 @@
+"""A client that hangs up stops its decoding (issue 18, finding 2: 344 s of decoding for nobody).
+
+The job API as deployed (its middlewares, tenancy and the mounted OpenAI router) runs under
+uvicorn on loopback over the session's Redis; the decider is the embedded engine over a tiny
+random model, which rarely stops on its own, so a request decodes until its ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from executor.api import create_app
+from executor.stack import serve_in_thread
+from toolrail.settings import Settings, get_settings
+
+KEY = {"Authorization": "Bearer key-disconnect"}
+LONG = {"messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 1024,
+        "tool_choice": "none"}
+
+
+@pytest.fixture(scope="module")
+def decoding_api(tmp_path_factory, runtime) -> Iterator[tuple[str, object]]:
+    from decider.model import resolve_model_path, tiny_random_model
+    from decider.service import get_default_decider
+
+    try:
+        resolve_model_path(None, pull=False)
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"default model tokenizer not available: {exc}")
+    model = tiny_random_model(tmp_path_factory.mktemp("tiny-decoder"))
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TOOLRAIL_MODEL", str(model))  # the router's default decider reads the process settings
+    patch.setenv("TOOLRAIL_DECIDER", "embedded")
+    get_settings.cache_clear()
+    decider = get_default_decider(get_settings())
+    settings = Settings(api_keys="key-disconnect:gamma", rate_limit_per_s=0, decider="embedded")
+    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None,
+                                                      ping_workers=lambda: 1, mount_openai=True))
+    try:
+        yield base, decider.backend
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        patch.undo()
+        get_settings.cache_clear()
+
+
+def _wait_active(engine: object, predicate, timeout_s: float) -> float:
+    """Seconds until ``predicate(engine.active_requests)`` holds (raises after ``timeout_s``)."""
+    started = time.monotonic()
+    while not predicate(engine.active_requests):  # type: ignore[attr-defined]
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(f"active requests still {engine.active_requests} after {timeout_s} s")  # type: ignore[attr-defined]
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def test_a_non_streaming_request_stops_decoding_when_its_client_hangs_up(decoding_api) -> None:
+    base, engine = decoding_api
+    _wait_active(engine, lambda n: n == 0, 30)
+    with httpx.Client(base_url=base, timeout=httpx.Timeout(30, read=2.0)) as client:
+        warm = client.post("/v1/chat/completions", headers=KEY, json={**LONG, "max_tokens": 4}, timeout=120)
+        assert warm.status_code == 200, warm.text  # the model is loaded; now decode for real
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/chat/completions", headers=KEY, json=LONG)  # gives up after 2 s and hangs up
+        hung_up = time.monotonic()
+    took = _wait_active(engine, lambda n: n == 0, 5)
+    assert took < 1.5, f"decoding went on {took:.2f} s after the client left"
+    assert time.monotonic() - hung_up < 5
+
+
+def test_a_streaming_request_stops_decoding_when_its_client_hangs_up(decoding_api) -> None:
+    base, engine = decoding_api
+    _wait_active(engine, lambda n: n == 0, 30)
+    with httpx.Client(base_url=base, timeout=30) as client:
+        with client.stream("POST", "/v1/chat/completions", headers=KEY, json={**LONG, "stream": True}) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                    break  # tokens are flowing
+            assert engine.active_requests >= 1
+    took = _wait_active(engine, lambda n: n == 0, 5)
+    assert took < 1.5, f"decoding went on {took:.2f} s after the client left"
