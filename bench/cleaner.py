@@ -3,7 +3,7 @@
 Both run inside the same pipeline (``check_arguments`` / ``check_output``): the same strict
 parse first, the same ``<tool_call>`` and OpenAI-shape extraction, the same value steps
 (coercion, aliases, defaults) and the same jsonschema validation. Only the text repair
-differs: ``executor.cleaning.clean_text`` or ``repair_json(text, return_objects=True)``.
+differs: ``tools.cleaning.clean_text`` or ``repair_json(text, return_objects=True)``.
 
 Per tool, each corpus row lands in one bucket:
 
@@ -42,8 +42,8 @@ if __package__ in (None, ""):  # ``python bench/cleaner.py``: make the repositor
 import json_repair
 from importlib.metadata import version
 
-from executor import pipeline
-from executor.cleaning import clean_text
+from tools import check as pipeline
+from tools.cleaning import clean_text
 from executor.errors import CleaningError
 from tools.registry import builtin_specs
 

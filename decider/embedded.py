@@ -39,7 +39,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -673,6 +673,34 @@ class EmbeddedEngine:
     def encode(self, text: str) -> list[int]:
         """Token ids of an already rendered prompt (the chat template supplies special tokens)."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def score_continuations(self, prompt: str, continuations: Sequence[str]) -> list[float]:
+        """``log P(continuation | prompt)`` under the model for each continuation (teacher-forced).
+
+        One forward pass over the prompt, its KV repeated for a batched pass over the
+        continuations (right-padded); the sum of the continuation tokens' log-probabilities, no
+        grammar mask. Read-only on the weights, so it
+        runs beside the scheduler. The decider uses it to let the model itself choose between
+        calling a tool and answering in text (:class:`decider.service.DeciderConfig.call_bias`).
+        """
+        prompt_ids = self.encode(prompt)
+        conts = [self.encode(text) for text in continuations]
+        width = max(len(c) for c in conts)
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([prompt_ids], device=self.device), use_cache=True)
+            first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            scores = [float(first[c[0]]) for c in conts]
+            if width > 1:  # the prompt's KV once, repeated for every continuation
+                cache = out.past_key_values
+                cache.batch_repeat_interleave(len(conts))
+                ids = torch.tensor([c + [0] * (width - len(c)) for c in conts], device=self.device)
+                mask = torch.tensor([[1] * len(prompt_ids) + [1] * len(c) + [0] * (width - len(c)) for c in conts],
+                                    device=self.device)
+                logits = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask, past_key_values=cache,
+                                                      use_cache=False).logits.float(), dim=-1)
+                for row, c in enumerate(conts):
+                    scores[row] += float(sum(logits[row, i - 1, c[i]] for i in range(1, len(c))))
+        return scores
 
     @staticmethod
     def _key(request: GenerationRequest) -> str:

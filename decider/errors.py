@@ -9,6 +9,8 @@
         ├── PromptTooLongError       (carries ``prompt_tokens`` and ``context_length``)
         ├── InvalidRequestError
         ├── GuidedDecodingNotConfiguredError
+        ├── GenerationBoundError     the decoder hit a bound (token limit, a repetition loop) before
+        │                            the output closed (carries ``reason``: "max_tokens" | "loop")
         └── OutputValidationError    (carries ``errors``, ``attempts``, ``last_output``)
 
 Retryable errors are never fed back to the model as "your output was wrong".
@@ -21,6 +23,7 @@ __all__ = [
     "DeciderError",
     "DeciderPermanentError",
     "DeciderRetryableError",
+    "GenerationBoundError",
     "GuidedDecodingNotConfiguredError",
     "InvalidRequestError",
     "OutputValidationError",
@@ -74,6 +77,16 @@ class PromptTooLongError(DeciderPermanentError):
 
 class GuidedDecodingNotConfiguredError(DeciderPermanentError):
     """The server would decode without the schema constraint; refusing to run."""
+
+
+class GenerationBoundError(DeciderPermanentError):
+    """Decoding stopped at a bound before the output closed: failed fast, not re-asked."""
+
+    def __init__(self, reason: str, message: str, *, output: str = "", tokens: int = 0) -> None:
+        self.reason = reason
+        self.output = output
+        self.tokens = tokens
+        super().__init__(message)
 
 
 class OutputValidationError(DeciderPermanentError):

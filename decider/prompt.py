@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from decider.grounding import FEEDBACK_NAME
 from tools.spec import ToolSpec
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
+    "FEEDBACK_NAME",
     "PromptRenderer",
     "RenderedPrompt",
     "compact_tool_line",
@@ -30,6 +30,10 @@ __all__ = [
 ]
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant that calls tools."
+#: The ``name`` of the user message that carries the platform's re-ask feedback.
+FEEDBACK_NAME = "validator"
+#: Errors shown in one re-ask message (the first ones; the job record keeps them all).
+REASK_MAX_ERRORS = 8
 
 
 @dataclass(frozen=True)
@@ -114,15 +118,26 @@ def _maybe_json(text: Any) -> Any:
     return text
 
 
-def reask_messages(messages: Sequence[Mapping[str, Any]], *, output: str, errors: Sequence[str]) -> list[dict[str, Any]]:
-    """A new message list for a re-ask: the previous output and what was wrong with it.
+def _error_line(error: str | Mapping[str, Any]) -> str:
+    if isinstance(error, str):
+        return f"- {error}"
+    where = f"call {error['call']} ({error.get('tool') or '?'}) " if "call" in error else ""
+    return f"- {where}{error.get('path') or '/'}: {error.get('message')}"
 
-    The caller's list and dicts are left untouched.
+
+def reask_messages(messages: Sequence[Mapping[str, Any]], *, output: str,
+                   errors: Sequence[str | Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A new message list for a re-ask: the previous output and exactly what was wrong with it.
+
+    ``errors`` are ``{path, message[, call, tool]}`` records (or plain lines). The caller's list
+    and dicts are left untouched. The one re-ask wording, for jobs and the OpenAI endpoint alike.
     """
-    listed = "\n".join(f"- {error}" for error in errors) or "- the output did not match the schema"
+    listed = "\n".join(_error_line(e) for e in list(errors)[:REASK_MAX_ERRORS]) or "- the output did not match the schema"
+    feedback = (f"Your previous reply was invalid:\n{listed}\nReply again with corrected tool calls. Use only values "
+                "the user or a tool gave; if a required value is missing, do not guess it: answer in text and ask for it.")
     return [dict(m) for m in messages] + [
         {"role": "assistant", "content": output},
-        {"role": "user", "name": FEEDBACK_NAME, "content": f"That output was invalid:\n{listed}\nReply again with corrected JSON only."},
+        {"role": "user", "name": FEEDBACK_NAME, "content": feedback},
     ]
 
 

@@ -29,8 +29,12 @@ class DecideRequest(BaseModel):
     tool_choice: str | dict[str, Any] = "auto"
     parallel_tool_calls: bool = True
     max_calls: int | None = None
+    #: A caller's own lower bound on the number of calls (the OpenAI endpoint's ``min_tool_calls``).
+    min_calls: int | None = None
     max_tokens: int = 256
     seed: int | None = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
 
 
 class Decision(BaseModel):
@@ -46,6 +50,8 @@ class Decision(BaseModel):
     usage: dict[str, int] = Field(default_factory=dict)
     #: Log-likelihood of ``raw_output`` under the model (sum over its tokens), when the backend reports it.
     logprob: float | None = None
+    #: What the platform did to this decision (constraint hash, narrowed fields, bounds): recorded on the attempt so a forced outcome never looks like the model's choice.
+    platform: dict[str, Any] = Field(default_factory=dict)
 
 
 @runtime_checkable

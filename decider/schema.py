@@ -30,6 +30,7 @@ from typing import Any
 import jsonschema
 
 from decider.errors import UnsupportedSchemaError
+from tools.patterns import validation_errors as _safe_validation_errors
 from tools.spec import ToolSpec
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "PreparedSchema",
     "REFUSED_KEYWORDS",
     "TEXT_ANSWER_SCHEMA",
+    "bound_free_text",
     "canonical_json",
     "prepare_schema",
     "prepare_tool",
@@ -142,14 +144,8 @@ def schema_hash(value: Any) -> str:
 
 
 def validation_errors(schema: Mapping[str, Any], instance: Any) -> list[str]:
-    """Every ``jsonschema`` error of ``instance`` (formats checked), as ``path: message`` lines."""
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
-    out = []
-    for error in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path))):
-        where = "/" + "/".join(str(p) for p in error.absolute_path)
-        out.append(f"{where}: {error.message}")
-    return out
+    """Every ``jsonschema`` error of ``instance`` (formats checked, patterns in linear time), as ``path: message``."""
+    return _safe_validation_errors(schema, instance)
 
 
 def _pointer(path: str, *parts: Any) -> str:
@@ -382,6 +378,37 @@ def tool_calls_schema(
     if defs:
         schema = {**schema, "$defs": defs}
     return schema
+
+
+def bound_free_text(grammar: Any, *, string_max: int | None, array_max: int | None,
+                    path: str = "") -> tuple[Any, list[str]]:
+    """The grammar with a platform bound on every free string and array the schema leaves unbounded.
+
+    A string with no ``maxLength``, ``enum``, ``const``, ``pattern`` or ``format`` gets
+    ``maxLength: string_max``; an array with no ``maxItems`` gets ``maxItems: array_max``. The
+    bounds live in the grammar only (validation keeps the caller's schema): decoding can no longer
+    run to the token limit inside one value. Returns the grammar and the JSON Pointers bounded.
+    """
+    bounded: list[str] = []
+
+    def visit(node: Any, where: str) -> Any:
+        if isinstance(node, list):
+            return [visit(item, _pointer(where, i)) for i, item in enumerate(node)]
+        if not isinstance(node, Mapping):
+            return node
+        out = {key: visit(value, _pointer(where, key)) if isinstance(value, (Mapping, list)) and key not in ("enum", "const", "default", "required")
+               else value for key, value in node.items()}
+        kind = out.get("type")
+        kinds = set(kind) if isinstance(kind, list) else {kind}
+        if string_max and "string" in kinds and not ({"maxLength", "enum", "const", "pattern", "format"} & set(out)):
+            out["maxLength"] = string_max
+            bounded.append(f"{where or '/'}: maxLength {string_max}")
+        if array_max and "array" in kinds and "maxItems" not in out:
+            out["maxItems"] = max(array_max, out.get("minItems", 0))
+            bounded.append(f"{where or '/'}: maxItems {out['maxItems']}")
+        return out
+
+    return visit(grammar, path), bounded
 
 
 def prepare_tool(spec: ToolSpec) -> PreparedSchema:

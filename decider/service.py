@@ -19,6 +19,7 @@ OpenAI-compatible API) use :meth:`adecide` / :meth:`astream`, which hop onto the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -34,87 +35,85 @@ from decider.errors import (
     BackendUnavailableError,
     DeciderError,
     DeciderPermanentError,
+    GenerationBoundError,
     InvalidRequestError,
     OutputValidationError,
     PromptTooLongError,
     StreamInterruptedError,
 )
 from decider.grammar import CompiledConstraint, GrammarCache
-from decider.grounding import GroundingResult, call_count, ground_tools
+from decider.candidates import narrow_tools
 from decider.normalize import normalize_arguments
 from decider.parser import ParsedOutput, ToolCallDelta, ToolCallStreamParser
 from decider.prompt import PromptRenderer, reask_messages
 from decider.protocol import DecideRequest, Decision
-from decider.schema import DEFAULT_MAX_CALLS, Postcheck, PreparedSchema, canonical_json, prepare_schema, prepare_tool, tool_calls_schema
-from tools.calls import ToolCall
+from decider.schema import (
+    DEFAULT_MAX_CALLS,
+    Postcheck,
+    PreparedSchema,
+    bound_free_text,
+    canonical_json,
+    prepare_schema,
+    prepare_tool,
+    schema_hash,
+    tool_calls_schema,
+)
 from tools.spec import ToolSpec
 
 __all__ = [
     "BackendDecider",
+    "DEFAULT_CALL_BIAS",
     "DEFAULT_REQUEST_TIMEOUT_S",
     "DeciderConfig",
     "DecisionPlan",
+    "EMBEDDED_PROFILE",
     "EmbeddedDecider",
     "StreamEvent",
-    "TECHNIQUES",
-    "call_errors",
     "get_default_decider",
 ]
 
 logger = structlog.get_logger(__name__)
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
-DEFAULT_TEXT_MAX_CHARS = 80
+DEFAULT_TEXT_MAX_CHARS = 200
 
-#: Named rungs of the decision-quality ladder (``python -m bench.quality --technique a,b``), as
-#: :class:`DeciderConfig` overrides; each adds one mechanism to the one before it.
-TECHNIQUES: dict[str, dict[str, Any]] = {
-    "grammar": {"grounding": False, "count_calls": False, "dedupe_calls": False},
-    "grounded": {"grounding": True, "ground_all": False, "count_calls": False, "dedupe_calls": False, "relevance": False},
-    "grounded-all": {"grounding": True, "ground_all": True, "count_calls": False, "dedupe_calls": False, "relevance": False},
-    "count-bounds": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": False, "dedupe_calls": True,
-                     "relevance": False},
-    "counted": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": True, "dedupe_calls": True,
-                "relevance": False},
-    "relevance": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": True, "dedupe_calls": True,
-                  "relevance": True},
-    "scored-count": {"grounding": True, "ground_all": True, "count_calls": True, "exact_count": True, "dedupe_calls": True,
-                     "relevance": True, "score_count": True},
-    "no-text": {"grounding": True, "allow_text": False},
-}
+#: The fixed first characters of each branch of the tool-call grammar (what the model is scored on).
+CALLS_PREFIX = '[{"name": "'
+TEXT_PREFIX = '{"content": "'
+#: Calls-side offset of the calibrated call-or-answer choice, fitted on the dev split by
+#: ``python -m bench.calibrate`` (never on holdout or unseen rows).
+DEFAULT_CALL_BIAS = 3.0
+DEFAULT_STRING_MAX_CHARS = 200
+DEFAULT_ARRAY_MAX_ITEMS = 8
+#: A decoded text whose tail repeats one unit this many characters long is a loop, cut at once.
+LOOP_MIN_CHARS = 48
+LOOP_MAX_PERIOD = 32
 
 
 @dataclass(frozen=True, kw_only=True)
 class DeciderConfig:
-    """How decisions are made (keyword-only; defaults are the embedded defaults)."""
+    """How decisions are made (keyword-only; defaults are the embedded defaults).
+
+    The model decides whether to call, which tools and how many; nothing here decides for it.
+    """
 
     #: Upper bound on parallel calls in one decision when the request sets none.
     max_calls: int = DEFAULT_MAX_CALLS
-    #: Narrow grounded fields (``x-grounded``, ``x-enum-aliases``) to the conversation.
-    grounding: bool = True
-    #: Treat every string/number field as grounded unless it says ``"x-grounded": false`` (typed
-    #: candidates: shaped strings take matching spans, numbers take numbers, names take names).
-    ground_all: bool = True
-    #: Let tools compete for the request: a tool yields to one the request names (``x-cues``, the
-    #: words only its name has) or says more of, and a quantity no field accepts makes no call.
-    relevance: bool = True
-    #: With ``tool_choice=auto``, also offer a text answer when some tool keeps its evidence. Off by
-    #: default: a small model then declines calls it should make (SmolLM2 answered 北京明天天气 in
-    #: text); grounding already leaves text as the only option when no tool has evidence.
-    allow_text: bool = False
-    #: Bound the number of calls from the evidence (one call per distinct evidence set, see
-    #: :func:`decider.grounding.call_count`) instead of leaving the count to the model.
-    count_calls: bool = True
-    #: Make exactly the counted number of calls (the upper bound) rather than letting the model
-    #: stop anywhere between the bounds (SmolLM2 stops after the first call when it may).
-    exact_count: bool = True
-    #: Choose the number of calls between the evidence bounds by log-likelihood: one decision per
-    #: count, batched, the likeliest kept (needs a backend that reports ``logprob``; else the upper bound).
-    score_count: bool = False
-    #: Drop exact repeats of a call within one decision (a small model loops on one call).
-    dedupe_calls: bool = True
-    #: Longest text answer when the model may answer instead of calling (None: the schema's 400).
+    #: Typed candidates: narrow declared-shape fields (pattern, format, enum, numbers) to the values
+    #: the conversation holds (:mod:`decider.candidates`); fields without candidates stay open.
+    candidates: bool = True
+    #: Platform bound on free strings / arrays the schema leaves unbounded (grammar only).
+    string_max_chars: int | None = DEFAULT_STRING_MAX_CHARS
+    array_max_items: int | None = DEFAULT_ARRAY_MAX_ITEMS
+    #: Longest text answer under ``tool_choice=auto`` (None: the schema's 400).
     text_max_chars: int | None = DEFAULT_TEXT_MAX_CHARS
+    #: The model's own call-or-answer choice under ``tool_choice=auto``, calibrated: on backends that
+    #: score continuations, each branch's opening (``[{"name": "<tool>", "arguments": {"`` per tool,
+    #: ``{"content": "``) is scored after the prompt and after the same prompt with a content-free
+    #: user turn; the branch whose log-probability the request raises most wins, with this offset
+    #: added to the calls side (contextual calibration; the offset is fitted on the dev split, see
+    #: :data:`DEFAULT_CALL_BIAS`). None: the grammar's first token decides (strong models).
+    call_bias: float | None = None
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     system_prompt: str | None = None
 
@@ -136,20 +135,22 @@ class DecisionPlan:
     dropped: dict[str, str] = field(default_factory=dict)
     postchecks: tuple[Postcheck, ...] = ()
     json_schema: PreparedSchema | None = None
-    grounding_s: float = 0.0
+    candidates_s: float = 0.0
     compile_s: float = 0.0
-    narrowed: bool = False
-    #: ``(lower, upper)`` bounds on the number of calls read from the evidence, when counted.
-    call_count: tuple[int, int] | None = None
-    #: Drop exact repeats of a call (the decider's ``dedupe_calls``).
-    dedupe_calls: bool = False
+    #: What the platform did to this decision, shown on the attempt: the constraint's hash, fields
+    #: narrowed and to what, bounds added, whether text was allowed, the call-count range.
+    platform: dict[str, Any] = field(default_factory=dict)
+    #: With ``call_bias``: the two branches the model chooses between, ``{"calls"|"text": (grammar json, compiled)}``.
+    branches: dict[str, tuple[str, CompiledConstraint | None]] = field(default_factory=dict)
+    #: The prompt with a content-free user turn, scored once per tool set as the choice's baseline.
+    choice_baseline: str = ""
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = 0
 
     def usage(self) -> dict[str, int]:
         """Timing figures merged into a decision's usage (integers, microseconds)."""
-        return {"grounding_us": int(self.grounding_s * 1e6), "grammar_compile_us": int(self.compile_s * 1e6)}
+        return {"candidates_us": int(self.candidates_s * 1e6), "grammar_compile_us": int(self.compile_s * 1e6)}
 
 
 @dataclass(frozen=True)
@@ -162,27 +163,16 @@ class StreamEvent:
     finish_reason: str | None = None
 
 
-def call_errors(call: ToolCall, spec: ToolSpec | None) -> list[str]:
-    """Validation errors of one call against its tool's (caller's) schema."""
-    from decider.schema import validation_errors
-
-    if spec is None:
-        return [f"unknown tool {call.name!r}"]
-    if call.arguments is None:
-        return [f"{call.name}: arguments are not a complete JSON object"]
-    return [f"{call.name}{error}" for error in validation_errors(spec.parameters, call.arguments)]
-
-
-def _without_repeats(calls: list[ToolCall]) -> list[ToolCall]:
-    """The calls with exact repeats (same name, same arguments) dropped, first one kept."""
-    seen: set[str] = set()
-    kept = []
-    for call in calls:
-        key = call.name + "\x00" + json.dumps(call.arguments, sort_keys=True, ensure_ascii=False, default=str)
-        if key not in seen:
-            seen.add(key)
-            kept.append(call)
-    return kept
+def _loop_period(text: str) -> int | None:
+    """The period of a repetition loop at the end of ``text`` (None when it does not loop)."""
+    for period in range(1, LOOP_MAX_PERIOD + 1):
+        span = max(LOOP_MIN_CHARS, 4 * period)
+        if len(text) < span:
+            break
+        tail = text[-span:]
+        if tail == (tail[:period] * (span // period + 1))[:span]:
+            return period
+    return None
 
 
 class _LoopThread:
@@ -231,8 +221,9 @@ class BackendDecider:
         kwargs = {"system_prompt": self.config.system_prompt} if self.config.system_prompt else {}
         self.renderer = PromptRenderer(tokenizer, **kwargs)
         self._loop = _LoopThread(f"toolrail-decider-{getattr(backend, 'name', 'backend')}")
-        self._prepared: dict[str, PreparedSchema] = {}
+        self._prepared: dict[str, tuple[PreparedSchema, dict[str, Any], list[str]]] = {}
         self._prepared_lock = threading.Lock()
+        self._baselines: dict[str, list[float]] = {}
 
     @property
     def name(self) -> str:
@@ -240,18 +231,23 @@ class BackendDecider:
 
     # ------------------------------------------------------------------ planning
 
-    def _prepare_cached(self, spec: ToolSpec, parameters: Mapping[str, Any] | None = None) -> PreparedSchema:
-        """Prepare a tool's (possibly narrowed) parameter schema; base schemas are cached by hash."""
+    def _bounded(self, grammar: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        return bound_free_text(grammar, string_max=self.config.string_max_chars, array_max=self.config.array_max_items)
+
+    def _tool_grammar(self, spec: ToolSpec, parameters: Mapping[str, Any] | None = None) -> tuple[PreparedSchema, dict[str, Any], list[str]]:
+        """A tool's prepared schema and bounded grammar; the base (un-narrowed) one is cached by hash."""
         if parameters is None or parameters is spec.parameters:
             key = f"{spec.name}:{spec.schema_hash}"
             with self._prepared_lock:
                 hit = self._prepared.get(key)
             if hit is None:
-                hit = prepare_tool(spec)
+                prepared = prepare_tool(spec)
+                hit = (prepared, *self._bounded(prepared.grammar_schema))
                 with self._prepared_lock:
                     self._prepared[key] = hit
             return hit
-        return prepare_schema(parameters)
+        prepared = prepare_schema(parameters)
+        return (prepared, *self._bounded(prepared.grammar_schema))
 
     def _count_tokens(self, text: str) -> int:
         encode = getattr(self.backend, "encode", None)
@@ -272,18 +268,18 @@ class BackendDecider:
             plan.max_tokens = min(plan.max_tokens, self.context_length - plan.prompt_tokens)
         return plan
 
-    def plan(self, request: DecideRequest, *, min_calls: int | None = None, calls: int | None = None) -> DecisionPlan:
-        """Check, ground, build the schema, compile and render one tool-call decision.
+    def plan(self, request: DecideRequest, *, min_calls: int | None = None) -> DecisionPlan:
+        """Check the request, narrow typed fields to their candidates, build and compile the constraint.
 
-        ``calls`` fixes the number of calls within the bounds the evidence gives (a candidate of
-        ``score_count``); ``min_calls`` is a caller's own lower bound and turns counting off.
+        The constraint is the request's own tool-call schema: under ``tool_choice=auto`` a text
+        answer or 1..``max_calls`` calls of any offered tool, as the model chooses. ``min_calls``
+        is a caller's own lower bound (the OpenAI endpoint's ``min_tool_calls``).
         """
         tools = list(request.tools)
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
             raise InvalidRequestError(f"duplicate tool names in {names}")
         choice = request.tool_choice
-        forced: str | None = None
         if isinstance(choice, Mapping):
             forced = (choice.get("function") or {}).get("name") or choice.get("name")
             if not forced:
@@ -297,59 +293,57 @@ class BackendDecider:
         if choice == "required" and not tools:
             raise InvalidRequestError("tool_choice='required' needs at least one tool")
         base = DecisionPlan(request_id=request.request_id, attempt=request.attempt, mode="tools", prompt="",
-                            prompt_tokens=0, max_tokens=request.max_tokens, seed=request.seed)
+                            prompt_tokens=0, max_tokens=request.max_tokens, seed=request.seed,
+                            temperature=request.temperature, top_p=request.top_p)
+        min_calls = min_calls if min_calls is not None else request.min_calls
         if choice == "none" or not tools:
             base.mode = "text"
             base.prompt = self.renderer.render_plain(request.messages).text
             return self._finish_plan(base, None)
 
-        prepared = {t.name: self._prepare_cached(t) for t in tools}  # refuse unsupported features up front
+        grammars = {t.name: self._tool_grammar(t) for t in tools}  # refuses unsupported features up front
         started = time.perf_counter()
-        grounding: GroundingResult | None = None
         parameters: dict[str, Mapping[str, Any]] = {t.name: t.parameters for t in tools}
-        if self.config.grounding:
-            grounding = ground_tools(tools, request.messages, ground_all=self.config.ground_all,
-                                     relevance=self.config.relevance,
-                                     allow_drop=choice == "auto")
-            parameters = grounding.parameters
-            base.dropped = dict(grounding.dropped)
-            base.narrowed = grounding.narrowed
-        offered = [t for t in tools if t.name in parameters]
-        spec_by_name = {t.name: t for t in offered}
-        grammar_params = []
-        postchecks: list[Postcheck] = []
-        for spec in offered:
-            narrowed = parameters[spec.name]
-            prep = prepared[spec.name] if narrowed is spec.parameters else self._prepare_cached(spec, narrowed)
-            grammar_params.append((spec.name, prep.grammar_schema))
-            postchecks += prepared[spec.name].postchecks
-        base.grounding_s = time.perf_counter() - started
+        narrowed: dict[str, dict[str, list[Any]]] = {}
+        if self.config.candidates:
+            narrowing = narrow_tools(tools, request.messages)
+            parameters, narrowed = narrowing.parameters, narrowing.narrowed
+        grammar_params, postchecks, bounds = [], [], {}
+        for spec in tools:
+            prepared, grammar, bounded = grammars[spec.name]
+            if parameters[spec.name] is not spec.parameters:
+                _, grammar, bounded = self._tool_grammar(spec, parameters[spec.name])
+            grammar_params.append((spec.name, grammar))
+            postchecks += prepared.postchecks
+            if bounded:
+                bounds[spec.name] = bounded
+        base.candidates_s = time.perf_counter() - started
         max_calls = request.max_calls or self.config.max_calls
         if not request.parallel_tool_calls:
             max_calls = 1
         lower = max(1, min(min_calls or 1, max_calls))
-        # A caller's explicit max_calls is its own decision on the count; left open, the evidence decides.
-        counted = grounding is not None and offered and min_calls is None and request.max_calls is None
-        positions = None
-        if self.config.count_calls and counted:
-            count = call_count(offered, parameters, request.messages, max_calls=max_calls)
-            max_calls = min(max_calls, count.upper)
-            lower = max(lower, count.upper if self.config.exact_count else count.lower)
-            if calls is not None:
-                lower = max_calls = max(count.lower, min(calls, count.upper))
-            base.call_count = (count.lower, count.upper)
-            positions = [[(name, self._prepare_cached(spec_by_name[name], schema).grammar_schema)
-                          for name, schema in branches] for branches in count.positions(parameters)] or None
-        allow_text = choice == "auto" and (self.config.allow_text or not offered)
+        allow_text = choice == "auto"
         schema = tool_calls_schema(grammar_params, min_calls=lower, max_calls=max_calls, allow_text=allow_text,
-                                   text_max_chars=self.config.text_max_chars, positions=positions)
+                                   text_max_chars=self.config.text_max_chars)
+        if allow_text and self.config.call_bias is not None and callable(getattr(self.backend, "score_continuations", None)):
+            # the same rendering with a content-free user turn: the calibration baseline
+            base.choice_baseline = self.renderer.render_tools([{"role": "user", "content": ""}], tools,
+                                                              parameters=dict(parameters), allow_text=True,
+                                                              max_calls=max_calls).text
+            calls_only = tool_calls_schema(grammar_params, min_calls=lower, max_calls=max_calls)
+            text_only = tool_calls_schema([], allow_text=True, text_max_chars=self.config.text_max_chars)
+            for branch, branch_schema in (("calls", calls_only), ("text", text_only)):
+                text = canonical_json(branch_schema)
+                compiled = self.grammar_cache.compile(text) if self.grammar_cache is not None else None
+                base.branches[branch] = (text, compiled)
         base.tools = {t.name: t for t in tools}
-        base.dedupe_calls = self.config.dedupe_calls and request.max_calls is None
         base.postchecks = tuple(postchecks)
-        base.prompt = self.renderer.render_tools(request.messages, offered, parameters=dict(parameters),
+        base.prompt = self.renderer.render_tools(request.messages, tools, parameters=dict(parameters),
                                                  allow_text=allow_text, max_calls=max_calls).text
-        if grounding is not None and grounding.dropped:
-            logger.debug("decider.grounding", request_id=request.request_id, dropped=sorted(grounding.dropped))
+        base.platform = {"constraint": schema_hash(schema), "tools_offered": names if choice != "required" or
+                         len(tools) == len(names) else [t.name for t in tools],
+                         "tools_dropped": [], "text_allowed": allow_text, "calls": [0 if allow_text else lower, max_calls],
+                         "narrowed": narrowed, "bounds": bounds}
         return self._finish_plan(base, schema)
 
     def plan_json(self, request_id: str, messages: Sequence[Mapping[str, Any]], schema: Mapping[str, Any], *,
@@ -375,13 +369,22 @@ class BackendDecider:
 
     async def _events(self, plan: DecisionPlan) -> AsyncIterator[StreamEvent]:
         """Generate on the backend and turn the text into events (runs on the decider's loop)."""
+        plan = await self._choose_branch(plan)
         parser = ToolCallStreamParser(plan.request_id, attempt=plan.attempt)
         finish_reason, usage, logprob = None, {}, None
+        stream = self.backend.generate(self._generation(plan))
         try:
-            async for chunk in self.backend.generate(self._generation(plan)):
+            async for chunk in stream:
                 if chunk.request_id != plan.request_id:
                     raise StreamInterruptedError(f"backend returned output of {chunk.request_id!r} for {plan.request_id!r}")
                 if chunk.text:
+                    period = _loop_period(parser.text + chunk.text)
+                    if period is not None:
+                        logger.warning("decider.loop_cut", request_id=plan.request_id, period=period,
+                                       chars=len(parser.text) + len(chunk.text))
+                        raise GenerationBoundError("loop", f"decoding of {plan.request_id} was cut: the output repeats a "
+                                                   f"{period}-character unit ({(parser.text + chunk.text)[-period:]!r})",
+                                                   output=parser.text + chunk.text)
                     deltas = parser.feed(chunk.text)
                     if plan.mode == "tools" and deltas:
                         yield StreamEvent(deltas=tuple(deltas))
@@ -394,8 +397,16 @@ class BackendDecider:
             raise
         except (ConnectionError, OSError) as exc:
             raise BackendUnavailableError(f"backend {self.name}: {exc}") from exc
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()  # a cut or failed decision frees its slot on the backend at once
         if finish_reason is None:
             raise StreamInterruptedError(f"the backend's stream for {plan.request_id} ended without a final chunk")
+        if finish_reason == "length" and plan.mode == "tools" and parser.finish().problem:
+            raise GenerationBoundError("max_tokens", f"decoding of {plan.request_id} reached max_tokens={plan.max_tokens} "
+                                       "before the tool calls were complete", output=parser.text,
+                                       tokens=int(usage.get("completion_tokens", 0)))
         decision = self._decision(plan, parser, finish_reason, usage)
         if logprob is not None:
             decision = decision.model_copy(update={"logprob": logprob})
@@ -417,13 +428,44 @@ class BackendDecider:
             if spec is not None and call.arguments is not None:
                 call = call.model_copy(update={"arguments": normalize_arguments(call.arguments, spec.parameters)})
             calls.append(call)
-        if plan.dedupe_calls:
-            calls = _without_repeats(calls)
         content = parsed.content if not calls else None
-        if parsed.problem and finish_reason == "length":
-            logger.warning("decider.truncated", request_id=plan.request_id, problem=parsed.problem)
         return Decision(request_id=plan.request_id, raw_output=text, tool_calls=calls, content=content,
-                        backend=self.name, usage=usage)
+                        backend=self.name, usage=usage, platform=dict(plan.platform))
+
+    def _branch_scores(self, prompt: str, tools: Sequence[str]) -> list[float]:
+        openings = [f'{CALLS_PREFIX}{name}", "arguments": {{' for name in tools] + [TEXT_PREFIX]
+        return self.backend.score_continuations(prompt, openings)  # type: ignore[attr-defined]
+
+    def _baseline_scores(self, prompt: str, tools: Sequence[str]) -> list[float]:
+        with self._prepared_lock:
+            hit = self._baselines.get(prompt)
+        if hit is None:
+            hit = self._branch_scores(prompt, tools)
+            with self._prepared_lock:
+                self._baselines[prompt] = hit
+        return hit
+
+    async def _choose_branch(self, plan: DecisionPlan) -> DecisionPlan:
+        """Let the model choose between calling and answering (``call_bias``); records the scores.
+
+        Each branch opening's log-probability after the request minus after a content-free
+        turn (the same tools and instructions): how much the request itself raises it. The
+        calls side takes its best tool; it wins when ``calls + call_bias >= text``.
+        """
+        if not plan.branches:
+            return plan
+        names = list(plan.tools)
+        scores = await asyncio.to_thread(self._branch_scores, plan.prompt, names)
+        baseline = await asyncio.to_thread(self._baseline_scores, plan.choice_baseline, names)
+        lift = [s - b for s, b in zip(scores, baseline)]
+        calls, text = max(lift[:-1]), lift[-1]
+        bias = self.config.call_bias or 0.0
+        chosen = "calls" if calls + bias >= text else "text"
+        grammar_json, compiled = plan.branches[chosen]
+        platform = {**plan.platform, "call_choice": {"calls_lift": round(calls, 3), "text_lift": round(text, 3),
+                                                     "bias": bias, "chosen": chosen,
+                                                     "best_tool": names[lift.index(calls)]}}
+        return dataclasses.replace(plan, grammar_json=grammar_json, compiled=compiled, platform=platform, branches={})
 
     async def _run(self, plan: DecisionPlan) -> Decision:
         async for event in self._events(plan):
@@ -433,45 +475,26 @@ class BackendDecider:
 
     # ------------------------------------------------------------------ public API
 
-    def _candidates(self, request: DecideRequest, plan: DecisionPlan) -> list[DecisionPlan]:
-        """The plans to score: one per call count between the evidence bounds (``score_count``)."""
-        if not self.config.score_count or plan.call_count is None or plan.call_count[0] >= plan.call_count[1]:
-            return [plan]
-        lower, upper = plan.call_count
-        # each candidate is its own backend request: "<id>~<k>" (call ids are given back the request's own)
-        others = [self.plan(request.model_copy(update={"request_id": f"{request.request_id}~{k}"}), calls=k)
-                  for k in range(lower, upper)]
-        return [plan, *others]
-
-    async def _run_scored(self, plans: list[DecisionPlan]) -> Decision:
-        """Run candidate plans side by side (one batch on the backend) and keep the likeliest."""
-        if len(plans) == 1:
-            return await self._run(plans[0])
-        decisions = await asyncio.gather(*(self._run(plan) for plan in plans))
-        scored = [d for d in decisions if d.logprob is not None]
-        best = max(scored, key=lambda d: d.logprob) if len(scored) == len(decisions) else decisions[0]
-        usage = {**best.usage, "count_candidates": len(plans),
-                 "completion_tokens": sum(d.usage.get("completion_tokens", 0) for d in decisions)}
-        logger.debug("decider.scored_count", request_id=plans[0].request_id,
-                     logprobs=[None if d.logprob is None else round(d.logprob, 2) for d in decisions])
-        return best.model_copy(update={"request_id": plans[0].request_id, "usage": usage, "tool_calls": [
-            call.model_copy(update={"id": call.id.replace(best.request_id, plans[0].request_id)}) for call in best.tool_calls]})
-
     def decide(self, request: DecideRequest) -> Decision:
         """Decide one request (blocking; safe from any thread, never from the decider's own loop)."""
         plan = self.plan(request)
-        future = self._loop.submit(self._run_scored(self._candidates(request, plan)))
+        future = self._loop.submit(self._run(plan))
         try:
             return future.result(timeout=self.config.request_timeout_s)
         except TimeoutError:
             future.cancel()
             raise StreamInterruptedError(f"no decision for {request.request_id} within {self.config.request_timeout_s}s") from None
 
+    def decide_checked(self, request: DecideRequest, **options: Any) -> Any:
+        """:func:`decider.checked.decide_checked` with this decider (decide → check → re-ask → review)."""
+        from decider.checked import decide_checked  # noqa: PLC0415 - the loop sits above the decider
+
+        return decide_checked(self, request, **options)
+
     async def adecide(self, request: DecideRequest, *, min_calls: int | None = None) -> Decision:
         """Decide from async code (any event loop)."""
         plan = await asyncio.to_thread(self.plan, request, min_calls=min_calls)
-        plans = await asyncio.to_thread(self._candidates, request, plan)
-        return await asyncio.wrap_future(self._loop.submit(self._run_scored(plans)))
+        return await asyncio.wrap_future(self._loop.submit(self._run(plan)))
 
     async def arun(self, plan: DecisionPlan) -> Decision:
         """Run a plan to its decision from any event loop."""
@@ -505,36 +528,15 @@ class BackendDecider:
             future.cancel()
 
     def validate(self, plan: DecisionPlan, decision: Decision) -> list[str]:
-        """Errors of a decision against the caller's schemas (empty when valid)."""
-        if plan.mode == "json":
-            try:
-                value = json.loads(decision.raw_output)
-            except ValueError as exc:
-                return [f"/: output is not complete JSON ({exc})"]
-            return plan.json_schema.errors(value) if plan.json_schema else []
-        if plan.mode == "text":
+        """Errors of a structured-output decision against its schema (tool calls go through
+        :func:`decider.checked.decide_checked`, which checks them with the tools' check path)."""
+        if plan.mode != "json":
             return []
-        errors = []
-        for call in decision.tool_calls:
-            errors += call_errors(call, plan.tools.get(call.name))
-        parsed_problem = None if decision.tool_calls or decision.content is not None else "no tool call was produced"
-        return errors + ([parsed_problem] if parsed_problem else [])
-
-    async def adecide_validated(self, request: DecideRequest, *, max_reasks: int = 2,
-                                min_calls: int | None = None) -> Decision:
-        """Decide, validate, and re-ask with the errors (bounded); raise OutputValidationError at the end."""
-        messages = list(request.messages)
-        decision: Decision | None = None
-        errors: list[str] = []
-        for attempt in range(request.attempt, request.attempt + max_reasks + 1):
-            current = request.model_copy(update={"messages": messages, "attempt": attempt})
-            plan = await asyncio.to_thread(self.plan, current, min_calls=min_calls)
-            decision = await self.arun(plan)
-            errors = self.validate(plan, decision)
-            if not errors:
-                return decision
-            messages = reask_messages(messages, output=decision.raw_output, errors=errors)
-        raise OutputValidationError(errors, attempts=max_reasks + 1, last_output=decision.raw_output if decision else "")
+        try:
+            value = json.loads(decision.raw_output)
+        except ValueError as exc:
+            return [f"/: output is not complete JSON ({exc})"]
+        return plan.json_schema.errors(value) if plan.json_schema else []
 
     async def agenerate_json(self, schema: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], *,
                              request_id: str, max_tokens: int = 256, max_reasks: int = 2, seed: int | None = 0,
@@ -571,7 +573,7 @@ class BackendDecider:
 
 
 class EmbeddedDecider(BackendDecider):
-    """The default decider: the embedded engine in this process."""
+    """The default decider: the embedded engine in this process (config: :data:`EMBEDDED_PROFILE`)."""
 
     @classmethod
     def load(cls, model_path: str | None = None, *, config: DeciderConfig | None = None, **engine_options: Any) -> "EmbeddedDecider":
@@ -586,8 +588,12 @@ class EmbeddedDecider(BackendDecider):
         """Wrap an already loaded engine, sharing its compiler and tokenizer info."""
         cache = GrammarCache(engine.compiler, engine.tokenizer_info)
         return cls(engine, tokenizer=engine.tokenizer, grammar_cache=cache,
-                   context_length=getattr(engine, "context_length", None), config=config)
+                   context_length=getattr(engine, "context_length", None), config=config or EMBEDDED_PROFILE)
 
+
+#: The embedded profile: typed candidates on, and the model's call-or-answer choice calibrated
+#: with the offset fitted on the dev split (``python -m bench.calibrate``).
+EMBEDDED_PROFILE = DeciderConfig(candidates=True, call_bias=DEFAULT_CALL_BIAS)
 
 _DEFAULT_LOCK = threading.Lock()
 _DEFAULT: dict[tuple[str, str | None], BackendDecider] = {}
@@ -601,8 +607,10 @@ def get_default_decider(settings: Any) -> BackendDecider:
     with _DEFAULT_LOCK:
         if key in _DEFAULT:
             return _DEFAULT[key]
+        candidates = getattr(settings, "decider_candidates", None)
         if kind == "embedded":
-            decider: BackendDecider = EmbeddedDecider.load(model)
+            config = EMBEDDED_PROFILE if candidates is None else dataclasses.replace(EMBEDDED_PROFILE, candidates=candidates)
+            decider: BackendDecider = EmbeddedDecider.load(model, config=config)
         elif kind == "triton":
             decider = _triton_decider(settings)
         else:
@@ -622,4 +630,6 @@ def _triton_decider(settings: Any) -> BackendDecider:
     factory = getattr(backend_cls, "from_settings", None)
     backend = factory(settings) if callable(factory) else backend_cls(url=settings.triton_url, model_name=settings.triton_model)
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(settings.model)), local_files_only=True)
-    return BackendDecider(backend, tokenizer=tokenizer, context_length=getattr(backend, "context_length", None))
+    config = DeciderConfig(candidates=bool(getattr(settings, "decider_candidates", None)), call_bias=None)
+    return BackendDecider(backend, tokenizer=tokenizer, context_length=getattr(backend, "context_length", None),
+                          config=config)

@@ -129,7 +129,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _repair(args: argparse.Namespace) -> int:
-    from executor.pipeline import check_arguments  # noqa: PLC0415
+    from tools.check import check_arguments  # noqa: PLC0415
     from tools.errors import UnknownToolError  # noqa: PLC0415
     from tools.registry import default_registry  # noqa: PLC0415
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tools.errors import CleaningError  # the check path lives in tools/; re-exported for callers
+
 __all__ = [
     "CallInProgressError",
     "CleaningError",
@@ -77,14 +79,6 @@ class JobNotFoundError(PermanentError):
 
 class IdempotencyConflictError(PermanentError):
     type = "idempotency_conflict"
-
-
-class CleaningError(PermanentError):
-    type = "invalid_output"
-
-    def __init__(self, message: str, errors: list[dict[str, Any]] | None = None, **details: Any) -> None:
-        super().__init__(message, errors=errors or [], **details)
-        self.errors = errors or []
 
 
 class SandboxError(PermanentError):

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from decider.errors import DeciderPermanentError
+from decider.checked import CheckedDecision, ClientOutput, decide_checked
 from decider.protocol import DecideRequest
 from executor.breaker import guarded_run
 from executor.errors import SandboxError
 from executor.idempotency import payload_hash
-from executor.pipeline import OutputCheck, ReasksExhausted, check_output, check_tool_calls, decide_with_reasks
 from executor.runtime import Runtime
 from executor.sandbox import CallRun
 from executor.store import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
@@ -57,23 +57,17 @@ def _set_status(rt: Runtime, job_id: str, status: str, **fields: Any) -> JobReco
     return rt.store.update(job_id, mutate)
 
 
-def _client_check(job: JobRecord, specs: dict[str, ToolSpec]) -> tuple[str, str, OutputCheck]:
-    output = job.client_output or {}
-    require = job.tool_choice == "required" or isinstance(job.tool_choice, dict)
+def _client_output(job: JobRecord) -> ClientOutput | None:
+    output = job.client_output
+    if output is None:
+        return None
     if output.get("tool_calls") is not None:
-        import json  # noqa: PLC0415
-
-        raw = json.dumps(output["tool_calls"], ensure_ascii=False)
-        check = check_tool_calls(output["tool_calls"], specs)
-        if require and not check.calls:
-            check.errors.append({"path": "", "message": "a tool call is required, but none was given", "validator": "minItems"})
-        return "client", raw, check
-    raw = output.get("raw_output", "")
-    return "client", raw, check_output(raw, specs, require_call=require)
+        return list(output["tool_calls"])
+    return output.get("raw_output", "")
 
 
 def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch) -> JobRecord:
-    """Decide (or take the client's output), validate/clean/re-ask, then dispatch the calls."""
+    """Decide (or take the client's output), check and re-ask (``decide_checked``), then dispatch the calls."""
     job = rt.store.get(job_id)
     if job.status in TERMINAL_JOB:
         return job
@@ -83,56 +77,43 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch) -> JobRecord:
                 dispatch(job, call)
         return job
     specs = job_specs(rt, job)
-    first = None
-    if job.client_output is not None:
-        _set_status(rt, job_id, "validating")
-        first = _client_check(job, specs)
-        log.info("job.client_output_checked", job_id=job_id, ok=first[2].ok, errors=len(first[2].all_errors()))
-    if first is not None and first[2].ok:
-        check, attempts = first[2], [{"attempt": 0, "source": "client", "raw_output": first[1], "errors": [],
-                                      "repairs": [r for c in first[2].calls for r in c.repairs]}]
-    else:
-        decider = rt.decider() if job.messages else None
-        if decider is None:
-            if first is None:
-                return _set_status(rt, job_id, "failed", error={"type": "decider_unavailable", "message":
-                                   "no decider is configured and the job brought no tool calls", "details": {}})
-            attempt = {"attempt": 0, "source": "client", "raw_output": first[1], "errors": first[2].all_errors(),
-                       "repairs": [r for c in first[2].calls for r in c.repairs]}
-            return _set_status(rt, job_id, "needs_review", attempts=[attempt], error={
-                "type": "invalid_tool_calls", "message": "the supplied tool calls are invalid and no decider is "
-                "configured to re-ask", "details": {"errors": first[2].all_errors()}})
-        if first is None:
-            _set_status(rt, job_id, "deciding")
-        request = DecideRequest(request_id=job.request_id, messages=job.messages, tools=list(specs.values()),
-                                tool_choice=job.tool_choice, parallel_tool_calls=job.parallel_tool_calls)
-        try:
-            check, tried = decide_with_reasks(decider, request, max_reasks=job.max_reasks, first=first)
-        except ReasksExhausted as exc:
-            attempts = [a.to_dict() for a in exc.attempts]
-            log.warning("job.reasks_exhausted", job_id=job_id, attempts=len(attempts))
-            return _set_status(rt, job_id, "needs_review", attempts=attempts, error={
-                "type": "invalid_tool_calls", "message": str(exc), "details": {"errors": exc.last.all_errors()}})
-        except DeciderPermanentError as exc:
-            return _set_status(rt, job_id, "failed", error={"type": type(exc).__name__, "message": str(exc), "details": {}})
-        attempts = [a.to_dict() for a in tried]
-    return _start_calls(rt, job, specs, check, attempts, dispatch)
+    first = _client_output(job)
+    decider = rt.decider if job.messages else None  # asked for only when a decision or re-ask is needed
+    if first is None and (decider is None or decider() is None):
+        return _set_status(rt, job_id, "failed", error={"type": "decider_unavailable", "message":
+                           "no decider is configured and the job brought no tool calls", "details": {}})
+    _set_status(rt, job_id, "validating" if first is not None else "deciding")
+    request = DecideRequest(request_id=job.request_id, messages=job.messages, tools=list(specs.values()),
+                            tool_choice=job.tool_choice, parallel_tool_calls=job.parallel_tool_calls)
+    try:
+        decision = decide_checked(decider, request, first_output=first, max_reasks=job.max_reasks)
+    except DeciderPermanentError as exc:
+        return _set_status(rt, job_id, "failed", error={"type": type(exc).__name__, "message": str(exc), "details": {}})
+    attempts = [a.to_dict() for a in decision.attempts]
+    if decision.status == "needs_review":
+        error = dict(decision.error or {})
+        if decider is None or decider() is None:
+            error["message"] = f"{error.get('message')}; no decider is configured to re-ask"
+        log.warning("job.needs_review", job_id=job_id, attempts=len(attempts), error_type=error.get("type"))
+        return _set_status(rt, job_id, "needs_review", attempts=attempts, error=error)
+    if decision.status == "failed":
+        return _set_status(rt, job_id, "failed", attempts=attempts, error=decision.error)
+    return _start_calls(rt, job, specs, decision, attempts, dispatch)
 
 
-def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], check: OutputCheck,
+def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decision: CheckedDecision,
                  attempts: list[dict[str, Any]], dispatch: Dispatch) -> JobRecord:
-    attempt_no = attempts[-1]["attempt"] if attempts else 0
     calls = []
-    for checked in check.calls:
+    for checked in decision.calls:
         spec = specs[checked.name]
         runnable = spec.entrypoint is not None
-        calls.append(CallRecord(id=call_id(job.request_id, checked.index, attempt=attempt_no), index=checked.index,
+        calls.append(CallRecord(id=call_id(job.request_id, checked.index, attempt=decision.attempt), index=checked.index,
                                 name=checked.name, arguments=checked.arguments, repairs=list(checked.repairs),
                                 status="pending" if runnable else "validated", queue=spec.queue_name if runnable else None))
     rt.store.set_calls(job.job_id, calls)
     to_run = [c for c in calls if c.status == "pending"]
     status = "running" if to_run else "succeeded"
-    job = _set_status(rt, job.job_id, status, attempts=attempts, content=check.content)
+    job = _set_status(rt, job.job_id, status, attempts=attempts, content=decision.content)
     job.calls = calls
     for call in to_run:
         dispatch(job, call)

@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     triton_model: str = "llmapi"
     """Triton model the decider calls: `llmapi` for the `pytorch` repository flavour (the TensorRT-LLM >= 1.0
     default), `tensorrt_llm_bls` for the `engine` flavour."""
+    decider_candidates: bool | None = None
+    """Typed candidates: narrow pattern/format/enum/number fields to the values the conversation holds (recorded
+    on each attempt). Unset: on for the embedded decider, off for Triton (a strong model needs no help)."""
     default_max_reasks: int = Field(default=2, ge=0)
     """Re-asks after a failed check when a job does not say."""
     max_reasks_limit: int = Field(default=5, ge=0)

@@ -45,36 +45,23 @@ CURRENCY_ALIASES = {"元": "CNY", "人民币": "CNY", "块": "CNY", "RMB": "CNY"
                     "欧元": "EUR", "€": "EUR", "euros": "EUR", "euro": "EUR"}
 
 
-def _enum_cues(aliases: dict[str, str]) -> dict[str, list[str]]:
-    cues: dict[str, list[str]] = {}
-    for alias, canonical in aliases.items():
-        cues.setdefault(canonical, [canonical]).append(alias)
-    return cues
-
-
 class WeatherArgs(BaseModel):
     """Get the weather forecast for a city today or tomorrow."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        # words that say a request is about this tool (decider.grounding.tool_cues)
-        "x-cues": ["天气", "气温", "温度", "下雨", "下雪", "预报", "冷不冷", "热不热", "weather", "forecast", "temperature", "rain", "snow", "sunny"],
-    })
+    model_config = ConfigDict(extra="forbid")
 
     city: str = Field(min_length=1, max_length=64, description="City name",
                       json_schema_extra={"x-aliases": CITY_ALIASES, "x-grounded": True})
     date: Literal["today", "tomorrow"] = Field(description="Which day",
-                                               json_schema_extra={"x-aliases": DATE_ALIASES, "x-enum-aliases": _enum_cues(DATE_ALIASES)})
+                                               json_schema_extra={"x-aliases": DATE_ALIASES})
     unit: Literal["celsius", "fahrenheit"] = Field(default="celsius", description="Temperature unit",
-                                                   json_schema_extra={"x-aliases": UNIT_ALIASES, "x-enum-aliases": _enum_cues(UNIT_ALIASES)})
+                                                   json_schema_extra={"x-aliases": UNIT_ALIASES})
 
 
 class BalanceArgs(BaseModel):
     """Query the balance of a bank account."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        # words that say a request is about this tool (decider.grounding.tool_cues)
-        "x-cues": ["余额", "还剩", "剩多少", "有多少钱", "balance", "funds"],
-    })
+    model_config = ConfigDict(extra="forbid")
 
     account: str = Field(min_length=1, max_length=64, description="Account holder", json_schema_extra={"x-grounded": True})
 
@@ -88,17 +75,13 @@ class Currency(str, Enum):
 class TransferArgs(BaseModel):
     """Transfer money from one account to another."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        # words that say a request is about this tool (decider.grounding.tool_cues)
-        "x-cues": ["转账", "汇款", "打钱", "转钱", "付款", "转给", "汇给", "transfer", "send", "pay", "wire", "remit"],
-    })
+    model_config = ConfigDict(extra="forbid")
 
     from_account: str = Field(min_length=1, max_length=64, description="Payer account", json_schema_extra={"x-grounded": True})
     to: str = Field(min_length=1, max_length=64, description="Payee account", json_schema_extra={"x-grounded": True})
     amount: float = Field(gt=0, le=1_000_000, description="Amount, up to two decimals", json_schema_extra={"x-grounded": True})
     currency: Literal["CNY", "USD", "EUR"] = Field(description="ISO currency code",
-                                                   json_schema_extra={"x-aliases": CURRENCY_ALIASES,
-                                                                      "x-enum-aliases": _enum_cues(CURRENCY_ALIASES)})
+                                                   json_schema_extra={"x-aliases": CURRENCY_ALIASES})
 
 
 class StressArgs(BaseModel):

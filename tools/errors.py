@@ -5,6 +5,9 @@
     │   └── PatternBudgetError  a text too long to check against a pattern within the matching budget
     ├── InsufficientFundsError
     ├── UnknownToolError      no tool of that name is registered (permanent)
+    ├── CleaningError         raw model output that cannot be repaired into JSON (carries ``errors``)
+    │   └── AmbiguousOutputError  the output reads two ways (two JSON values for one call,
+    │                             a key given twice with different values): never guessed
     └── SchemaRejectedError   a client's JSON Schema the platform will not run (carries ``path``):
         │                     recursive or remote ``$ref``, too large, too deep (permanent)
         └── UnsupportedPatternError  a ``pattern`` no linear-time engine can run (backreference,
@@ -15,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["InsufficientFundsError", "PatternBudgetError", "SchemaRejectedError", "ToolError", "ToolInputError",
-           "UnknownToolError", "UnsupportedPatternError"]
+__all__ = ["AmbiguousOutputError", "CleaningError", "InsufficientFundsError", "PatternBudgetError", "SchemaRejectedError", "ToolError",
+           "ToolInputError", "UnknownToolError", "UnsupportedPatternError"]
 
 
 class ToolError(Exception):
@@ -49,6 +52,22 @@ class InsufficientFundsError(ToolError):
 
 class UnknownToolError(ToolError):
     type = "unknown_tool"
+
+
+class CleaningError(ToolError):
+    """Raw output that cannot be repaired into a JSON value; ``errors`` are ``{path, message}`` dicts."""
+
+    type = "invalid_output"
+
+    def __init__(self, message: str, errors: list[dict[str, Any]] | None = None, **details: Any) -> None:
+        super().__init__(message, errors=errors or [], **details)
+        self.errors = errors or []
+
+
+class AmbiguousOutputError(CleaningError):
+    """The output can be read more than one way; the platform refuses to pick one."""
+
+    type = "ambiguous_output"
 
 
 class SchemaRejectedError(ToolError):

@@ -4,11 +4,12 @@ A spec is built from a pydantic parameter model (``ToolSpec.from_model``) or fro
 inline OpenAI-format function definition (``ToolSpec.from_openai``). Field-level
 extensions live in the schema itself so every stage reads the same document:
 
-- ``x-aliases``: ``{alias: canonical}`` for semantic normalization (沪 → Shanghai);
-- ``x-grounded``: the value must appear in the conversation (or be an enum/alias value);
-- ``x-enum-aliases``: ``{enum value: [cue words]}`` evidence for enum narrowing;
-- ``x-cues`` (on the parameter schema itself): words, in any language, that say a request is
-  about this tool (天气, forecast); the decider weighs them when tools compete for one request.
+- ``x-aliases``: ``{alias: canonical}`` for semantic normalization (沪 → Shanghai); the
+  aliases of an enum value also let the decider narrow that field to it (typed candidates);
+- ``x-grounded``: ``true`` on a field (or a list of field names on an object): the value must be
+  stated in the conversation or an earlier tool result, checked after decoding
+  (:mod:`tools.grounding`); side-effecting tools ground numbers and pattern/format/enum strings
+  by default, ``false`` opts a field out. A listed name that is no field is refused here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tools.grounding import declaration_errors
 
 __all__ = ["ToolSpec", "strict_schema"]
 
@@ -76,6 +79,13 @@ class ToolSpec(BaseModel):
         if not _NAME.match(value):
             raise ValueError(f"invalid tool name {value!r}: letters, digits, _ . - only, at most 64")
         return value
+
+    @model_validator(mode="after")
+    def _grounding_declared_on_real_fields(self) -> "ToolSpec":
+        errors = declaration_errors(self.parameters)
+        if errors:
+            raise ValueError(f"tool {self.name!r}: " + "; ".join(f"/parameters{e}" for e in errors))
+        return self
 
     @property
     def queue_name(self) -> str:

@@ -57,13 +57,13 @@ def real_decider():
 
 
 def weather_tools() -> list[ToolSpec]:
-    """A weather tool with grounded city (aliases) and cue-word enums, and a grounded transfer tool."""
+    """A weather tool with enum fields and declared aliases, and a grounded transfer tool."""
     weather = ToolSpec.from_openai({"name": "get_weather", "description": "查询城市天气 / weather of a city", "parameters": {
         "type": "object", "properties": {
-            "city": {"type": "string", "x-grounded": True, "maxLength": 20,
+            "city": {"type": "string", "enum": ["Shanghai", "Beijing", "Paris"], "x-grounded": True,
                      "x-aliases": {"沪": "Shanghai", "上海": "Shanghai", "北京": "Beijing"}},
             "date": {"type": "string", "enum": ["today", "tomorrow"],
-                     "x-enum-aliases": {"today": ["今天", "today"], "tomorrow": ["明天", "tomorrow"]}},
+                     "x-aliases": {"今天": "today", "明天": "tomorrow"}},
         }, "required": ["city", "date"]}})
     transfer = ToolSpec.from_openai({"name": "transfer", "description": "转账 / send money", "parameters": {
         "type": "object", "x-grounded": True, "properties": {

@@ -37,17 +37,33 @@ def test_sync_decide_from_many_threads(tiny_decider):  # noqa: F811
             assert decision.tool_calls[0].id == f"call_{decision.request_id}_0"
 
 
-def test_plan_grounds_and_drops(tiny_decider):  # noqa: F811
+def test_plan_offers_every_tool_and_text_and_records_narrowing(tiny_decider):  # noqa: F811
     plan = tiny_decider.plan(req("北京明天天气怎么样", weather_tools()))
-    assert plan.dropped == {"transfer": "a required argument has no evidence in the conversation"}
-    assert '"get_weather"' in plan.grammar_json and '"transfer"' not in plan.grammar_json
-    assert "get_weather(city: \"Beijing\", date: \"tomorrow\")" in plan.prompt
+    assert '"get_weather"' in plan.grammar_json and '"transfer"' in plan.grammar_json  # no tool is dropped
+    assert '"content"' in plan.grammar_json  # tool_choice=auto: a text answer is always allowed
+    record = plan.platform
+    assert record["tools_dropped"] == [] and record["text_allowed"] is True
+    assert record["narrowed"]["get_weather"] == {"/city": ["Beijing"], "/date": ["tomorrow"]}
+    assert "/to" not in record["narrowed"].get("transfer", {})  # free text is never narrowed
+    assert len(record["constraint"]) == 16
     assert plan.usage()["grammar_compile_us"] >= 0
 
 
-def test_no_evidence_means_text_answer_only(tiny_decider):  # noqa: F811
-    decision = tiny_decider.decide(req("北京后天天气", weather_tools(), max_tokens=64))
-    assert decision.tool_calls == []
+def test_base_plan_is_cached_when_nothing_is_narrowed(tiny_decider):  # noqa: F811
+    import time
+
+    tools = weather_tools()
+    tiny_decider.plan(req("hello there", tools))
+    started = time.perf_counter()
+    for _ in range(20):
+        plan = tiny_decider.plan(req("hello there", tools))
+    assert plan.platform["narrowed"] == {}
+    assert plan.compile_s < 0.05  # the base grammar comes from the cache
+
+
+def test_required_tool_choice_has_no_text_branch(tiny_decider):  # noqa: F811
+    plan = tiny_decider.plan(req("北京明天天气怎么样", weather_tools(), tool_choice="required"))
+    assert '"content"' not in plan.grammar_json and plan.platform["text_allowed"] is False
 
 
 def test_tool_choice_errors(tiny_decider):  # noqa: F811
@@ -89,7 +105,7 @@ def test_reask_and_render_never_mutate_the_callers_messages(tiny_engine):  # noq
 
 @pytest.mark.model
 def test_real_model_end_to_end(real_decider):  # noqa: F811
-    """SmolLM2-135M-Instruct with grounding: 北京明天天气 → get_weather(Beijing, tomorrow)."""
+    """SmolLM2-135M-Instruct with typed candidates: 北京明天天气 → get_weather(Beijing, tomorrow)."""
     decision = real_decider.decide(req("北京明天天气怎么样", weather_tools(), request_id="real-1", max_tokens=64))
     assert [c.name for c in decision.tool_calls] == ["get_weather"]
     assert decision.tool_calls[0].arguments == {"city": "Beijing", "date": "tomorrow"}

@@ -23,7 +23,7 @@ from schemathesis.checks import not_a_server_error
 
 from executor.api import create_app
 from executor.errors import CleaningError
-from executor.pipeline import check_output, extract_calls
+from tools.check import check_output, extract_calls
 from toolrail.settings import Settings
 from tools.registry import default_registry
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from executor.cleaning import (
+from tools.cleaning import (
     TEXT_STEPS,
     Draft,
     apply_aliases,
@@ -35,7 +35,7 @@ from executor.cleaning import (
     strip_code_fences,
 )
 from executor.errors import CleaningError
-from executor.pipeline import CallCheck, OutputCheck, check_arguments, check_output
+from tools.check import CallCheck, OutputCheck, check_arguments, check_output
 from tools.registry import builtin_specs
 
 CORPUS = Path(__file__).parent / "data" / "cleaning_corpus.jsonl"

@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.cleaning import TEXT_STEPS, Draft, apply_aliases, clean_text, clean_value, coerce_scalars, fill_defaults, normalize_value
+from tools.cleaning import TEXT_STEPS, Draft, apply_aliases, clean_text, clean_value, coerce_scalars, fill_defaults, normalize_value
 from executor.errors import CleaningError
-from executor.pipeline import check_arguments, check_output
+from tools.check import check_arguments, check_output
 from tools.registry import builtin_specs
 
 SPECS = {spec.name: spec for spec in builtin_specs()}
@@ -117,7 +117,7 @@ def test_curly_quoted_strings_keep_their_contents(value: dict[str, str]) -> None
 # ---------------------------------------------------------------- anything else: a value or a CleaningError
 
 
-#: Python refuses to parse integers longer than this; executor/pipeline.py's own strict
+#: Python refuses to parse integers longer than this; tools/check.py's own strict
 #: ``json.loads`` does not catch that yet (see ``test_pipeline_survives_huge_integers``).
 LONG_DIGIT_RUN = re.compile(r"\d{4000}")
 

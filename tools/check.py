@@ -1,10 +1,13 @@
-"""Validate → clean → validate, and the bounded re-ask loop. Plain functions, no broker.
+"""The one check path for tool calls: split → clean → validate → normalize → grounding.
 
-``check_output`` turns one raw model output (or client-supplied calls) into checked
-calls. ``decide_with_reasks`` asks a ``Decider``, checks, and on failure asks again with
-the exact errors in a new message — at most ``max_reasks`` times — then gives up with
-``ReasksExhausted`` carrying every attempt. Transport errors (``DeciderRetryableError``)
-propagate untouched: they are Celery's to retry, never the model's fault.
+Plain functions over ``ToolSpec``s, used by the decider's re-ask loop (``decider.checked``),
+the job API and the OpenAI endpoint alike; nothing here asks a model or touches a queue.
+
+``check_output`` turns one raw model output (or client-supplied calls) into an
+:class:`OutputCheck`: one :class:`CallCheck` per call with canonical arguments or typed errors,
+and the text answer when the output holds no call. With ``evidence`` (the conversation's
+values), calls that pass validation are also checked against the tools' declared grounding
+(:mod:`tools.grounding`); an unsupported value is an error with ``validator: "grounded"``.
 """
 
 from __future__ import annotations
@@ -15,24 +18,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from decider.grounding import FEEDBACK_NAME
-from decider.protocol import Decider, DecideRequest
-from executor.cleaning import clean_text, clean_value, normalize_value
-from executor.errors import CleaningError
-from executor.validation import validate
+from tools.cleaning import clean_text, clean_value, loads_strict, normalize_value
+from tools.errors import AmbiguousOutputError, CleaningError
+from tools.evidence import ConversationValues
+from tools.grounding import check_grounding
 from tools.spec import ToolSpec
+from tools.validation import validate
 
 __all__ = [
-    "Attempt",
+    "MAX_CALLS_PER_OUTPUT",
     "CallCheck",
     "OutputCheck",
-    "ReasksExhausted",
     "check_arguments",
     "check_output",
     "check_tool_calls",
-    "decide_with_reasks",
     "extract_calls",
-    "reask_messages",
 ]
 
 MAX_CALLS_PER_OUTPUT = 16
@@ -64,6 +64,11 @@ class OutputCheck:
     content: str | None = None
 
     @property
+    def findings(self) -> list[dict[str, Any]]:
+        """The grounding findings of every call (a subset of :meth:`all_errors`)."""
+        return [e for e in self.all_errors() if e.get("validator") == "grounded"]
+
+    @property
     def ok(self) -> bool:
         return not self.errors and all(call.ok for call in self.calls)
 
@@ -72,34 +77,6 @@ class OutputCheck:
         for call in self.calls:
             out += [{**err, "call": call.index, "tool": call.name} for err in call.errors]
         return out
-
-
-@dataclass
-class Attempt:
-    """One round of the loop, as stored on the job record."""
-
-    attempt: int
-    source: str
-    raw_output: str
-    errors: list[dict[str, Any]]
-    repairs: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "source": self.source, "raw_output": self.raw_output,
-                "errors": self.errors, "repairs": self.repairs}
-
-
-class ReasksExhausted(Exception):
-    """Every attempt produced invalid calls; carries the attempts and the last check."""
-
-    def __init__(self, attempts: list[Attempt], last: OutputCheck) -> None:
-        super().__init__(f"tool calls still invalid after {len(attempts)} attempt(s)")
-        self.attempts = attempts
-        self.last = last
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
 
 
 def _dump(value: Any) -> str:
@@ -115,7 +92,9 @@ def check_arguments(spec: ToolSpec, raw: str | Mapping[str, Any], *, index: int 
         strict_value = dict(raw)
     else:
         try:
-            strict_value = json.loads(raw, parse_constant=_reject_constant)
+            strict_value = loads_strict(raw)
+        except AmbiguousOutputError as exc:
+            return CallCheck(index, spec.name, None, raw_text, errors=exc.errors)
         except (ValueError, RecursionError):  # JSONDecodeError, NaN/Infinity, integers past the digit limit
             strict_value = None
     if isinstance(strict_value, dict):
@@ -176,6 +155,8 @@ def extract_calls(raw_output: str) -> tuple[list[tuple[str | None, Any]], list[s
         return [], [], stripped or None
     value, notes = clean_text(stripped)
     items: list[Any]
+    if isinstance(value, dict) and set(value) == {"content"} and isinstance(value["content"], str):
+        return [], list(notes), value["content"]  # the text-answer shape of the tool-call grammar
     if isinstance(value, dict) and isinstance(value.get("tool_calls"), list):
         items = value["tool_calls"]
     elif isinstance(value, list):
@@ -186,18 +167,27 @@ def extract_calls(raw_output: str) -> tuple[list[tuple[str | None, Any]], list[s
     out_notes = list(notes)
     for item in items[: MAX_CALLS_PER_OUTPUT + 1]:
         name, args, call_notes = _as_call(item)
-        pairs.append((name, args))
+        pairs.append((name, args if name is not None or not isinstance(item, dict) else item))
         out_notes += call_notes
     return pairs, out_notes, None
 
 
-def _check_pairs(pairs: list[tuple[str | None, Any]], specs: Mapping[str, ToolSpec], notes: list[str]) -> OutputCheck:
+def _bare_arguments(name: str | None, args: Any, item: Any, specs: Mapping[str, ToolSpec]) -> tuple[str | None, Any]:
+    """A nameless object when exactly one tool is offered is that tool's arguments object."""
+    if name is None and len(specs) == 1 and isinstance(item, dict) and not ({"name", "function", "arguments"} & set(item)):
+        return next(iter(specs)), item
+    return name, args
+
+
+def _check_pairs(pairs: list[tuple[str | None, Any]], specs: Mapping[str, ToolSpec], notes: list[str],
+                 evidence: ConversationValues | None = None) -> OutputCheck:
     calls: list[CallCheck] = []
     errors: list[dict[str, Any]] = []
     if len(pairs) > MAX_CALLS_PER_OUTPUT:
         errors.append({"path": "", "message": f"more than {MAX_CALLS_PER_OUTPUT} calls in one output", "validator": "maxItems"})
         pairs = pairs[:MAX_CALLS_PER_OUTPUT]
     for index, (name, args) in enumerate(pairs):
+        name, args = _bare_arguments(name, args, args, specs)
         if name is None:
             calls.append(CallCheck(index, "", None, _dump(args), errors=[{"path": "/name", "message": "call has no tool name",
                                                                           "validator": "required"}]))
@@ -212,83 +202,36 @@ def _check_pairs(pairs: list[tuple[str | None, Any]], specs: Mapping[str, ToolSp
         call = check_arguments(spec, args if isinstance(args, (str, dict)) else _dump(args), index=index)
         if notes and index == 0:
             call.repairs = (*notes, *call.repairs)
+        if call.ok and evidence is not None:
+            findings = check_grounding(spec.parameters, call.arguments or {}, evidence, side_effects=spec.side_effects)
+            if findings:
+                call.errors, call.arguments = findings, None
         calls.append(call)
     return OutputCheck(calls=calls, errors=errors)
 
 
-def check_output(raw_output: str, specs: Mapping[str, ToolSpec], *, require_call: bool = False) -> OutputCheck:
-    """Check one raw output against the allowed tools."""
+def check_output(raw_output: str, specs: Mapping[str, ToolSpec], *, require_call: bool = False,
+                 evidence: ConversationValues | None = None) -> OutputCheck:
+    """Check one raw output against the allowed tools (and their grounding, given ``evidence``)."""
     try:
         pairs, notes, content = extract_calls(raw_output)
     except CleaningError as exc:
         return OutputCheck(calls=[], errors=exc.errors or [{"path": "", "message": str(exc)}])
-    check = _check_pairs(pairs, specs, notes)
+    check = _check_pairs(pairs, specs, notes, evidence)
     check.content = content
     if require_call and not pairs:
         check.errors.append({"path": "", "message": "a tool call is required, but the output holds none", "validator": "minItems"})
     return check
 
 
-def check_tool_calls(tool_calls: list[Mapping[str, Any]], specs: Mapping[str, ToolSpec]) -> OutputCheck:
+def check_tool_calls(tool_calls: list[Mapping[str, Any]], specs: Mapping[str, ToolSpec], *,
+                     evidence: ConversationValues | None = None) -> OutputCheck:
     """Check calls that arrive already split (client-supplied, or parsed by the decider)."""
     pairs = []
     for item in tool_calls:
         name, args, _ = _as_call(dict(item))
         raw = item.get("raw_arguments") if isinstance(item, Mapping) else None
         pairs.append((name, raw if isinstance(raw, str) and args is None else args))
-    return _check_pairs(pairs, specs, [])
+    return _check_pairs(pairs, specs, [], evidence)
 
 
-def reask_messages(messages: list[dict[str, Any]], raw_output: str, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A *new* message list: the conversation, the bad output, and the exact errors."""
-    lines = []
-    for err in errors[:8]:
-        where = f"call {err['call']} ({err.get('tool') or '?'}) " if "call" in err else ""
-        lines.append(f"- {where}{err.get('path') or '/'}: {err.get('message')}")
-    feedback = ("Your previous tool call was invalid:\n" + "\n".join(lines) +
-                "\nReply again with corrected tool calls only. Use only values the user gave; if a required value is "
-                "missing or not allowed, do not call the tool.")
-    return [*messages, {"role": "assistant", "content": raw_output},
-            {"role": "user", "name": FEEDBACK_NAME, "content": feedback}]
-
-
-def _decision_output(decision: Any) -> tuple[str, list[dict[str, Any]] | None]:
-    calls = [c.model_dump() if hasattr(c, "model_dump") else dict(c) for c in (decision.tool_calls or [])]
-    return decision.raw_output, calls or None
-
-
-def decide_with_reasks(decider: Decider, request: DecideRequest, *, max_reasks: int,
-                       first: tuple[str, str, OutputCheck] | None = None) -> tuple[OutputCheck, list[Attempt]]:
-    """Ask, check, re-ask with the errors; at most ``max_reasks`` re-asks.
-
-    ``first`` is an already-checked first attempt (client-supplied output): (source,
-    raw_output, check). Raises ``ReasksExhausted`` when attempts run out.
-    """
-    specs = {spec.name: spec for spec in request.tools}
-    require = request.tool_choice == "required" or isinstance(request.tool_choice, dict)
-    attempts: list[Attempt] = []
-    messages = list(request.messages)
-    check: OutputCheck | None = None
-    raw = ""
-    if first is not None:
-        source, raw, check = first
-        attempts.append(Attempt(0, source, raw, check.all_errors(), [r for c in check.calls for r in c.repairs]))
-    while check is None or not check.ok:
-        if check is not None:
-            if len(attempts) > max_reasks:
-                raise ReasksExhausted(attempts, check)
-            messages = reask_messages(messages, raw, check.all_errors())
-        attempt_no = len(attempts)
-        decision = decider.decide(request.model_copy(update={"messages": messages, "attempt": attempt_no}))
-        raw, calls = _decision_output(decision)
-        if calls is not None:
-            check = check_tool_calls(calls, specs)
-        elif decision.content is not None and not re.search(r"[\[{]", raw or ""):
-            check = OutputCheck(calls=[], content=decision.content)
-        else:
-            check = check_output(raw, specs)
-        if require and not check.calls and not check.errors:
-            check.errors.append({"path": "", "message": "a tool call is required, but the output holds none",
-                                 "validator": "minItems"})
-        attempts.append(Attempt(attempt_no, "decider", raw, check.all_errors(), [r for c in check.calls for r in c.repairs]))
-    return check, attempts

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from executor.errors import CleaningError
+from tools.errors import AmbiguousOutputError, CleaningError
 
 __all__ = [
     "TEXT_STEPS",
@@ -34,9 +34,12 @@ __all__ = [
     "coerce_scalars",
     "extract_json_span",
     "fill_defaults",
+    "loads_strict",
     "normalize_value",
     "relex",
     "strip_code_fences",
+    "strip_comments",
+    "strip_invisible",
 ]
 
 MAX_TEXT_CHARS = 200_000
@@ -65,6 +68,45 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_-]*)[ \t]*\n?(.*?)(?:```|$)", re.DOTA
 _OPENERS = {"{": "}", "[": "]", "｛": "｝", "［": "］"}
 _CLOSERS = frozenset({"}", "]", "｝", "］"})
 _QUOTES = {'"': '"', "'": "'", "“": "”", "„": "”", "‘": "’", "「": "」", "『": "』", "＂": "＂"}
+
+
+_INVISIBLE = re.compile("[\ufeff\u200b\u200c\u200d\u2060\u00ad]")
+
+
+def strip_invisible(draft: Draft) -> Draft:
+    """Drop a byte-order mark and zero-width characters: invisible, never meant as content."""
+    text, count = _INVISIBLE.subn("", draft.text)
+    return draft.note(f"removed {count} invisible character(s) (BOM, zero-width)", text=text) if count else draft
+
+
+def strip_comments(draft: Draft) -> Draft:
+    """Remove ``// …`` line comments and ``/* … */`` block comments outside strings (JSON has none)."""
+    text, out, i, n, quote, removed = draft.text, [], 0, len(draft.text), None, 0
+    while i < n:
+        ch = text[i]
+        if quote:
+            out.append(ch)
+            if ch == "\\" and i + 1 < n:
+                out.append(text[i + 1])
+                i += 2
+                continue
+            if ch == quote:
+                quote = None
+        elif ch in _QUOTES and (ch != "'" or not (i and text[i - 1].isalnum())):
+            quote = _QUOTES[ch]
+            out.append(ch)
+        elif text.startswith("//", i) and not (i and text[i - 1] == ":"):  # not the // of a bare http://
+            end = text.find("\n", i)
+            i, removed = (n if end < 0 else end), removed + 1
+            continue
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i, removed = (n if end < 0 else end + 2), removed + 1
+            continue
+        else:
+            out.append(ch)
+        i += 1
+    return draft.note(f"removed {removed} comment(s)", text="".join(out)) if removed else draft
 
 
 def strip_code_fences(draft: Draft) -> Draft:
@@ -114,6 +156,10 @@ def extract_json_span(draft: Draft) -> Draft:
         raise CleaningError("no JSON found in the output", errors=[{"path": "", "message": "no JSON value found"}])
     end = _span_end(text, start)
     span = text[start:end] if end else text[start:]
+    if end is not None and any(ch in _OPENERS for ch in text[end:]):
+        raise AmbiguousOutputError("the output holds more than one JSON value where one was expected", errors=[{
+            "path": "", "message": "more than one JSON value in the output (which one is meant is ambiguous)",
+            "validator": "ambiguous"}])
     if span == text:
         return draft if text == draft.text else replace(draft, text=text)
     dropped = len(text) - len(span)
@@ -297,8 +343,24 @@ def close_truncated(draft: Draft) -> Draft:
     return draft.note(f"closed {len(closing)} bracket(s) of truncated output", text=text + closing, open_brackets=())
 
 
-TEXT_STEPS: tuple[TextStep, ...] = (strip_code_fences, extract_json_span, relex, close_truncated)
+TEXT_STEPS: tuple[TextStep, ...] = (strip_code_fences, strip_comments, extract_json_span, relex, close_truncated)
 
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` that refuses a key given twice with different values."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out and out[key] != value:
+            raise AmbiguousOutputError(f"key {key!r} is given twice with different values", errors=[{
+                "path": f"/{key}", "message": f"key {key!r} is given twice with different values ({out[key]!r}, {value!r})",
+                "validator": "ambiguous"}])
+        out[key] = value
+    return out
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` that rejects NaN/Infinity and conflicting duplicate keys (AmbiguousOutputError)."""
+    return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_pairs)
 
 class _NonJSONConstant(ValueError):
     pass
@@ -317,17 +379,21 @@ def clean_text(text: str, steps: tuple[TextStep, ...] = TEXT_STEPS) -> tuple[Any
     if len(text) > MAX_TEXT_CHARS:
         raise CleaningError(f"output of {len(text)} characters exceeds {MAX_TEXT_CHARS}",
                             errors=[{"path": "", "message": "output too large"}])
+    draft = strip_invisible(Draft(text=text))  # a zero-width space inside a value is never content
     try:
-        return json.loads(text, parse_constant=_reject_constant), ()
+        return loads_strict(draft.text), draft.notes
+    except AmbiguousOutputError:
+        raise
     except (ValueError, RecursionError):  # also NaN, and integers past Python's digit limit
         pass
-    draft = Draft(text=text)
     for step in steps:
         draft = step(draft)
     if not draft.text.strip():
         raise CleaningError("no JSON found in the output", errors=[{"path": "", "message": "no JSON value found"}])
     try:
-        return json.loads(draft.text), draft.notes
+        return loads_strict(draft.text), draft.notes
+    except AmbiguousOutputError:
+        raise
     except (ValueError, RecursionError) as exc:
         raise CleaningError(f"output is not repairable JSON: {exc}", errors=[{"path": "", "message": str(exc)}]) from None
 

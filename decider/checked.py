@@ -1,0 +1,218 @@
+"""The one check-and-re-ask loop: decide → check → re-ask with the exact errors → review.
+
+:func:`decide_checked` is shared by the job executor, the OpenAI-compatible endpoint and the
+benchmark. It takes a client-supplied output as attempt 0 when there is one, checks every
+attempt with the tools' own check path (:mod:`tools.check`: clean, validate, normalize aliases,
+declared grounding), re-asks the decider with the exact errors, and returns a
+:class:`CheckedDecision` that records every attempt and everything the platform did:
+
+- the constraint each attempt was decoded under (schema hash), fields narrowed to typed
+  candidates, bounds added (``platform``);
+- validation errors and grounding findings (``errors`` / ``findings``), repairs made.
+
+Grounding findings (a value the conversation does not state) are re-asked once; if the model
+insists, the decision ends ``needs_review``: such a call never runs unreviewed. A decoder that
+hits a bound (``GenerationBoundError``) ends the decision at once as ``failed`` — a re-ask would
+hit the same bound. Transport errors propagate untouched (they are the caller's to retry).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import structlog
+
+from decider.errors import GenerationBoundError, InvalidRequestError
+from decider.prompt import reask_messages
+from decider.protocol import DecideRequest, Decider, Decision
+from tools.calls import ToolCall, call_id
+from tools.check import CallCheck, OutputCheck, check_output, check_tool_calls
+from tools.evidence import ConversationValues
+
+__all__ = ["DEFAULT_MAX_REASKS", "CheckedAttempt", "CheckedDecision", "ClientOutput", "decide_checked"]
+
+logger = structlog.get_logger(__name__)
+
+DEFAULT_MAX_REASKS = 2
+#: Re-asks spent on grounding findings alone: once with the reason, then review.
+MAX_GROUNDING_REASKS = 1
+
+#: A client's own output as attempt 0: raw model text, or calls already split (any common shape).
+ClientOutput = str | Sequence[Mapping[str, Any]]
+
+
+@dataclass
+class CheckedAttempt:
+    """One attempt as recorded on the job and in the OpenAI extension field."""
+
+    attempt: int
+    source: Literal["client", "decider"]
+    raw_output: str
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    repairs: list[str] = field(default_factory=list)
+    platform: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)
+    latency_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CheckedDecision:
+    """The outcome of the loop: calls to run, a text answer, review, or a failure."""
+
+    request_id: str
+    status: Literal["calls", "text", "needs_review", "failed"]
+    attempts: list[CheckedAttempt]
+    #: Calls that passed every check (to execute), in call order.
+    calls: list[CallCheck] = field(default_factory=list)
+    #: Calls of the last attempt that did not pass (never executed).
+    blocked: list[CallCheck] = field(default_factory=list)
+    content: str | None = None
+    #: ``{type, message, details}`` when ``status`` is needs_review or failed.
+    error: dict[str, Any] | None = None
+
+    @property
+    def attempt(self) -> int:
+        return self.attempts[-1].attempt if self.attempts else 0
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The passing calls as ``ToolCall``s with ids bound to the request (what may run)."""
+        return [ToolCall(id=call_id(self.request_id, c.index, attempt=self.attempt), index=c.index, name=c.name,
+                         arguments=c.arguments, raw_arguments=c.raw_arguments) for c in self.calls]
+
+    def record(self) -> dict[str, Any]:
+        """The platform's record of this decision (the OpenAI endpoint's ``toolrail`` extension)."""
+        last = self.attempts[-1] if self.attempts else None
+        return {"status": self.status, "attempts": [a.to_dict() for a in self.attempts],
+                "findings": last.findings if last else [], "error": self.error,
+                "blocked_calls": [{"index": c.index, "name": c.name, "errors": c.errors} for c in self.blocked]}
+
+
+def _check_client(output: ClientOutput, specs: Mapping[str, Any],
+                  evidence: ConversationValues | None) -> tuple[str, OutputCheck]:
+    if isinstance(output, str):
+        return output, check_output(output, specs, evidence=evidence)
+    calls = [dict(c) for c in output]
+    return json.dumps(calls, ensure_ascii=False, default=str), check_tool_calls(calls, specs, evidence=evidence)
+
+
+def _check_decision(decision: Decision, specs: Mapping[str, Any], evidence: ConversationValues | None) -> OutputCheck:
+    if decision.tool_calls:
+        calls = [c.model_dump() for c in decision.tool_calls]
+        return check_tool_calls(calls, specs, evidence=evidence)
+    if decision.content is not None:
+        return OutputCheck(calls=[], content=decision.content)
+    return check_output(decision.raw_output, specs, evidence=evidence)
+
+
+def _attempt(number: int, source: Literal["client", "decider"], raw: str, check: OutputCheck, *,
+             platform: Mapping[str, Any] | None = None, usage: Mapping[str, int] | None = None,
+             latency_s: float = 0.0) -> CheckedAttempt:
+    errors = check.all_errors()
+    return CheckedAttempt(attempt=number, source=source, raw_output=raw, errors=errors,
+                          findings=[e for e in errors if e.get("validator") == "grounded"],
+                          repairs=[r for c in check.calls for r in c.repairs], platform=dict(platform or {}),
+                          usage=dict(usage or {}), latency_s=round(latency_s, 4))
+
+
+def _review_error(check: OutputCheck, attempts: int) -> dict[str, Any]:
+    errors = check.all_errors()
+    grounded = [e for e in errors if e.get("validator") == "grounded"]
+    if grounded and len(grounded) == len(errors):
+        fields = sorted({f"{e.get('tool')}{e.get('path')}" for e in grounded})
+        return {"type": "ungrounded_values", "message": f"values not stated in the conversation: {', '.join(fields)} "
+                f"(after {attempts} attempt(s)); a person must confirm them", "details": {"errors": errors}}
+    return {"type": "invalid_tool_calls", "message": f"tool calls still invalid after {attempts} attempt(s)",
+            "details": {"errors": errors}}
+
+
+def decide_checked(decider: Decider | Callable[[], Decider | None] | None, request: DecideRequest, *,
+                   first_output: ClientOutput | None = None,
+                   max_reasks: int = DEFAULT_MAX_REASKS,
+                   on_attempt: Callable[[CheckedAttempt], None] | None = None) -> CheckedDecision:
+    """Decide (or take ``first_output``), check, re-ask with the errors; see the module docstring.
+
+    ``decider`` may be None when the client brings its own output and no decider is configured:
+    a failing output then goes to review without a re-ask; a zero-argument callable is asked for
+    the decider only when one is needed (a client's valid output never loads a model).
+    ``on_attempt`` sees each attempt as it is recorded (logs are written here).
+    """
+    if callable(decider) and not isinstance(decider, Decider):
+        if first_output is None:
+            decider = decider()
+        else:
+            factory, decider = decider, None
+    else:
+        factory = None
+    if decider is None and first_output is None:
+        raise InvalidRequestError("no decider is configured and the request brings no output to check")
+    specs = {spec.name: spec for spec in request.tools}
+    # Grounding checks model output against the conversation (never the re-ask feedback). Calls a
+    # client sends with no conversation are the client's own values: nothing to ground them in.
+    evidence = ConversationValues.from_messages(request.messages) if request.messages else None
+    require = request.tool_choice == "required" or isinstance(request.tool_choice, Mapping)
+    attempts: list[CheckedAttempt] = []
+    messages = list(request.messages)
+    grounding_reasks = 0
+    check: OutputCheck | None = None
+    raw = ""
+
+    def record(attempt: CheckedAttempt) -> None:
+        attempts.append(attempt)
+        logger.info("decider.decided", request_id=request.request_id, attempt=attempt.attempt, source=attempt.source,
+                    calls=[c.name for c in (check.calls if check else [])], text=check.content is not None if check else False,
+                    latency_s=attempt.latency_s, prompt_tokens=attempt.usage.get("prompt_tokens"),
+                    completion_tokens=attempt.usage.get("completion_tokens"),
+                    constraint=attempt.platform.get("constraint"), narrowed=attempt.platform.get("narrowed") or None,
+                    errors=[f"{e.get('path')}: {e.get('message')}" for e in attempt.errors][:8] or None)
+        if on_attempt is not None:
+            on_attempt(attempt)
+
+    if first_output is not None:
+        raw, check = _check_client(first_output, specs, evidence)
+        if require and not check.calls and not check.errors:
+            check.errors.append({"path": "", "message": "a tool call is required, but none was given", "validator": "minItems"})
+        record(_attempt(0, "client", raw, check, platform={"grounding": "checked against the conversation" if evidence
+                        else "not checked: no conversation (the client's calls carry its own values)"}))
+    while check is None or not check.ok:
+        if check is not None:
+            errors = check.all_errors()
+            grounding_only = all(e.get("validator") == "grounded" for e in errors)
+            if decider is None and factory is not None:
+                decider, factory = factory(), None
+            exhausted = len(attempts) > max_reasks or decider is None
+            if grounding_only and not exhausted:
+                exhausted = grounding_reasks >= MAX_GROUNDING_REASKS
+                grounding_reasks += 0 if exhausted else 1
+            if exhausted:
+                logger.warning("decider.needs_review", request_id=request.request_id, attempts=len(attempts))
+                return CheckedDecision(request.request_id, "needs_review", attempts,
+                                       calls=[c for c in check.calls if c.ok], blocked=[c for c in check.calls if not c.ok],
+                                       content=check.content, error=_review_error(check, len(attempts)))
+            messages = reask_messages(messages, output=raw, errors=errors)
+        number = len(attempts)
+        started = time.perf_counter()
+        try:
+            decision = decider.decide(request.model_copy(update={"messages": messages, "attempt": number}))
+        except GenerationBoundError as exc:
+            failed = OutputCheck(calls=[], errors=[{"path": "", "message": str(exc), "validator": exc.reason}])
+            record(_attempt(number, "decider", exc.output, failed, latency_s=time.perf_counter() - started))
+            return CheckedDecision(request.request_id, "failed", attempts, error={
+                "type": "generation_bound", "message": str(exc), "details": {"reason": exc.reason, "tokens": exc.tokens}})
+        raw = decision.raw_output
+        check = _check_decision(decision, specs, evidence)
+        if require and not check.calls and not check.errors:
+            check.errors.append({"path": "", "message": "a tool call is required, but the output holds none",
+                                 "validator": "minItems"})
+        record(_attempt(number, "decider", raw, check, platform=decision.platform, usage=decision.usage,
+                        latency_s=time.perf_counter() - started))
+    status: Literal["calls", "text"] = "calls" if check.calls else "text"
+    return CheckedDecision(request.request_id, status, attempts, calls=list(check.calls), content=check.content)

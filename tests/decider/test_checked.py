@@ -1,0 +1,166 @@
+"""The one check-and-re-ask loop (``decide_checked``), as plain functions (no broker).
+
+``ScriptedDecider`` is a test double of the decider protocol: it replays outputs written
+in the test, so the bound of the loop can be checked exactly. The real decider runs the
+same loop in tests/decider and end to end. Inputs are invented for these tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from decider.errors import BackendUnavailableError
+from decider.protocol import DecideRequest, Decision
+from decider.checked import decide_checked
+from decider.errors import GenerationBoundError
+from decider.prompt import FEEDBACK_NAME, reask_messages
+from tools.registry import default_registry
+from tools.spec import ToolSpec
+
+
+class ScriptedDecider:
+    def __init__(self, outputs: list[str | Exception]) -> None:
+        self.outputs = list(outputs)
+        self.requests: list[DecideRequest] = []
+
+    def decide(self, request: DecideRequest) -> Decision:
+        self.requests.append(request)
+        item = self.outputs.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return Decision(request_id=request.request_id, raw_output=item)
+
+
+BAD = '[{"name": "get_weather", "arguments": {"city": "北京", "date": "后天"}}]'
+GOOD = '[{"name": "get_weather", "arguments": {"city": "北京", "date": "tomorrow"}}]'
+
+
+def _request() -> DecideRequest:
+    return DecideRequest(request_id="rq-1", messages=[{"role": "user", "content": "北京后天天气"}],
+                         tools=[default_registry().get("get_weather")])
+
+
+def test_reask_fixes_and_carries_the_errors() -> None:
+    decider = ScriptedDecider([BAD, GOOD])
+    request = _request()
+    result = decide_checked(decider, request, max_reasks=2)
+    assert result.status == "calls" and result.calls[0].arguments["city"] == "Beijing"
+    assert [a.attempt for a in result.attempts] == [0, 1]
+    second = decider.requests[1]
+    assert second.attempt == 1
+    assert "后天" in second.messages[-1]["content"] and "/date" in second.messages[-1]["content"]
+    assert second.messages[-2] == {"role": "assistant", "content": BAD}
+    assert len(request.messages) == 1  # the caller's list is never mutated
+
+
+@pytest.mark.parametrize("max_reasks", [0, 1, 2, 3])
+def test_reasks_are_bounded(max_reasks: int) -> None:
+    decider = ScriptedDecider([BAD] * 10)
+    result = decide_checked(decider, _request(), max_reasks=max_reasks)
+    assert result.status == "needs_review" and result.error["type"] == "invalid_tool_calls"
+    assert len(decider.requests) == max_reasks + 1
+    assert len(result.attempts) == max_reasks + 1
+    assert all(a.raw_output == BAD and a.errors for a in result.attempts)
+    assert not result.calls and result.blocked
+
+
+def test_client_output_counts_as_the_first_attempt() -> None:
+    decider = ScriptedDecider([BAD, GOOD])
+    result = decide_checked(decider, _request(), max_reasks=2, first_output=BAD)
+    assert result.status == "calls" and [a.source for a in result.attempts] == ["client", "decider", "decider"]
+
+
+def test_a_valid_client_output_never_asks_for_the_decider() -> None:
+    asked = []
+    result = decide_checked(lambda: asked.append(1), _request(), first_output=GOOD)
+    assert result.status == "calls" and not asked
+
+
+def test_transport_errors_are_not_fed_back_to_the_model() -> None:
+    decider = ScriptedDecider([BackendUnavailableError("triton down")])
+    with pytest.raises(BackendUnavailableError):
+        decide_checked(decider, _request(), max_reasks=2)
+    assert len(decider.requests) == 1
+
+
+def test_required_tool_choice_rejects_a_text_answer() -> None:
+    decider = ScriptedDecider(["I think it will rain.", GOOD])
+    request = _request().model_copy(update={"tool_choice": "required"})
+    result = decide_checked(decider, request, max_reasks=1)
+    assert result.status == "calls" and len(result.attempts) == 2
+    assert "required" in result.attempts[0].errors[0]["message"]
+
+
+def test_reask_message_is_a_new_list() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    new = reask_messages(messages, output="x", errors=[{"path": "/a", "message": "bad"}])
+    assert messages == [{"role": "user", "content": "hi"}] and len(new) == 3
+    assert new[-1]["name"] == FEEDBACK_NAME and "/a: bad" in new[-1]["content"]
+
+
+# ------------------------------------------------------------------ text answers and bare objects
+
+def test_a_text_answer_is_a_text_answer_in_a_reask_too() -> None:
+    decider = ScriptedDecider(['{"content": "Which city do you mean?"}'])
+    result = decide_checked(decider, _request(), first_output=BAD)
+    assert result.status == "text" and result.content == "Which city do you mean?"
+    assert not result.attempts[-1].errors
+
+
+def test_a_bare_arguments_object_with_one_tool_is_that_tools_call() -> None:
+    result = decide_checked(None, _request(), first_output='{"city": "北京", "date": "tomorrow"}')
+    assert result.status == "calls" and result.calls[0].name == "get_weather"
+    assert len(result.attempts) == 1
+
+
+def test_a_generation_bound_fails_fast_without_a_reask() -> None:
+    decider = ScriptedDecider([GenerationBoundError("loop", "repeats", output="abcabc")])
+    result = decide_checked(decider, _request(), max_reasks=2)
+    assert result.status == "failed" and result.error["type"] == "generation_bound"
+    assert len(decider.requests) == 1
+
+
+# ------------------------------------------------------------------ declared grounding
+
+PAY = ToolSpec(name="pay_invoice", side_effects=True, parameters={
+    "type": "object", "additionalProperties": False, "required": ["invoice", "amount"],
+    "properties": {"invoice": {"type": "string", "pattern": "^INV-[0-9]{4}$"},
+                   "amount": {"type": "number"}, "memo": {"type": "string"}}})
+
+
+def _pay(text: str) -> DecideRequest:
+    return DecideRequest(request_id="rq-pay", messages=[{"role": "user", "content": text}], tools=[PAY])
+
+
+def _call(invoice: str, amount: float, memo: str = "thanks") -> str:
+    return '[{"name": "pay_invoice", "arguments": {"invoice": "%s", "amount": %s, "memo": "%s"}}]' % (invoice, amount, memo)
+
+
+def test_grounded_values_stated_in_the_conversation_pass() -> None:
+    decider = ScriptedDecider([_call("INV-4821", 310.5, "composed by the model")])
+    result = decide_checked(decider, _pay("Please settle INV-4821, three hundred ten point five... I mean 310.5 dollars"))
+    assert result.status == "calls" and result.calls[0].arguments["amount"] == 310.5
+
+
+def test_an_unstated_amount_is_reasked_once_then_goes_to_review() -> None:
+    decider = ScriptedDecider([_call("INV-4821", 999), _call("INV-4821", 999), _call("INV-4821", 999)])
+    result = decide_checked(decider, _pay("settle invoice INV-4821 please"), max_reasks=2)
+    assert result.status == "needs_review" and result.error["type"] == "ungrounded_values"
+    assert len(decider.requests) == 2  # grounding is re-asked once, not max_reasks times
+    assert "pay_invoice/amount" in result.error["message"]
+    assert result.attempts[-1].findings[0]["path"] == "/amount"
+    assert "999" in decider.requests[1].messages[-1]["content"]
+    assert not result.calls
+
+
+def test_the_model_may_answer_in_text_after_a_grounding_reask() -> None:
+    decider = ScriptedDecider([_call("INV-0001", 20), '{"content": "Which invoice should I pay?"}'])
+    result = decide_checked(decider, _pay("pay twenty for my invoice"))
+    assert result.status == "text" and "/invoice" in result.attempts[0].findings[0]["path"]
+
+
+def test_the_feedback_message_never_grounds_a_value() -> None:
+    # the re-ask feedback quotes the bad value; it must not count as the user stating it
+    decider = ScriptedDecider([_call("INV-7777", 5), _call("INV-7777", 5)])
+    result = decide_checked(decider, _pay("pay 5 on my invoice"))
+    assert result.status == "needs_review"
