@@ -535,8 +535,8 @@ def _additional_properties(validator: Any, additional: Any, instance: Any,
             listed = ", ".join(repr(each) for each in sorted(patterns))
             yield ValidationError(f"{joined} {verb} not match any of the regexes: {listed}")
         else:
-            yield ValidationError("Additional properties are not allowed (%s %s unexpected)"
-                                  % extras_msg(sorted(extras, key=str)))
+            listed, verb = extras_msg(sorted(extras, key=str))
+            yield ValidationError(f"Additional properties are not allowed ({listed} {verb} unexpected)")
 
 
 def _is_valid(errors: Iterator[ValidationError]) -> bool:
@@ -551,7 +551,7 @@ def _evaluated_keys(validator: Any, instance: Mapping[str, Any], schema: Any) ->
     for ref_keyword in ("$ref", "$dynamicRef"):
         ref = schema.get(ref_keyword)
         if ref is not None:
-            resolved = validator._resolver.lookup(ref)  # noqa: SLF001 - the resolver jsonschema's own rule uses
+            resolved = validator._resolver.lookup(ref)  # the resolver jsonschema's own rule uses
             keys |= _evaluated_keys(validator.evolve(schema=resolved.contents, _resolver=resolved.resolver),
                                     instance, resolved.contents)
     properties = schema.get("properties")
@@ -588,11 +588,12 @@ def _unevaluated_properties(validator: Any, unevaluated: Any, instance: Any,
                and not _is_valid(validator.descend(instance[key], unevaluated, path=key, schema_path=key))]
     if failing:
         if unevaluated is False:
-            yield ValidationError("Unevaluated properties are not allowed (%s %s unexpected)"
-                                  % extras_msg(sorted(failing, key=str)))
+            listed, verb = extras_msg(sorted(failing, key=str))
+            yield ValidationError(f"Unevaluated properties are not allowed ({listed} {verb} unexpected)")
         else:
-            yield ValidationError("Unevaluated properties are not valid under the given schema (%s %s unevaluated "
-                                  "and invalid)" % extras_msg(failing))
+            listed, verb = extras_msg(failing)
+            yield ValidationError(f"Unevaluated properties are not valid under the given schema ({listed} {verb} "
+                                  "unevaluated and invalid)")
 
 
 SafeValidator = validators.extend(
