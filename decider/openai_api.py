@@ -35,9 +35,13 @@ from decider.errors import (
     PromptTooLongError,
     UnsupportedSchemaError,
 )
+from decider.checked import DEFAULT_MAX_REASKS, CheckedDecision, decide_checked
 from decider.protocol import DecideRequest, Decision
 from decider.service import BackendDecider, DecisionPlan
 from toolrail.context import REQUEST_ID_HEADER, request_scope, sanitize_request_id
+from tools.check import check_tool_calls
+from tools.evidence import ConversationValues
+from tools.grounding import grounded_paths
 from tools.errors import SchemaRejectedError
 from tools.schema_guard import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, check_client_schema
 from tools.spec import ToolSpec
@@ -58,7 +62,7 @@ class ChatLimits:
     max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH
 
 
-def _limit_refusal(body: "ChatCompletionRequest", limits: ChatLimits, request_id: str) -> JSONResponse | None:
+def _limit_refusal(body: ChatCompletionRequest, limits: ChatLimits, request_id: str) -> JSONResponse | None:
     """A 4xx for a request over its limits (token cap, schema size, depth, recursion, patterns), else None."""
     for name in ("max_tokens", "max_completion_tokens"):
         asked = getattr(body, name)
@@ -198,6 +202,22 @@ def _message(decision: Decision, plan: DecisionPlan) -> tuple[dict[str, Any], st
     return {"role": "assistant", "content": decision.content if decision.content is not None else decision.raw_output}, "stop"
 
 
+def _checked_decision(checked: CheckedDecision) -> Decision:
+    """The decision to answer with: the calls that passed every check, or a text answer.
+
+    When the check held calls back for review and nothing else remains, the answer is a text
+    saying so (the ``toolrail`` extension carries the findings); a held-back call is never sent.
+    """
+    last = checked.attempts[-1]
+    usage = dict(last.usage)
+    usage["completion_tokens"] = sum(a.usage.get("completion_tokens", 0) for a in checked.attempts)
+    content = checked.content
+    if checked.status == "needs_review" and not checked.calls and content is None:
+        content = f"No call was made: {(checked.error or {}).get('message', 'the proposed calls failed their checks')}."
+    return Decision(request_id=checked.request_id, raw_output=last.raw_output, tool_calls=checked.tool_calls,
+                    content=None if checked.calls else content, usage=usage, platform=last.platform)
+
+
 def _finish(reason: str, backend_reason: str | None) -> str:
     return "length" if backend_reason == "length" and reason != "tool_calls" else reason
 
@@ -226,8 +246,10 @@ class _ChatCompletions:
         return DecideRequest(
             request_id=request_id, messages=body.messages, tools=tools, tool_choice=choice,
             parallel_tool_calls=body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
-            max_calls=body.max_tool_calls, max_tokens=body.max_completion_tokens or body.max_tokens or 256,
-            seed=body.seed if body.seed is not None else 0,
+            max_calls=body.max_tool_calls, min_calls=body.min_tool_calls,
+            max_tokens=body.max_completion_tokens or body.max_tokens or 256,
+            seed=body.seed if body.seed is not None else 0, temperature=body.temperature or 0.0,
+            top_p=body.top_p if body.top_p is not None else 1.0,
         )
 
     @staticmethod
@@ -282,22 +304,27 @@ class _ChatCompletions:
                                            max_tokens=decide.max_tokens, seed=decide.seed,
                                            temperature=temperature, top_p=top_p)
         else:
-            plan = await asyncio.to_thread(decider.plan, decide, min_calls=body.min_tool_calls)
-            plan.temperature, plan.top_p = temperature, top_p
+            plan = await asyncio.to_thread(decider.plan, decide)
         headers = {REQUEST_ID_HEADER: request_id}
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
-            return StreamingResponse(self._sse(decider, plan, body.model, include_usage), media_type="text/event-stream",
+            return StreamingResponse(self._sse(decider, plan, body.model, include_usage, decide.messages),
+                                     media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
-        max_reasks = body.max_reasks if body.max_reasks is not None else 2
+        max_reasks = body.max_reasks if body.max_reasks is not None else DEFAULT_MAX_REASKS
+        extension: dict[str, Any] | None = None
         if plan.mode == "json":
             value, decision = await decider.agenerate_json(schema, decide.messages, request_id=request_id,
                                                            max_tokens=decide.max_tokens, max_reasks=max_reasks,
                                                            seed=decide.seed, temperature=temperature, top_p=top_p)
             finish_reason = "stop"
-        elif plan.mode == "tools" and temperature == 0.0:
-            decision = await decider.adecide_validated(decide, max_reasks=max_reasks, min_calls=body.min_tool_calls)
-            finish_reason = None
+        elif plan.mode == "tools":
+            checked = await asyncio.to_thread(decide_checked, decider, decide, max_reasks=max_reasks)
+            if checked.status == "failed":
+                error = checked.error or {}
+                return error_response(502, error.get("type", "generation_bound"), error.get("message", ""), request_id,
+                                      **error.get("details", {}), toolrail=checked.record())
+            decision, extension, finish_reason = _checked_decision(checked), checked.record(), None
         else:
             decision = await decider.arun(plan)
             finish_reason = None
@@ -308,9 +335,12 @@ class _ChatCompletions:
             "choices": [{"index": 0, "message": message, "finish_reason": finish_reason or reason, "logprobs": None}],
             "usage": _usage(decision),
         }
+        if extension is not None:
+            payload["toolrail"] = extension  # what the platform checked, narrowed, re-asked or held back
         return JSONResponse(payload, headers=headers)
 
-    async def _sse(self, decider: BackendDecider, plan: DecisionPlan, model: str, include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(self, decider: BackendDecider, plan: DecisionPlan, model: str, include_usage: bool,
+                   messages: list[dict[str, Any]]) -> AsyncIterator[str]:
         created = int(time.time())
         base = {"id": _completion_id(plan.request_id), "object": "chat.completion.chunk", "created": created,
                 "model": model, "system_fingerprint": f"toolrail-{decider.name}"}
@@ -322,9 +352,11 @@ class _ChatCompletions:
             return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
         yield chunk({"role": "assistant", "content": None if plan.mode == "tools" else ""})
-        # Tools with alias fields get their arguments once, normalized, when the call is complete:
-        # a raw fragment already sent (沪) could not be taken back for the canonical value.
-        deferred = {name for name, spec in plan.tools.items() if "x-aliases" in json.dumps(spec.parameters)}
+        # Calls of tools with alias fields or grounded fields are sent whole, once complete and
+        # checked: a raw fragment already sent (沪) could not be taken back for the canonical value,
+        # and a call whose grounded value the conversation does not state is never sent at all.
+        deferred = {name for name, spec in plan.tools.items()
+                    if "x-aliases" in json.dumps(spec.parameters) or grounded_paths(spec.parameters, side_effects=spec.side_effects)}
         names: dict[int, str] = {}
         try:
             async for event in decider.astream(plan):
@@ -333,12 +365,9 @@ class _ChatCompletions:
                     for delta in event.deltas:
                         if delta.name is not None:
                             names[delta.index] = delta.name
-                        entry = delta.to_openai()
                         if names.get(delta.index) in deferred:
-                            if delta.name is None:
-                                continue
-                            entry["function"]["arguments"] = ""
-                        out.append(entry)
+                            continue
+                        out.append(delta.to_openai())
                     if out:
                         yield chunk({"tool_calls": out})
                 elif event.content and plan.mode in ("text", "json"):
@@ -347,10 +376,20 @@ class _ChatCompletions:
                     decision = event.decision
                     if plan.mode == "tools" and not decision.tool_calls and decision.content is not None:
                         yield chunk({"content": decision.content})
-                    late = [{"index": c.index, "id": c.id, "function": {"arguments": _arguments_text(c)}}
-                            for c in decision.tool_calls if c.name in deferred]
+                    held = [c for c in decision.tool_calls if c.name in deferred]
+                    check = check_tool_calls([c.model_dump() for c in held], plan.tools,
+                                             evidence=ConversationValues.from_messages(messages))
+                    late = [{"index": c.index, "id": c.id, "type": "function",
+                             "function": {"name": c.name, "arguments": json.dumps(checked.arguments, ensure_ascii=False)}}
+                            for c, checked in zip(held, check.calls) if checked.ok]
                     if late:
                         yield chunk({"tool_calls": late})
+                    if len(late) < len(held):
+                        blocked = [{"index": c.index, "name": c.name, "errors": checked.errors}
+                                   for c, checked in zip(held, check.calls) if not checked.ok]
+                        decision = decision.model_copy(update={"tool_calls": [
+                            c for c in decision.tool_calls if c.name not in deferred or c.id in {x["id"] for x in late}]})
+                        yield f"data: {json.dumps({**base, 'choices': [], 'toolrail': {'blocked_calls': blocked}}, ensure_ascii=False)}\n\n"
                     _, reason = _message(decision, plan)
                     yield chunk({}, _finish(reason, event.finish_reason))
                     if include_usage:
