@@ -120,16 +120,36 @@ async def _disconnected(request: Request) -> None:
         await asyncio.Event().wait()
 
 
+#: How long, after a hang-up, each new attempt of the request is cancelled as it starts.
+REAP_S = 30.0
+_REAPERS: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps weak references only)
+
+
 def _cancel_decoding(decider: Any, request_id: str, attempts: int) -> None:
-    """Stop every generation of ``request_id`` the backend still runs (the re-ask attempts included)."""
+    """Stop every generation of ``request_id`` the backend runs now or starts soon (re-asks included).
+
+    A decision made in a thread (the checked re-ask loop) is not stopped by cancelling the task
+    that awaits it: cancelling its live generation ends that attempt, and the loop would start the
+    next. So the request's attempts are cancelled as they appear, for :data:`REAP_S`, unless the
+    decider can cancel a request itself (``decider.cancel(request_id)``).
+    """
     cancel = getattr(decider, "cancel", None)
     if callable(cancel):
         cancel(request_id)
         return
     cancel = getattr(getattr(decider, "backend", None), "cancel", None)
     if callable(cancel):
+        task = asyncio.get_running_loop().create_task(_reap(cancel, request_id, attempts))
+        _REAPERS.add(task)
+        task.add_done_callback(_REAPERS.discard)
+
+
+async def _reap(cancel: Callable[[str, int], bool], request_id: str, attempts: int) -> None:
+    deadline = time.monotonic() + REAP_S
+    while time.monotonic() < deadline:
         for attempt in range(attempts + 1):
             cancel(request_id, attempt)
+        await asyncio.sleep(0.05)
 
 
 class ChatCompletionRequest(BaseModel):

@@ -86,3 +86,18 @@ def test_a_streaming_request_stops_decoding_when_its_client_hangs_up(decoding_ap
         assert engine.active_requests >= 1
     took = _wait_active(engine, lambda n: n == 0, 5)
     assert took < 1.5, f"decoding went on {took:.2f} s after the client left"
+
+
+def test_a_tools_request_stops_its_re_asks_when_its_client_hangs_up(decoding_api) -> None:
+    """Tools mode re-asks in a thread; each new attempt of the hung-up request is cancelled as it starts."""
+    base, engine = decoding_api
+    _wait_active(engine, lambda n: n == 0, 30)
+    lines = {"type": "array", "minItems": 6, "items": {"type": "string", "minLength": 150}}
+    tools = [{"type": "function", "function": {"name": "note", "parameters": {
+        "type": "object", "properties": {"lines": lines}, "required": ["lines"]}}}]
+    ask = {**LONG, "tool_choice": "required", "tools": tools, "max_reasks": 5}  # up to six long attempts
+    with httpx.Client(base_url=base, timeout=httpx.Timeout(30, read=2.0)) as client, pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/chat/completions", headers=KEY, json=ask)
+    assert engine.active_requests >= 1  # still decoding when the client left
+    took = _wait_active(engine, lambda n: n == 0, 30)
+    assert took < 5, f"decoding went on {took:.2f} s after the client left"
