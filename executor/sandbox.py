@@ -483,29 +483,26 @@ class ProcessSandbox:
                                        timeout_s=spec.timeout_s) from None
             finally:
                 _kill_group(proc)  # nothing the tool started outlives the call
-                if uid is not None:
-                    _kill_uid(uid)  # not even what left the process group (setsid)
                 _release(warm)
+            frame = _frame(spec, streams.get("result"))
+            isolation = frame.get("isolation") if isinstance(frame, dict) and isinstance(frame.get("isolation"), dict) \
+                else {}
+            if uid is not None and isolation.get("pid") != "pidns":
+                _kill_uid(uid)  # what left the process group (setsid); the end of a PID namespace already killed it
             duration = time.monotonic() - started
             logs = _log_output(streams, spec=spec, call=call)
-            return self._result(spec, proc, streams, logs, duration)
+            return self._result(spec, proc, frame, isolation, streams, logs, duration)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _result(self, spec: ToolSpec, proc: Any, streams: dict[str, "_Captured"], logs: list[dict[str, Any]],
+    def _result(self, spec: ToolSpec, proc: Any, frame: dict[str, Any] | ToolOutputError | None,
+                isolation: dict[str, Any], streams: dict[str, "_Captured"], logs: list[dict[str, Any]],
                 duration: float) -> SandboxResult:
         stderr = bytes(streams["stderr"].data) if "stderr" in streams else b""
-        raw = streams.get("result")
-        if raw is None or not raw.data:
+        if frame is None:
             raise _death_error(spec, proc.returncode, stderr)
-        if raw.dropped:
-            raise ToolOutputError(f"{spec.name}: the sandbox's result frame exceeds its cap", dropped_bytes=raw.dropped)
-        try:
-            frame = decode_object(bytes(raw.data), what=f"{spec.name}'s result frame",
-                                  max_bytes=MAX_RESULT_BYTES + 65536, max_depth=MAX_RESULT_DEPTH + 4)
-        except OutputError as exc:
-            raise ToolOutputError(str(exc)) from None
-        isolation = frame.get("isolation") if isinstance(frame.get("isolation"), dict) else {}
+        if isinstance(frame, ToolOutputError):
+            raise frame
         _check_isolation(isolation, confine=self._confine, own_uid=self._own_uid)
         if frame.get("ok") is True and isinstance(frame.get("result"), dict):
             output = {name: {"bytes": c.total, "dropped_bytes": c.dropped} for name, c in streams.items()
@@ -517,6 +514,19 @@ class ProcessSandbox:
         error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
         cls = _ERRORS.get(str(error.get("type", "")), ToolRaisedError)
         raise cls(str(error.get("message", "tool failed")), tool_error=error)
+
+
+def _frame(spec: ToolSpec, raw: "_Captured | None") -> dict[str, Any] | ToolOutputError | None:
+    """The monitor's result frame: None when it wrote none (it died), a ``ToolOutputError`` when malformed."""
+    if raw is None or not raw.data:
+        return None
+    if raw.dropped:
+        return ToolOutputError(f"{spec.name}: the sandbox's result frame exceeds its cap", dropped_bytes=raw.dropped)
+    try:
+        return decode_object(bytes(raw.data), what=f"{spec.name}'s result frame", max_bytes=MAX_RESULT_BYTES + 65536,
+                             max_depth=MAX_RESULT_DEPTH + 4)
+    except OutputError as exc:
+        return ToolOutputError(str(exc))
 
 
 # ----------------------------------------------------------------- reading the call's pipes

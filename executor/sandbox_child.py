@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -314,20 +315,26 @@ def no_sockets() -> str:
 
 
 def _package_dirs(modules: list[str]) -> list[str]:
-    out = []
+    out: list[str] = []
     for name in modules:
-        top = name.split(".", 1)[0]
-        try:
-            found = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
-            continue
-        if found is None:
-            continue
-        if found.submodule_search_locations:
-            out.extend(found.submodule_search_locations)
-        elif found.origin and os.path.isfile(found.origin):
-            out.append(found.origin)
+        out.extend(_package_dir(name.split(".", 1)[0]))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _package_dir(top: str) -> tuple[str, ...]:
+    """Where top-level package ``top`` lives: its folders, or its single file (cached: the fork server warms it)."""
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return ()
+    if found is None:
+        return ()
+    if found.submodule_search_locations:
+        return tuple(found.submodule_search_locations)
+    if found.origin and os.path.isfile(found.origin):
+        return (found.origin,)
+    return ()
 
 
 def _is_library_dir(entry: str) -> bool:
@@ -686,52 +693,48 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
 # ----------------------------------------------------------------- the monitor
 
 
-def _read_answer(fd: int, pid: int, *, limit: int) -> tuple[bytes, bool]:
-    """Read the tool process's answer until it exits; ``(data, too_big)``. Never more than ``limit`` bytes."""
-    data = bytearray()
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pidfd = None
+def _read_answer(answer_fd: int, status_fd: int, *, limit: int) -> tuple[bytes, bytes, bool]:
+    """Read the tool's answer until its init reports; ``(answer, init's report, too_big)``.
+
+    The init writes its status line once the tool has exited (and so has written all it
+    will): what is still in the answer pipe then is drained without waiting for an EOF
+    that a leftover process holding the pipe could delay. Never more than ``limit`` bytes.
+    """
+    data, status = bytearray(), bytearray()
     poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    if pidfd is not None:
-        poller.register(pidfd, select.POLLIN)
-    exited = False
-    try:
-        while True:
-            events = dict(poller.poll(None if pidfd is not None else 50))
-            if fd in events:
-                chunk = os.read(fd, 65536)
+    poller.register(answer_fd, select.POLLIN)
+    poller.register(status_fd, select.POLLIN)
+    answer_open = True
+    while True:
+        for fd, _ in poller.poll():
+            chunk = os.read(fd, 65536)
+            if fd == answer_fd:
                 if not chunk:
-                    break
+                    poller.unregister(answer_fd)
+                    answer_open = False
+                    continue
                 data += chunk
                 if len(data) > limit:
-                    os.kill(pid, signal.SIGKILL)  # the answer is refused whole: stop the writer
-                    return bytes(data[:limit]), True
+                    return bytes(data[:limit]), b"", True
                 continue
-            if exited:
-                break  # the tool exited and nothing more is buffered; a leftover may hold the pipe open
-            if pidfd is not None and pidfd in events or pidfd is None and os.waitpid(pid, os.WNOHANG)[0]:
-                exited = True
-                os.set_blocking(fd, False)
-                poller.unregister(pidfd) if pidfd is not None else None
-                poller = _drain_poller(fd)
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-    return bytes(data), False
+            status += chunk
+            if not chunk or status.count(b"\n") >= 2:  # init's setup line, then the tool's exit
+                if answer_open:
+                    os.set_blocking(answer_fd, False)
+                    with contextlib.suppress(BlockingIOError):
+                        while chunk := os.read(answer_fd, 65536):
+                            data += chunk
+                            if len(data) > limit:
+                                return bytes(data[:limit]), b"", True
+                return bytes(data), bytes(status), False
 
 
-def _drain_poller(fd: int) -> Any:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-
-    class _Drain:
-        def poll(self, _timeout: Any) -> list:
-            return poller.poll(0) or [(-1, 0)]
-
-    return _Drain()
+def _stdio_to_devnull() -> None:
+    """Let go of the call's stdout and stderr (and stdin): the parent reads them until the tool's side closes."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _wait_status(pid: int) -> int:
@@ -744,11 +747,23 @@ def _wait_status(pid: int) -> int:
             return status
 
 
-def _init_process(request: dict, answer_fd: int, status_fd: int, modules: list[str]) -> None:
-    """PID 1 of the call (or its stand-in): fork the tool, reap, report its status and leftovers. Never returns."""
+def _init_process(request: dict, answer_fd: int, status_fd: int, modules: list[str], *, pid_namespace: bool) -> None:
+    """PID 1 of the call (or its stand-in): the call's mount and network namespaces, then the tool.
+
+    Reports on ``status_fd`` one JSON line (the namespaces it set up) before the tool starts,
+    and ``<wait status> <leftover processes>`` once the tool has exited. Never returns. The
+    namespaces live and die with this process, so their teardown is off the call's path: the
+    monitor answers the worker as soon as this report is in.
+    """
     remember_parent()
     die_with_parent()
+    os.close(RESULT_FD)  # only the monitor writes the result
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # without a PID namespace the tool's orphans come here
+    setup = {"scratch": hide_other_calls(request["scratch_dir"], request["scratch_root"])}
+    if setup["scratch"] == "own-mount":
+        request = {**request, "scratch_dir": request["scratch_root"]}
+    setup["network"] = "allowed" if request.get("network") else drop_network()
+    _write_all(status_fd, json.dumps(setup).encode() + b"\n")
     tool = os.fork()
     if tool == 0:
         try:
@@ -757,15 +772,20 @@ def _init_process(request: dict, answer_fd: int, status_fd: int, modules: list[s
         finally:
             os._exit(1)
     os.close(answer_fd)
+    _stdio_to_devnull()  # only the tool holds the call's stdout and stderr: their EOF is its exit
     status = _wait_status(tool)
-    left = kill_leftovers()
+    if pid_namespace:  # count, report, exit: the kernel kills the rest as this PID 1 leaves
+        _reap()
+        left = len(_live(_children()))
+    else:  # kill first: the monitor may be gone (and us with it) right after the report
+        left = kill_leftovers()
     with contextlib.suppress(OSError):
         _write_all(status_fd, f"{status} {left}\n".encode())
-    os._exit(0)  # as PID 1 of the namespace, this exit kills whatever the tool left
+    os._exit(0)
 
 
 def monitor(request: dict, modules: list[str]) -> dict:
-    """Set up the call's namespaces, run the tool under its init, and build the result frame."""
+    """Start the call's init in the call's namespaces, read the tool's answer, and build the result frame."""
     isolation: dict[str, str] = {}
     if os.geteuid() != 0:
         isolation["userns"] = enter_user_namespace()
@@ -776,10 +796,6 @@ def monitor(request: dict, modules: list[str]) -> dict:
     elif request.get("uid") is not None and request.get("max_processes"):
         isolation["processes"] = f"{request['max_processes']} per call (own uid)"
     isolation.setdefault("processes", "unlimited per call")
-    isolation["scratch"] = hide_other_calls(request["scratch_dir"], request["scratch_root"])
-    if isolation["scratch"] == "own-mount":
-        request = {**request, "scratch_dir": request["scratch_root"]}
-    isolation["network"] = "allowed" if request.get("network") else drop_network()
     isolation["pid"] = new_pid_namespace()
     answer_r, answer_w = os.pipe()
     status_r, status_w = os.pipe()
@@ -788,18 +804,26 @@ def monitor(request: dict, modules: list[str]) -> dict:
         try:
             os.close(answer_r)
             os.close(status_r)
-            _init_process(request, answer_w, status_w, modules)
+            _init_process(request, answer_w, status_w, modules, pid_namespace=isolation["pid"] == "pidns")
         finally:
             os._exit(1)
     os.close(answer_w)
     os.close(status_w)
-    data, too_big = _read_answer(answer_r, init, limit=MAX_RESULT_BYTES + 65536)
+    _stdio_to_devnull()
+    data, report, too_big = _read_answer(answer_r, status_r, limit=MAX_RESULT_BYTES + 65536)
     os.close(answer_r)
-    _wait_status(init)
-    with os.fdopen(status_r, "rb") as fh:
-        report = fh.read(64).split()
-    status, left = (int(report[0]), int(report[1])) if len(report) == 2 else (None, 0)
-    left += kill_leftovers(request.get("uid"))
+    os.close(status_r)
+    if too_big:
+        os.kill(init, signal.SIGKILL)  # the answer is refused whole: stop the writer
+    setup_line, _, status_line = report.partition(b"\n")
+    with contextlib.suppress(ValueError, TypeError):
+        isolation.update({k: str(v) for k, v in json.loads(setup_line).items()})
+    fields = status_line.split()
+    status, left = (int(fields[0]), int(fields[1])) if len(fields) == 2 else (None, 0)
+    if left and isolation["pid"] == "pidns":
+        _wait_status(init)  # returns once the kernel has killed and reaped everything left in the namespace
+    if isolation["pid"] != "pidns" or request.get("uid") is not None and status is None:
+        left += kill_leftovers(request.get("uid"))
     header, _, body = data.partition(b"\n")
     try:
         isolation.update(json.loads(header).get("isolation", {}) if header else {})
@@ -935,6 +959,7 @@ def serve_forks(sock_fd: int) -> int:
     import tools.context  # noqa: F401, PLC0415
 
     _reachable_for_own_uid(modules)
+    read_paths(modules)  # warms the package lookups every call's confinement needs
     sock = socket.socket(fileno=sock_fd)
     while True:
         try:

@@ -99,8 +99,10 @@ def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., A
     for spec in specs:
         reason = report.get(spec.entrypoint, "not checked")
         if reason:
-            findings.append(Finding(f"module {spec.entrypoint.partition(':')[0]} ({registry.source(spec.name)})",
-                                    "sandbox import", reason, spec.name, fatal=True))
+            module = spec.entrypoint.partition(":")[0]
+            source = registry.source(spec.name)
+            check = "sandbox import" if source == f"module {module}" else f"sandbox import of {module}"
+            findings.append(Finding(source, check, reason, spec.name, fatal=True))
     return findings
 
 

@@ -191,12 +191,33 @@ def test_output_is_read_with_a_cap_and_counted(box: ProcessSandbox) -> None:
 # ----------------------------------------------------------------- through a real worker
 
 
+def private_db(redis_url: str, db: int) -> str:
+    """The session Redis at database ``db``: this module's worker shares no queue with the session's workers."""
+    return f"{redis_url.rsplit('/', 1)[0]}/{db}"
+
+
+def enqueue_on(broker_url: str):  # noqa: ANN201 - the API's ``enqueue`` hook
+    """Queue a job's decide step on ``broker_url`` (the process-wide Celery app talks to the session's Redis)."""
+    from celery import Celery
+
+    from toolrail.context import CELERY_REQUEST_ID_HEADER
+
+    app = Celery("toolrail-test-enqueue", broker=broker_url)
+
+    def enqueue(job) -> None:  # noqa: ANN001
+        app.send_task("toolrail.decide", args=[job.job_id], queue="decide",
+                      headers={CELERY_REQUEST_ID_HEADER: job.request_id})
+
+    return enqueue
+
+
 @pytest.fixture(scope="module")
 def hostile_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     from executor.api import create_app
     from executor.runtime import Runtime
     from toolrail.settings import get_settings
 
+    redis_url = private_db(redis_url, 2)
     registry = load_registry(modules=["tests.chaos.hostile_tools"])
     log_file = tmp_path_factory.mktemp("hostile-worker") / "worker.log"
     worker = start_worker(redis_url, queues=["decide", "tool.escape"], concurrency=1, log_file=log_file,
@@ -206,7 +227,8 @@ def hostile_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> I
         wait_for_workers(redis_url, count=1, timeout_s=90)
         runtime = Runtime.from_settings(get_settings(), redis_url=redis_url)
         runtime.registry = registry
-        server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False))
+        server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False,
+                                                          enqueue=enqueue_on(redis_url)))
         yield {"url": base, "worker": worker, "log": log_file}
         server.should_exit = True
         thread.join(timeout=10)

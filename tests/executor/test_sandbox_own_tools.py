@@ -151,6 +151,26 @@ def tool_env(local: Path, site: Path, modules: str, **extra: str) -> dict[str, s
             "PYTHONPATH": os.pathsep.join([str(local), str(site)]), **extra}
 
 
+def private_db(redis_url: str, db: int) -> str:
+    """The session Redis at database ``db``: this module's worker shares no queue with the session's workers."""
+    return f"{redis_url.rsplit('/', 1)[0]}/{db}"
+
+
+def enqueue_on(broker_url: str):  # noqa: ANN201 - the API's ``enqueue`` hook
+    """Queue a job's decide step on ``broker_url`` (the process-wide Celery app talks to the session's Redis)."""
+    from celery import Celery
+
+    from toolrail.context import CELERY_REQUEST_ID_HEADER
+
+    app = Celery("toolrail-test-enqueue", broker=broker_url)
+
+    def enqueue(job) -> None:  # noqa: ANN001
+        app.send_task("toolrail.decide", args=[job.job_id], queue="decide",
+                      headers={CELERY_REQUEST_ID_HEADER: job.request_id})
+
+    return enqueue
+
+
 @pytest.fixture(scope="module")
 def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """A worker with the user's tools, and an API whose registry was built the same way."""
@@ -158,6 +178,7 @@ def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: py
     from executor.runtime import Runtime
     from toolrail.settings import get_settings
 
+    redis_url = private_db(redis_url, 3)
     local, site = tool_tree
     registry = load_registry(modules=["shop_tools", "dup_tools"])
     log_file = tmp_path_factory.mktemp("own-worker") / "worker.log"
@@ -168,7 +189,8 @@ def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: py
         wait_for_workers(redis_url, count=1, timeout_s=90)
         runtime = Runtime.from_settings(get_settings(), redis_url=redis_url)
         runtime.registry = registry
-        server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False))
+        server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False,
+                                                          enqueue=enqueue_on(redis_url)))
         yield {"url": base, "registry": registry, "log": log_file, "worker": worker}
         server.should_exit = True
         thread.join(timeout=10)
