@@ -491,7 +491,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                 return model
         raise ApiError(404, "model_not_found", f"model {model_id!r} is not served here", model=model_id)
 
-
     @app.post("/v1/jobs", status_code=202, tags=["jobs"])
     def create_job(body: JobCreate, request: Request, tenant: Tenant,
                    idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
