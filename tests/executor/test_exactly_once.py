@@ -60,8 +60,10 @@ def test_worker_killed_mid_call_still_applies_once(client: httpx.Client, ledger:
     assert started, "the tool never started"
     tool_pid = int(started)
     pool_child = _parent(tool_pid)
-    if b"--forkserver" in Path(f"/proc/{pool_child}/cmdline").read_bytes():
-        pool_child = _parent(pool_child)  # the tool was forked by the sandbox fork server of that pool process
+    for _ in range(4):  # tool → the call's init → monitor → fork server → the Celery pool process
+        if b"celery" in Path(f"/proc/{pool_child}/cmdline").read_bytes():
+            break
+        pool_child = _parent(pool_child)
     assert b"celery" in Path(f"/proc/{pool_child}/cmdline").read_bytes()
     os.kill(pool_child, signal.SIGKILL)  # the Celery pool process running the call dies mid-call
     job = wait_terminal(client, job_id, timeout_s=90)

@@ -46,7 +46,8 @@ def slow_transfer(args: SlowTransferArgs) -> dict[str, Any]:
 
     ledger = ledger_from_env()
     # Tell the test which process runs this call (the tool may reach only the ledger's Redis).
-    ledger._redis.set(f"test:started:{current_call().call_id}", os.getpid(), ex=300)  # noqa: SLF001
+    # the host's pid of this process (``getpid`` is the one inside the call's PID namespace)
+    ledger._redis.set(f"test:started:{current_call().call_id}", os.readlink("/proc/self"), ex=300)  # noqa: SLF001
     time.sleep(args.delay_s)
     return ledger.transfer(from_account=args.from_account, to=args.to, cents=to_cents(args.amount),
                                       currency=args.currency, idempotency_key=current_call().idempotency_key)
