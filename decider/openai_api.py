@@ -306,6 +306,7 @@ class _ChatCompletions:
             if refusal is not None:
                 return refusal
             try:
+                await asyncio.to_thread(self.get_decider)  # the first call loads the model: never on the event loop
                 return await _unless_disconnected(request, self._complete(body, request_id), on_disconnect=lambda: (
                     _cancel_decoding(self.get_decider(), request_id, attempts=(body.max_reasks or 0) + 2)))
             except DeciderError as exc:

@@ -8,6 +8,8 @@ random model, which rarely stops on its own, so a request decodes until its ``ma
 from __future__ import annotations
 
 import json
+import statistics
+import threading
 import time
 from collections.abc import Iterator
 
@@ -101,3 +103,40 @@ def test_a_tools_request_stops_its_re_asks_when_its_client_hangs_up(decoding_api
     assert engine.active_requests >= 1  # still decoding when the client left
     took = _wait_active(engine, lambda n: n == 0, 30)
     assert took < 5, f"decoding went on {took:.2f} s after the client left"
+
+
+def test_the_first_completion_loads_the_model_off_the_event_loop(tmp_path, runtime, monkeypatch) -> None:
+    from decider.model import tiny_random_model
+
+    monkeypatch.setenv("TOOLRAIL_MODEL", str(tiny_random_model(tmp_path / "cold")))  # not loaded yet
+    monkeypatch.setenv("TOOLRAIL_DECIDER", "embedded")
+    get_settings.cache_clear()
+    settings = Settings(api_keys="key-disconnect:gamma", rate_limit_per_s=0, decider="embedded")
+    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None,
+                                                      ping_workers=lambda: 1, mount_openai=True))
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(base_url=base, timeout=30) as client:
+            while not done.is_set():
+                started = time.perf_counter()
+                client.get("/healthz")
+                latencies.append(time.perf_counter() - started)
+                time.sleep(0.02)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    try:
+        prober.start()
+        first = httpx.post(f"{base}/v1/chat/completions", headers=KEY, timeout=300,
+                           json={**LONG, "max_tokens": 4})
+        assert first.status_code == 200, first.text
+    finally:
+        done.set()
+        prober.join(timeout=30)
+        server.should_exit = True
+        thread.join(timeout=10)
+        get_settings.cache_clear()
+    # Before: /healthz got no answer until the model had loaded (7-9 s here). The load still holds the GIL
+    # in stretches (weights, torch set-up), so single answers may be slow, never the whole load long.
+    assert len(latencies) > 20 and statistics.median(latencies) < 0.1 and max(latencies) < 3.0, max(latencies)
