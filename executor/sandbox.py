@@ -57,9 +57,9 @@ from toolrail.logging import get_logger
 from tools.spec import ToolSpec
 
 __all__ = [
+    "SANDBOX_UID_BASE",
     "CallRun",
     "ProcessSandbox",
-    "SANDBOX_UID_BASE",
     "Sandbox",
     "SandboxDeniedError",
     "SandboxResult",
@@ -231,7 +231,7 @@ class _Warm:
 class _ForkedCall:
     """A sandbox monitor forked by the fork server, with the parts of ``Popen`` the sandbox uses."""
 
-    def __init__(self, server: "_ForkServer", pid: int) -> None:
+    def __init__(self, server: _ForkServer, pid: int) -> None:
         self._server = server
         self.pid = pid
         self.returncode: int | None = None
@@ -496,7 +496,7 @@ class ProcessSandbox:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _result(self, spec: ToolSpec, proc: Any, frame: dict[str, Any] | ToolOutputError | None,
-                isolation: dict[str, Any], streams: dict[str, "_Captured"], logs: list[dict[str, Any]],
+                isolation: dict[str, Any], streams: dict[str, _Captured], logs: list[dict[str, Any]],
                 duration: float) -> SandboxResult:
         stderr = bytes(streams["stderr"].data) if "stderr" in streams else b""
         if frame is None:
@@ -516,7 +516,7 @@ class ProcessSandbox:
         raise cls(str(error.get("message", "tool failed")), tool_error=error)
 
 
-def _frame(spec: ToolSpec, raw: "_Captured | None") -> dict[str, Any] | ToolOutputError | None:
+def _frame(spec: ToolSpec, raw: _Captured | None) -> dict[str, Any] | ToolOutputError | None:
     """The monitor's result frame: None when it wrote none (it died), a ``ToolOutputError`` when malformed."""
     if raw is None or not raw.data:
         return None

@@ -89,8 +89,7 @@ def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., A
                                         idempotency_key="tool-check",
                                         arguments={"entrypoints": sorted({s.entrypoint for s in specs})}))
     except Exception as exc:  # noqa: BLE001 - the sandbox itself failing is a finding too
-        reason = getattr(exc, "to_dict", lambda: {"message": str(exc)})()
-        return [Finding("sandbox", "sandbox import", f"the sandbox could not run the check: {reason.get('message')}",
+        return [Finding("sandbox", "sandbox import", f"the sandbox could not run the check: {type(exc).__name__}: {exc}",
                         fatal=True)]
     finally:
         box.close()
