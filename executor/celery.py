@@ -60,6 +60,25 @@ def _clear_request_id(**_: object) -> None:
 @worker_process_init.connect
 def _configure_child_logging(**_: object) -> None:
     configure_logging(force=True)
+    if os.environ.get(_PREWARM_ENV) == "1":
+        _prewarm_sandbox()
+
+
+#: Set by the main process of a worker that runs tools: each pool process starts its sandbox at once.
+_PREWARM_ENV = "TOOLRAIL_SANDBOX_PREWARM"
+
+
+def _prewarm_sandbox() -> None:
+    """Start this pool process's sandbox (its fork server imports the tool modules) before the first task.
+
+    Otherwise the first call of each pool process pays those imports inside its task's time limit.
+    """
+    from executor.runtime import get_runtime  # noqa: PLC0415
+
+    try:
+        get_runtime().sandbox  # noqa: B018 - built on first access
+    except Exception as exc:  # noqa: BLE001 - the first call builds it again and reports a typed error
+        log.warning("sandbox.prewarm_failed", error=f"{type(exc).__name__}: {exc}")
 
 
 #: Exit status of a worker that refuses to start because a tool module cannot run (EX_CONFIG).
@@ -86,3 +105,4 @@ def _check_tools(sender: object = None, **_: object) -> None:
               file=sys.stderr, flush=True)
         raise SystemExit(TOOL_CHECK_EXIT)
     log.info("tools.checked", tools=len(report.checked), refused=sorted(report.failed_tools()))
+    os.environ[_PREWARM_ENV] = "1"  # pool processes are forked after this: they inherit it
