@@ -67,6 +67,7 @@ ladder: one decider per technique over the same rows, compared in one table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import hashlib
 import importlib
@@ -938,7 +939,8 @@ def _embedded_factory(technique: str | None = None, **_: Any) -> Decider:
     """The real decider over the embedded engine, behind ``decider.checked.decide_checked`` where the
     platform has it; the engine (model weights) loads once per process."""
     service = importlib.import_module("decider.service")
-    config = service.DeciderConfig(**_parse_technique(technique, TECHNIQUES)) if technique else service.DeciderConfig()
+    base = getattr(service, "EMBEDDED_PROFILE", None) or service.DeciderConfig()  # the embedded default, as served
+    config = dataclasses.replace(base, **_parse_technique(technique, TECHNIQUES)) if technique else base
     if "engine" not in _ENGINES:
         from decider.embedded import EmbeddedEngine
 

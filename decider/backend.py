@@ -33,6 +33,9 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = 0
     stop: tuple[str, ...] = ()
+    #: HF-style repetition penalty over this request's last generated tokens (1.0: none); backends
+    #: that do not implement it ignore it.
+    repetition_penalty: float = 1.0
     #: Attempt number within the request (re-asks); backends make wire ids unique with it.
     attempt: int = 0
 

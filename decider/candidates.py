@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tools.errors import PatternBudgetError, UnsupportedPatternError
 from tools.evidence import DEFAULT_ROLES, ConversationValues, message_text
 from tools.patterns import compile_pattern
 from tools.spec import ToolSpec
@@ -63,8 +64,13 @@ def _bounded(text: str, start: int, end: int) -> bool:
 
 
 def _spans(pattern: str, text: str) -> list[str]:
-    compiled = compile_pattern(_unanchored(pattern))
-    return [span for start, end, span in compiled.finditer(text) if span and _bounded(text, start, end)]
+    """Bounded spans of ``text`` matching ``pattern`` (RE2, linear time); none when the pattern
+    cannot run or its match budget is spent — the field then stays open, never an error."""
+    try:
+        compiled = compile_pattern(_unanchored(pattern))
+        return [span for start, end, span in compiled.finditer(text) if span and _bounded(text, start, end)]
+    except (UnsupportedPatternError, PatternBudgetError):
+        return []
 
 
 def _number_fits(value: float, node: Mapping[str, Any]) -> bool:
@@ -106,7 +112,12 @@ def _narrow(node: Any, raw: str, values: ConversationValues, path: str, out: dic
         return {**node, "properties": props} if any(props[n] is not node["properties"][n] for n in props) else node
     if "array" in _types(node) and isinstance(node.get("items"), Mapping):
         items = _narrow(node["items"], raw, values, f"{path}/*", out)
-        return node if items is node["items"] else {**node, "items": items}
+        if items is node["items"]:
+            return node
+        # more items than distinct candidates can only repeat one: bound the array by them
+        distinct = len(out[f"{path}/*"])
+        bound = min(node.get("maxItems", distinct), max(distinct, node.get("minItems", 0)))
+        return {**node, "items": items, "maxItems": bound}
     candidates = _candidates(node, raw, values)
     if not candidates or len(candidates) > MAX_CANDIDATES:
         return node

@@ -33,7 +33,7 @@ from tools.calls import ToolCall, call_id
 from tools.check import CallCheck, OutputCheck, check_output, check_tool_calls
 from tools.evidence import ConversationValues
 
-__all__ = ["DEFAULT_MAX_REASKS", "CheckedAttempt", "CheckedDecision", "ClientOutput", "decide_checked"]
+__all__ = ["CheckedAttempt", "CheckedDecision", "ClientOutput", "DEFAULT_MAX_REASKS", "decide_checked"]
 
 logger = structlog.get_logger(__name__)
 

@@ -103,6 +103,10 @@ def _schema_key(schema: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+#: Generated tokens a repetition penalty looks back over.
+REPETITION_WINDOW = 64
+
+
 class _IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas without splitting UTF-8 characters.
 
@@ -1005,8 +1009,14 @@ class EmbeddedEngine:
     def _pick(self, batch: list[_Sequence], logits: torch.Tensor, need_mask: list[bool]) -> list[int]:
         """Choose the next token per row; masks only the rows whose pick the grammar forbids."""
         logits = logits.cpu()
-        tokens = logits.argmax(dim=-1).tolist()
         normalizer = torch.logsumexp(logits, dim=-1)  # before the mask: the model's own distribution
+        for row, seq in enumerate(batch):
+            penalty = seq.request.repetition_penalty
+            if penalty != 1.0 and seq.output_ids:
+                seen = torch.tensor(sorted(set(seq.output_ids[-REPETITION_WINDOW:])), dtype=torch.long)
+                scores = logits[row, seen]
+                logits[row, seen] = torch.where(scores > 0, scores / penalty, scores * penalty)
+        tokens = logits.argmax(dim=-1).tolist()
         bitmask = self._bitmask
         mask_rows = []
         for row, seq in enumerate(batch):

@@ -21,8 +21,10 @@ from tools.spec import ToolSpec
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
     "FEEDBACK_NAME",
+    "JSON_TOOLS_INSTRUCTION",
     "PromptRenderer",
     "RenderedPrompt",
+    "TOOL_FORMATS",
     "compact_tool_line",
     "compact_type",
     "reask_messages",
@@ -30,6 +32,14 @@ __all__ = [
 ]
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant that calls tools."
+#: How tools are shown to a model whose chat template has no tool support: ``compact`` (one
+#: ``name(arg: type)`` line each) or ``json`` (a JSON list in ``<tools>`` tags).
+TOOL_FORMATS = ("compact", "json")
+JSON_TOOLS_INSTRUCTION = (
+    "You are an expert in composing functions. You are given a question and a set of possible functions. Based on "
+    "the question, you will need to make one or more function/tool calls to achieve the purpose. If none of the "
+    "functions can be used, point it out and refuse to answer. If the given question lacks the parameters required "
+    "by the function, also point it out.")
 #: The ``name`` of the user message that carries the platform's re-ask feedback.
 FEEDBACK_NAME = "validator"
 #: Errors shown in one re-ask message (the first ones; the job record keeps them all).
@@ -144,9 +154,12 @@ def reask_messages(messages: Sequence[Mapping[str, Any]], *, output: str,
 class PromptRenderer:
     """Renders decisions and structured-output requests with one tokenizer's chat template."""
 
-    def __init__(self, tokenizer: Any, *, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> None:
+    def __init__(self, tokenizer: Any, *, system_prompt: str = DEFAULT_SYSTEM_PROMPT, tool_format: str = "compact") -> None:
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.tool_format = tool_format
         template = getattr(tokenizer, "chat_template", None) or ""
         self.template_tools = isinstance(template, str) and "tools" in template
 
@@ -169,6 +182,8 @@ class PromptRenderer:
         """The prompt for a tool-call decision over ``tools`` (``parameters``: narrowed schemas to show)."""
         parameters = parameters or {}
         msgs = template_messages(messages, template_tools=self.template_tools)
+        if self.tool_format == "json" and tools and not self.template_tools:
+            return self._render_json_tools(msgs, tools, parameters, allow_text)
         lines = [self.system_prompt]
         if tools and not self.template_tools:
             lines.append("Tools:")
@@ -180,6 +195,21 @@ class PromptRenderer:
             lines.append('If no tool applies, reply {"content": "<your answer>"}.' if tools else "Answer the user directly.")
         text = self._apply(self._with_system(msgs, "\n".join(lines)),
                            [t.to_openai() for t in tools] if tools else None)
+        return RenderedPrompt(text=text, template_tools=self.template_tools)
+
+    def _render_json_tools(self, msgs: list[dict[str, Any]], tools: Sequence[ToolSpec],
+                           parameters: Mapping[str, Mapping[str, Any]], allow_text: bool) -> RenderedPrompt:
+        """The tools as a JSON list in ``<tools>`` tags with the function-calling instruction small
+        instruct models are commonly tuned on (SmolLM2's card uses this wording)."""
+        listed = [{"name": t.name, "description": t.description.strip(),
+                   "parameters": compact_type(parameters.get(t.name) or t.parameters)} for t in tools]
+        lines = [JSON_TOOLS_INSTRUCTION, "", "You have access to the following tools:",
+                 "<tools>" + json.dumps(listed, ensure_ascii=False) + "</tools>", "",
+                 'The output MUST strictly adhere to the following format: [{"name": "func_name1", "arguments": '
+                 '{"argument1": "value1"}}, ... (more tool calls as required)]']
+        if allow_text:
+            lines.append('If no function call is needed, answer {"content": "<your answer>"}.')
+        text = self._apply(self._with_system(msgs, "\n".join(lines)))
         return RenderedPrompt(text=text, template_tools=self.template_tools)
 
     def render_plain(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:

@@ -380,12 +380,22 @@ def tool_calls_schema(
     return schema
 
 
+_TIME_SHAPE = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#: ``format`` → the same shape as a bounded pattern (grammar only; validation keeps the format).
+_BOUNDED_FORMATS = {
+    "date-time": r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T" + _TIME_SHAPE + "$",
+    "time": "^" + _TIME_SHAPE + "$",
+}
+
+
 def bound_free_text(grammar: Any, *, string_max: int | None, array_max: int | None,
                     path: str = "") -> tuple[Any, list[str]]:
     """The grammar with a platform bound on every free string and array the schema leaves unbounded.
 
     A string with no ``maxLength``, ``enum``, ``const``, ``pattern`` or ``format`` gets
-    ``maxLength: string_max``; an array with no ``maxItems`` gets ``maxItems: array_max``. The
+    ``maxLength: string_max``; an array with no ``maxItems`` gets ``maxItems: array_max``; a
+    ``date-time``/``time`` format becomes the same shape with at most 6 fractional digits (the
+    format's own grammar lets a small model write zeros forever). The
     bounds live in the grammar only (validation keeps the caller's schema): decoding can no longer
     run to the token limit inside one value. Returns the grammar and the JSON Pointers bounded.
     """
@@ -403,6 +413,9 @@ def bound_free_text(grammar: Any, *, string_max: int | None, array_max: int | No
         if string_max and "string" in kinds and not ({"maxLength", "enum", "const", "pattern", "format"} & set(out)):
             out["maxLength"] = string_max
             bounded.append(f"{where or '/'}: maxLength {string_max}")
+        if string_max and out.get("format") in _BOUNDED_FORMATS and not ({"pattern", "enum", "const"} & set(out)):
+            out["pattern"] = _BOUNDED_FORMATS[out.pop("format")]
+            bounded.append(f"{where or '/'}: format as a pattern with at most 6 fractional digits")
         if array_max and "array" in kinds and "maxItems" not in out:
             out["maxItems"] = max(array_max, out.get("minItems", 0))
             bounded.append(f"{where or '/'}: maxItems {out['maxItems']}")

@@ -118,6 +118,11 @@ class DeciderConfig:
     call_bias: float | None = None
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     system_prompt: str | None = None
+    #: How tools are shown to a model whose chat template has no tools (``decider.prompt.TOOL_FORMATS``).
+    tool_format: str = "compact"
+    #: Repetition penalty of tool-call decoding (1.0: none): a standard decoding setting, passed to
+    #: backends that implement it; small models otherwise loop inside free strings.
+    repetition_penalty: float = 1.0
 
 
 @dataclass
@@ -146,6 +151,8 @@ class DecisionPlan:
     branches: dict[str, tuple[str, CompiledConstraint | None]] = field(default_factory=dict)
     #: The prompt with a content-free user turn, scored once per tool set as the choice's baseline.
     choice_baseline: str = ""
+    #: Cut the calls at the first exact repeat (when the caller set no call-count bounds of its own).
+    cut_repeats: bool = False
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = 0
@@ -163,6 +170,23 @@ class StreamEvent:
     content: str | None = None
     decision: Decision | None = None
     finish_reason: str | None = None
+
+
+def _cut_repeats(calls: list[Any]) -> list[Any]:
+    """The calls up to the first exact repeat of an earlier one (same name, same arguments).
+
+    A loop guard, like :func:`_loop_period` one level up: a small model that repeats a whole call
+    keeps repeating it until the array bound. What is cut is recorded (``repeats_cut``).
+    """
+    seen: set[str] = set()
+    kept = []
+    for call in calls:
+        key = call.name + "\x00" + json.dumps(call.arguments, sort_keys=True, ensure_ascii=False, default=str)
+        if key in seen:
+            break
+        seen.add(key)
+        kept.append(call)
+    return kept
 
 
 def _loop_period(text: str) -> int | None:
@@ -221,7 +245,7 @@ class BackendDecider:
         self.context_length = context_length
         self.config = config or DeciderConfig()
         kwargs = {"system_prompt": self.config.system_prompt} if self.config.system_prompt else {}
-        self.renderer = PromptRenderer(tokenizer, **kwargs)
+        self.renderer = PromptRenderer(tokenizer, tool_format=self.config.tool_format, **kwargs)
         self._loop = _LoopThread(f"toolrail-decider-{getattr(backend, 'name', 'backend')}")
         self._prepared: dict[str, tuple[PreparedSchema, dict[str, Any], list[str]]] = {}
         self._prepared_lock = threading.Lock()
@@ -327,9 +351,11 @@ class BackendDecider:
         allow_text = choice == "auto"
         schema = tool_calls_schema(grammar_params, min_calls=lower, max_calls=max_calls, allow_text=allow_text,
                                    text_max_chars=self.config.text_max_chars)
-        # The scored choice is the first attempt's: a re-ask (whose feedback invites a text answer
-        # when a value is missing) leaves the choice to the grammar's first token.
-        if allow_text and request.attempt == 0 and self.config.call_bias is not None \
+        # The scored choice is the first attempt's, on a user turn: its offset was fitted on dev rows,
+        # which end with a user message; after a tool result, and on a re-ask (whose feedback invites
+        # a text answer when a value is missing), the grammar's first token decides as for any model.
+        last_role = request.messages[-1].get("role") if request.messages else None
+        if allow_text and request.attempt == 0 and last_role == "user" and self.config.call_bias is not None \
                 and callable(getattr(self.backend, "score_continuations", None)):
             # the same rendering with a content-free user turn: the calibration baseline
             base.choice_baseline = self.renderer.render_tools([{"role": "user", "content": ""}], tools,
@@ -342,6 +368,7 @@ class BackendDecider:
                 compiled = self.grammar_cache.compile(text) if self.grammar_cache is not None else None
                 base.branches[branch] = (text, compiled)
         base.tools = {t.name: t for t in tools}
+        base.cut_repeats = request.max_calls is None and min_calls is None
         base.postchecks = tuple(postchecks)
         base.prompt = self.renderer.render_tools(request.messages, tools, parameters=dict(parameters),
                                                  allow_text=allow_text, max_calls=max_calls).text
@@ -369,7 +396,7 @@ class BackendDecider:
             request_id=plan.request_id, prompt=plan.prompt, json_schema=plan.grammar_json,
             compiled_grammar=plan.compiled.grammar if plan.compiled is not None else None,
             max_tokens=plan.max_tokens, temperature=plan.temperature, top_p=plan.top_p, seed=plan.seed,
-            attempt=plan.attempt,
+            attempt=plan.attempt, repetition_penalty=self.config.repetition_penalty if plan.mode == "tools" else 1.0,
         )
 
     async def _events(self, plan: DecisionPlan) -> AsyncIterator[StreamEvent]:
@@ -433,9 +460,13 @@ class BackendDecider:
             if spec is not None and call.arguments is not None:
                 call = call.model_copy(update={"arguments": normalize_arguments(call.arguments, spec.parameters)})
             calls.append(call)
+        platform = dict(plan.platform)
+        if plan.cut_repeats:
+            kept = _cut_repeats(calls)
+            platform["repeats_cut"], calls = len(calls) - len(kept), kept
         content = parsed.content if not calls else None
         return Decision(request_id=plan.request_id, raw_output=text, tool_calls=calls, content=content,
-                        backend=self.name, usage=usage, platform=dict(plan.platform))
+                        backend=self.name, usage=usage, platform=platform)
 
     def _branch_scores(self, prompt: str, tools: Sequence[str]) -> list[float]:
         openings = [f'{CALLS_PREFIX}{name}", "arguments": {{' for name in tools] + [TEXT_PREFIX]

@@ -66,3 +66,11 @@ def test_repetition_loops_are_seen_and_ordinary_text_is_not():
     assert _loop_period('{"to": "a.b.' + "Sender." * 12) == 7
     assert _loop_period("x" * 60) == 1
     assert _loop_period('[{"name": "ship_parcel", "arguments": {"message": "Happy birthday, see you on Friday!"}}]') is None
+
+
+def test_an_array_of_candidates_is_bounded_by_their_number():
+    mail = ToolSpec(name="notify", parameters={"type": "object", "properties": {
+        "to": {"type": "array", "items": {"type": "string", "format": "email"}}}})
+    result = narrow_tools([mail], [{"role": "user", "content": "tell ana@x.example and bo@y.example"}])
+    to = result.parameters["notify"]["properties"]["to"]
+    assert to["items"]["enum"] == ["ana@x.example", "bo@y.example"] and to["maxItems"] == 2

@@ -134,3 +134,33 @@ def test_cli_generate_refuses_unsupported_schema(tmp_path, capsys):
     path.write_text(json.dumps({"type": "object", "propertyNames": {"pattern": "^x"}}))
     assert main(["generate", "--schema", str(path), "--prompt", "x"]) == 1
     assert "propertyNames" in capsys.readouterr().err
+
+
+def test_calibrated_choice_is_recorded_on_user_turns_only(tiny_engine):  # noqa: F811
+    """The model's scored call-or-answer choice: recorded on the decision, never applied after a tool result."""
+    from decider.service import DeciderConfig, EmbeddedDecider
+
+    decider = EmbeddedDecider.from_engine(tiny_engine, config=DeciderConfig(call_bias=0.0))
+    decision = decider.decide(req("北京明天天气怎么样", weather_tools(), request_id="choice-1", max_tokens=48))
+    choice = decision.platform["call_choice"]
+    assert choice["chosen"] in ("calls", "text") and choice["bias"] == 0.0
+    assert set(choice) == {"calls_lift", "text_lift", "bias", "chosen", "best_tool"}
+    after_result = DecideRequest(request_id="choice-2", tools=weather_tools(), max_tokens=48, messages=[
+        {"role": "user", "content": "北京明天天气怎么样"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Beijing", "date": "tomorrow"}'}}]},
+        {"role": "tool", "tool_call_id": "c0", "content": '{"temp_c": 21}'}])
+    assert "call_choice" not in decider.plan(after_result).platform
+    assert not decider.plan(after_result).branches
+
+
+def test_repetition_penalty_reaches_the_engine_and_keeps_output_valid(tiny_engine):  # noqa: F811
+    from decider.service import DeciderConfig, EmbeddedDecider
+    from tools.check import check_tool_calls
+
+    decider = EmbeddedDecider.from_engine(tiny_engine, config=DeciderConfig(repetition_penalty=1.3))
+    request = req("balance of M00ab12 please", marker_tools(), request_id="pen-1", tool_choice="required", max_tokens=96)
+    assert decider._generation(decider.plan(request)).repetition_penalty == 1.3  # noqa: SLF001
+    decision = decider.decide(request)
+    specs = {t.name: t for t in marker_tools()}
+    assert check_tool_calls([c.model_dump() for c in decision.tool_calls], specs).ok
