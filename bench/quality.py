@@ -939,8 +939,9 @@ def _embedded_factory(technique: str | None = None, **_: Any) -> Decider:
     """The real decider over the embedded engine, behind ``decider.checked.decide_checked`` where the
     platform has it; the engine (model weights) loads once per process."""
     service = importlib.import_module("decider.service")
-    base = getattr(service, "EMBEDDED_PROFILE", None) or service.DeciderConfig()  # the embedded default, as served
-    config = dataclasses.replace(base, **_parse_technique(technique, TECHNIQUES)) if technique else base
+    overrides = _parse_technique(technique, TECHNIQUES) if technique else {}
+    profile = getattr(service, "EMBEDDED_PROFILE", None)  # the embedded default, as served
+    config = dataclasses.replace(profile, **overrides) if profile is not None else service.DeciderConfig(**overrides)
     if "engine" not in _ENGINES:
         from decider.embedded import EmbeddedEngine
 
