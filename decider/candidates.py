@@ -1,10 +1,11 @@
 """Typed candidates: narrow declared-shape fields to the values the conversation holds.
 
 The legitimate help for a small model: a field whose schema declares a shape (``pattern``,
-``format``), an ``enum``, or a number may be narrowed, for one request, to the candidates the
-conversation and earlier tool results hold — spans that match the declared shape, numbers that
-fit the field's bounds, enum values the text names (or names by a declared ``x-aliases``
-alias). Everything comes from the tool's spec and the conversation; nothing from word lists.
+``format``), an ``enum``, a declared vocabulary (``x-aliases``) or a number may be narrowed, for
+one request, to the candidates the conversation and earlier tool results hold — spans that match
+the declared shape, numbers that fit the field's bounds, enum or vocabulary values the text names
+(or names by a declared alias). Everything comes from the tool's spec and the conversation;
+nothing from word lists.
 
 What this never does: narrow free text, fix the number of calls, drop a tool, or close a field
 that has no candidate (it stays open under its schema, so "March 12 2025 at 10am" still reaches
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from decider.prompt import FEEDBACK_NAME
 from tools.errors import PatternBudgetError, UnsupportedPatternError
 from tools.evidence import DEFAULT_ROLES, ConversationValues, message_text
 from tools.patterns import compile_pattern
@@ -93,6 +95,13 @@ def _candidates(node: Mapping[str, Any], raw: str, values: ConversationValues) -
         named = [v for v in node["enum"] if isinstance(v, str) and values.has_text(v)
                  or any(canonical == v and values.has_text(alias) for alias, canonical in aliases.items())]
         return named or None
+    if types == {"string"} and isinstance(node.get("x-aliases"), Mapping) and not ({"pattern", "format"} & set(node)):
+        # a string field with a declared vocabulary (canonical values and their aliases): the
+        # canonical values the conversation names, by themselves or by an alias
+        aliases = node["x-aliases"]
+        named = [c for c in dict.fromkeys(aliases.values()) if isinstance(c, str) and (values.has_text(c) or any(
+            canonical == c and values.has_text(alias) for alias, canonical in aliases.items()))]
+        return named or None
     if types & {"number", "integer"} and not types & {"string", "object", "array"}:
         found = sorted(n for n in values.numbers if _number_fits(n, node))
         return [int(n) if "integer" in types or n.is_integer() else n for n in found] or None
@@ -134,7 +143,8 @@ def narrow_tools(tools: Sequence[ToolSpec], messages: Sequence[Mapping[str, Any]
     A tool with nothing narrowed keeps its own ``parameters`` object (identity), so callers can
     use the cached base grammar for it.
     """
-    raw = "\n".join(message_text(m) for m in messages if m.get("role") in roles)
+    # the platform's re-ask feedback quotes rejected values and allowed ones alike: never evidence
+    raw = "\n".join(message_text(m) for m in messages if m.get("role") in roles and m.get("name") != FEEDBACK_NAME)
     values = ConversationValues.from_text(raw)
     result = Narrowing(parameters={})
     for spec in tools:

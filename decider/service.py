@@ -351,11 +351,11 @@ class BackendDecider:
         allow_text = choice == "auto"
         schema = tool_calls_schema(grammar_params, min_calls=lower, max_calls=max_calls, allow_text=allow_text,
                                    text_max_chars=self.config.text_max_chars)
-        # The scored choice is the first attempt's, on a user turn: its offset was fitted on dev rows,
-        # which end with a user message; after a tool result, and on a re-ask (whose feedback invites
-        # a text answer when a value is missing), the grammar's first token decides as for any model.
+        # The scored choice applies on a user turn (a re-ask's feedback is one): its offset was fitted
+        # on dev rows, which end with a user message; after a tool result the grammar's first token
+        # decides, as for any model.
         last_role = request.messages[-1].get("role") if request.messages else None
-        if allow_text and request.attempt == 0 and last_role == "user" and self.config.call_bias is not None \
+        if allow_text and last_role == "user" and self.config.call_bias is not None \
                 and callable(getattr(self.backend, "score_continuations", None)):
             # the same rendering with a content-free user turn: the calibration baseline
             base.choice_baseline = self.renderer.render_tools([{"role": "user", "content": ""}], tools,

@@ -267,7 +267,9 @@ def _demo(args: argparse.Namespace) -> int:
         print(json.dumps(job, ensure_ascii=False, indent=2)) if args.json else _print_job(job)
         status |= job["status"] != "succeeded"
         print(f"\n== 2. the embedded model decides: {DEMO_PROMPT!r} ==")
-        job = _submit_and_wait(client, {"messages": [{"role": "user", "content": DEMO_PROMPT}]}, timeout=600,
+        # the client offers the tool the question is about; the model decides whether and how to call it
+        job = _submit_and_wait(client, {"messages": [{"role": "user", "content": DEMO_PROMPT}], "tools": ["get_weather"]},
+                               timeout=600,
                                show=not args.json)
         print(json.dumps(job, ensure_ascii=False, indent=2)) if args.json else _print_job(job)
         status |= job["status"] != "succeeded"

@@ -24,6 +24,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "TOOLRAIL_API_KEY": "`toolrail run`: the API key sent as `Authorization: Bearer`.",
     "TOOLRAIL_TOOL_MODULES": "Comma-separated Python modules whose `register(registry)` adds tools (see docs/tools.md).",
     "TOOLRAIL_SANDBOX_PRELOAD": "Modules the sandbox's warm tool process imports before the first call (internal).",
+    "TOOLRAIL_SANDBOX_PREWARM": "Set by a tool worker's main process: its pool processes start their sandbox at once (internal).",
     "TOOLRAIL_SANDBOX_OWN_UID": "Set by the sandbox for its tool process: 1 when each call runs under its own uid (internal).",
     "TOOLRAIL_LEDGER_URL": "Tool-process environment: the Redis of the demo ledger, given to networked tools only.",
     "TOOLRAIL_LEDGER_PREFIX": "Tool-process environment: key prefix of the demo ledger.",

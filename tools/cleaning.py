@@ -70,7 +70,7 @@ _CLOSERS = frozenset({"}", "]", "｝", "］"})
 _QUOTES = {'"': '"', "'": "'", "“": "”", "„": "”", "‘": "’", "「": "」", "『": "』", "＂": "＂"}
 
 
-_INVISIBLE = re.compile("[\ufeff\u200b\u200c\u200d\u2060\u00ad]")
+_INVISIBLE = re.compile("[\ufeff\u200b\u200c\u200d\u2060]")
 
 
 def strip_invisible(draft: Draft) -> Draft:
@@ -343,7 +343,8 @@ def close_truncated(draft: Draft) -> Draft:
     return draft.note(f"closed {len(closing)} bracket(s) of truncated output", text=text + closing, open_brackets=())
 
 
-TEXT_STEPS: tuple[TextStep, ...] = (strip_code_fences, strip_comments, extract_json_span, relex, close_truncated)
+TEXT_STEPS: tuple[TextStep, ...] = (strip_invisible, strip_code_fences, strip_comments, extract_json_span, relex,
+                                     close_truncated)
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -379,13 +380,13 @@ def clean_text(text: str, steps: tuple[TextStep, ...] = TEXT_STEPS) -> tuple[Any
     if len(text) > MAX_TEXT_CHARS:
         raise CleaningError(f"output of {len(text)} characters exceeds {MAX_TEXT_CHARS}",
                             errors=[{"path": "", "message": "output too large"}])
-    draft = strip_invisible(Draft(text=text))  # a zero-width space inside a value is never content
     try:
-        return loads_strict(draft.text), draft.notes
+        return loads_strict(text), ()
     except AmbiguousOutputError:
         raise
     except (ValueError, RecursionError):  # also NaN, and integers past Python's digit limit
         pass
+    draft = Draft(text=text)
     for step in steps:
         draft = step(draft)
     if not draft.text.strip():

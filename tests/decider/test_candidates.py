@@ -74,3 +74,12 @@ def test_an_array_of_candidates_is_bounded_by_their_number():
     result = narrow_tools([mail], [{"role": "user", "content": "tell ana@x.example and bo@y.example"}])
     to = result.parameters["notify"]["properties"]["to"]
     assert to["items"]["enum"] == ["ana@x.example", "bo@y.example"] and to["maxItems"] == 2
+
+
+def test_reask_feedback_is_never_evidence():
+    from decider.prompt import reask_messages
+
+    messages = reask_messages([{"role": "user", "content": "rush it please"}], output="[]",
+                              errors=[{"path": "/speed", "message": "'slow' is not one of ['standard', 'express']"}])
+    result = narrow_tools([SHIP], messages)
+    assert result.narrowed["ship_parcel"] == {"/speed": ["express"]}

@@ -35,8 +35,9 @@ def _wait(client: httpx.Client, job_id: str, timeout_s: float = 300) -> dict:
 
 
 def test_cli_run_decides_and_executes_on_the_real_model(stack: LocalStack) -> None:
-    """`toolrail run "北京明天天气怎么样" --json`: the demo's main job."""
-    out = subprocess.run([sys.executable, "-m", "toolrail.cli", "run", "北京明天天气怎么样", "--json", "--url", stack.url],
+    """`toolrail run "北京明天天气怎么样" --tools get_weather --json`: the demo's main job."""
+    out = subprocess.run([sys.executable, "-m", "toolrail.cli", "run", "北京明天天气怎么样", "--tools", "get_weather", "--json",
+                          "--url", stack.url],
                          capture_output=True, text=True, timeout=600, env={**os.environ, "TOOLRAIL_LOG_LEVEL": "WARNING"})
     assert out.returncode == 0, out.stderr[-2000:]
     job = json.loads(out.stdout)

@@ -241,7 +241,8 @@ class TestCleanText:
         assert clean_text('{"a": "“b”"}') == ({"a": "“b”"}, ())
 
     def test_steps_run_in_order(self) -> None:
-        assert [step.__name__ for step in TEXT_STEPS] == ["strip_code_fences", "strip_comments", "extract_json_span", "relex",
+        assert [step.__name__ for step in TEXT_STEPS] == ["strip_invisible", "strip_code_fences", "strip_comments",
+                                                       "extract_json_span", "relex",
                                                        "close_truncated"]
         value, notes = clean_text("Here:\n```json\n{'a': 1,}\n```")
         assert value == {"a": 1}
