@@ -89,7 +89,7 @@ class BookRoomArgs(BaseModel):
     """Book a meeting room for a date, start time and number of attendees."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        # words that say a request is about this tool (decider.grounding.tool_cues)
+        # cue words the previous decider read (x-cues); kept as tool-author data, read by nothing now
         "x-cues": ["预订", "预定", "订个", "订一个", "会议室", "reserve", "reservation"],
     })
 
@@ -105,7 +105,7 @@ class CancelBookingArgs(BaseModel):
     """Cancel a room booking by its id."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        # words that say a request is about this tool (decider.grounding.tool_cues)
+        # cue words the previous decider read (x-cues); kept as tool-author data, read by nothing now
         "x-cues": ["取消", "退订", "cancel", "call off"],
     })
 
@@ -117,7 +117,7 @@ class ScheduleMeetingArgs(BaseModel):
     """Put a meeting with one person on a weekday at a time."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        # words that say a request is about this tool (decider.grounding.tool_cues)
+        # cue words the previous decider read (x-cues); kept as tool-author data, read by nothing now
         "x-cues": ["开会", "会议", "约个", "约一下", "见面", "碰头", "meeting", "meet", "schedule", "catch up"],
     })
 
@@ -155,7 +155,7 @@ class OrderStatusArgs(BaseModel):
     """Look up where an order is."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        # words that say a request is about this tool (decider.grounding.tool_cues)
+        # cue words the previous decider read (x-cues); kept as tool-author data, read by nothing now
         "x-cues": ["状态", "到哪", "物流", "快递", "进度", "status", "where", "track", "shipped"],
     })
 
@@ -166,7 +166,7 @@ class RefundOrderArgs(BaseModel):
     """Refund part or all of an order."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        # words that say a request is about this tool (decider.grounding.tool_cues)
+        # cue words the previous decider read (x-cues); kept as tool-author data, read by nothing now
         "x-cues": ["退款", "退钱", "退", "返还", "refund", "money back", "reimburse"],
     })
 
@@ -180,7 +180,7 @@ class ChangeQuantityArgs(BaseModel):
     """Change how many units an order contains."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        # words that say a request is about this tool (decider.grounding.tool_cues)
+        # cue words the previous decider read (x-cues); kept as tool-author data, read by nothing now
         "x-cues": ["数量", "件数", "几件", "quantity", "units", "pieces", "copies"],
     })
 
@@ -192,7 +192,7 @@ class UpdateRecipientArgs(BaseModel):
     """Change who receives an order and their phone number."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        # words that say a request is about this tool (decider.grounding.tool_cues)
+        # cue words the previous decider read (x-cues); kept as tool-author data, read by nothing now
         "x-cues": ["收件人", "收货人", "电话", "手机号", "recipient", "receiver", "ship to", "phone"],
     })
 
