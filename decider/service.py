@@ -123,6 +123,8 @@ class DeciderConfig:
     #: Repetition penalty of tool-call decoding (1.0: none): a standard decoding setting, passed to
     #: backends that implement it; small models otherwise loop inside free strings.
     repetition_penalty: float = 1.0
+    #: Cut a decision whose output ends in a repeated unit (``GenerationBoundError("loop")``).
+    loop_guard: bool = True
 
 
 @dataclass
@@ -410,7 +412,7 @@ class BackendDecider:
                 if chunk.request_id != plan.request_id:
                     raise StreamInterruptedError(f"backend returned output of {chunk.request_id!r} for {plan.request_id!r}")
                 if chunk.text:
-                    period = _loop_period(parser.text + chunk.text)
+                    period = _loop_period(parser.text + chunk.text) if self.config.loop_guard else None
                     if period is not None:
                         logger.warning("decider.loop_cut", request_id=plan.request_id, period=period,
                                        chars=len(parser.text) + len(chunk.text))

@@ -7,6 +7,7 @@ random model, which rarely stops on its own, so a request decodes until its ``ma
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import threading
@@ -40,6 +41,8 @@ def decoding_api(tmp_path_factory, runtime) -> Iterator[tuple[str, object]]:
     patch.setenv("TOOLRAIL_DECIDER", "embedded")
     get_settings.cache_clear()
     decider = get_default_decider(get_settings())
+    # a random model repeats itself: the loop guard would end the long attempts these tests need
+    decider.config = dataclasses.replace(decider.config, loop_guard=False)
     settings = Settings(api_keys="key-disconnect:gamma", rate_limit_per_s=0, decider="embedded")
     server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None,
                                                       ping_workers=lambda: 1, mount_openai=True))
