@@ -10,8 +10,9 @@ declared grounding), re-asks the decider with the exact errors, and returns a
   candidates, bounds added (``platform``);
 - validation errors and grounding findings (``errors`` / ``findings``), repairs made.
 
-Grounding findings (a value the conversation does not state) are re-asked once; if the model
-insists, the decision ends ``needs_review``: such a call never runs unreviewed. A decoder that
+Contract findings — a grounded value the conversation does not state, or a side-effecting call
+identical to one the conversation already made — are re-asked once; if the model insists, the
+decision ends ``needs_review``: such a call never runs unreviewed. A decoder that
 hits a bound (``GenerationBoundError``) ends the decision at once as ``failed`` — a re-ask would
 hit the same bound. Transport errors propagate untouched (they are the caller's to retry).
 """
@@ -30,7 +31,15 @@ from decider.errors import GenerationBoundError, InvalidRequestError
 from decider.prompt import reask_messages
 from decider.protocol import DecideRequest, Decider, Decision
 from tools.calls import ToolCall, call_id
-from tools.check import CallCheck, OutputCheck, check_output, check_tool_calls
+from tools.check import (
+    CONTRACT_VALIDATORS,
+    CallCheck,
+    OutputCheck,
+    check_output,
+    check_tool_calls,
+    flag_repeated_side_effects,
+    prior_calls,
+)
 from tools.evidence import ConversationValues
 
 __all__ = ["CheckedAttempt", "CheckedDecision", "ClientOutput", "DEFAULT_MAX_REASKS", "decide_checked"]
@@ -126,6 +135,9 @@ def _attempt(number: int, source: Literal["client", "decider"], raw: str, check:
 def _review_error(check: OutputCheck, attempts: int) -> dict[str, Any]:
     errors = check.all_errors()
     grounded = [e for e in errors if e.get("validator") == "grounded"]
+    if errors and all(e.get("validator") == "repeated_side_effect" for e in errors):
+        return {"type": "repeated_side_effect", "message": "a side-effecting call the conversation already made was "
+                "proposed again; a person must confirm it", "details": {"errors": errors}}
     if grounded and len(grounded) == len(errors):
         fields = sorted({f"{e.get('tool')}{e.get('path')}" for e in grounded})
         return {"type": "ungrounded_values", "message": f"values not stated in the conversation: {', '.join(fields)} "
@@ -159,6 +171,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
     # client sends with no conversation are the client's own values: nothing to ground them in.
     evidence = ConversationValues.from_messages(request.messages) if request.messages else None
     require = request.tool_choice == "required" or isinstance(request.tool_choice, Mapping)
+    prior = prior_calls(list(request.messages))
     attempts: list[CheckedAttempt] = []
     messages = list(request.messages)
     grounding_reasks = 0
@@ -178,6 +191,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
 
     if first_output is not None:
         raw, check = _check_client(first_output, specs, evidence)
+        flag_repeated_side_effects(check, specs, prior)
         if require and not check.calls and not check.errors:
             check.errors.append({"path": "", "message": "a tool call is required, but none was given", "validator": "minItems"})
         record(_attempt(0, "client", raw, check, platform={"grounding": "checked against the conversation" if evidence
@@ -185,7 +199,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
     while check is None or not check.ok:
         if check is not None:
             errors = check.all_errors()
-            grounding_only = all(e.get("validator") == "grounded" for e in errors)
+            grounding_only = all(e.get("validator") in CONTRACT_VALIDATORS for e in errors)
             if decider is None and factory is not None:
                 decider, factory = factory(), None
             exhausted = len(attempts) > max_reasks or decider is None
@@ -209,6 +223,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
                 "type": "generation_bound", "message": str(exc), "details": {"reason": exc.reason, "tokens": exc.tokens}})
         raw = decision.raw_output
         check = _check_decision(decision, specs, evidence)
+        flag_repeated_side_effects(check, specs, prior)
         if require and not check.calls and not check.errors:
             check.errors.append({"path": "", "message": "a tool call is required, but the output holds none",
                                  "validator": "minItems"})

@@ -26,6 +26,7 @@ from tools.spec import ToolSpec
 from tools.validation import validate
 
 __all__ = [
+    "CONTRACT_VALIDATORS",
     "MAX_CALLS_PER_OUTPUT",
     "CallCheck",
     "OutputCheck",
@@ -33,7 +34,12 @@ __all__ = [
     "check_output",
     "check_tool_calls",
     "extract_calls",
+    "flag_repeated_side_effects",
+    "prior_calls",
 ]
+
+#: Errors of a call's declared contracts (not of its form): re-asked once, then sent to review.
+CONTRACT_VALIDATORS = frozenset({"grounded", "repeated_side_effect"})
 
 MAX_CALLS_PER_OUTPUT = 16
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -235,3 +241,38 @@ def check_tool_calls(tool_calls: list[Mapping[str, Any]], specs: Mapping[str, To
     return _check_pairs(pairs, specs, [], evidence)
 
 
+
+
+def _call_key(name: str, arguments: Any) -> str:
+    return name + "\x00" + json.dumps(arguments, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def prior_calls(messages: list[Mapping[str, Any]]) -> dict[str, str]:
+    """``{call key: tool_call_id}`` of the calls the conversation's assistant turns already made."""
+    out: dict[str, str] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or [] if message.get("role") == "assistant" else []:
+            function = call.get("function") if isinstance(call.get("function"), Mapping) else call
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    continue
+            if isinstance(function.get("name"), str):
+                out[_call_key(function["name"], arguments)] = str(call.get("id", ""))
+    return out
+
+
+def flag_repeated_side_effects(check: OutputCheck, specs: Mapping[str, ToolSpec], prior: Mapping[str, str]) -> None:
+    """Hold back a side-effecting call identical to one the conversation already made (exactly once
+    holds within a conversation too): the call gets a ``repeated_side_effect`` error."""
+    for call in check.calls:
+        spec = specs.get(call.name)
+        if not call.ok or spec is None or not spec.side_effects:
+            continue
+        earlier = prior.get(_call_key(call.name, call.arguments))
+        if earlier is not None:
+            call.errors, call.arguments = [{"path": "", "validator": "repeated_side_effect", "message": (
+                f"this exact {call.name} call was already made in this conversation ({earlier or 'an earlier turn'}); "
+                "a side effect is repeated only when a person confirms it — answer in text instead")}], None

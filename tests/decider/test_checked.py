@@ -164,3 +164,17 @@ def test_the_feedback_message_never_grounds_a_value() -> None:
     decider = ScriptedDecider([_call("INV-7777", 5), _call("INV-7777", 5)])
     result = decide_checked(decider, _pay("pay 5 on my invoice"))
     assert result.status == "needs_review"
+
+
+def test_a_side_effect_the_conversation_already_made_is_not_repeated_unreviewed():
+    done = {"role": "assistant", "content": None, "tool_calls": [{"id": "c-1", "type": "function", "function": {
+        "name": "pay_invoice", "arguments": '{"invoice": "INV-4821", "amount": 20, "memo": "thanks"}'}}]}
+    messages = [{"role": "user", "content": "pay 20 on INV-4821"}, done,
+                {"role": "tool", "tool_call_id": "c-1", "content": '{"paid": true}'}]
+    request = DecideRequest(request_id="rq-again", messages=messages, tools=[PAY])
+    again = ScriptedDecider([_call("INV-4821", 20), _call("INV-4821", 20)])
+    result = decide_checked(again, request)
+    assert result.status == "needs_review" and result.error["type"] == "repeated_side_effect"
+    assert len(again.requests) == 2  # re-asked once with the reason
+    answered = decide_checked(ScriptedDecider([_call("INV-4821", 20), '{"content": "It is paid."}']), request)
+    assert answered.status == "text"
