@@ -103,10 +103,11 @@ def test_redis_restart_mid_run(stack: ChaosStack) -> None:
     assert outage["statuses"] == [503, 503, 503], outage
     assert set(outage["types"]) == {"unavailable"}
     with httpx.Client(base_url=stack.api_url, timeout=10) as api:
-        deadline = time.monotonic() + 30  # workers re-answer their ping once they reconnect to the new Redis
+        deadline = time.monotonic() + 60  # workers re-answer their ping once they reconnect to the new Redis
         while api.get("/readyz").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert api.get("/readyz").status_code == 200
+        ready = api.get("/readyz")
+        assert ready.status_code == 200, ready.text
         jobs = stack.wait_all_terminal(api, [s.job_id for s in submitted], timeout_s=60)
     figures = stack.verify(submitted, jobs, baseline=baseline)
     print("redis restart figures:", figures)
