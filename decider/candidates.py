@@ -23,7 +23,7 @@ from typing import Any
 
 from decider.prompt import FEEDBACK_NAME
 from tools.errors import PatternBudgetError, UnsupportedPatternError
-from tools.evidence import DEFAULT_ROLES, ConversationValues, message_text
+from tools.evidence import DEFAULT_ROLES, ConversationValues, conversation_text
 from tools.patterns import compile_pattern
 from tools.spec import ToolSpec
 from tools.validation import validate
@@ -144,7 +144,7 @@ def narrow_tools(tools: Sequence[ToolSpec], messages: Sequence[Mapping[str, Any]
     use the cached base grammar for it.
     """
     # the platform's re-ask feedback quotes rejected values and allowed ones alike: never evidence
-    raw = "\n".join(message_text(m) for m in messages if m.get("role") in roles and m.get("name") != FEEDBACK_NAME)
+    raw = conversation_text(messages, roles=roles, exclude_name=FEEDBACK_NAME)
     values = ConversationValues.from_text(raw)
     result = Narrowing(parameters={})
     for spec in tools:

@@ -122,6 +122,15 @@ def _check_decision(decision: Decision, specs: Mapping[str, Any], evidence: Conv
     return check_output(decision.raw_output, specs, evidence=evidence)
 
 
+def _enforce(check: OutputCheck, specs: Mapping[str, Any], prior: Mapping[str, str], *, require: bool) -> None:
+    """The request-level checks every attempt gets, client's or decider's: no repeated side effect,
+    and a call when ``tool_choice`` requires one."""
+    flag_repeated_side_effects(check, specs, prior)
+    if require and not check.calls and not check.errors:
+        check.errors.append({"path": "", "message": "a tool call is required, but the output holds none",
+                             "validator": "minItems"})
+
+
 def _attempt(number: int, source: Literal["client", "decider"], raw: str, check: OutputCheck, *,
              platform: Mapping[str, Any] | None = None, usage: Mapping[str, int] | None = None,
              latency_s: float = 0.0) -> CheckedAttempt:
@@ -191,9 +200,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
 
     if first_output is not None:
         raw, check = _check_client(first_output, specs, evidence)
-        flag_repeated_side_effects(check, specs, prior)
-        if require and not check.calls and not check.errors:
-            check.errors.append({"path": "", "message": "a tool call is required, but none was given", "validator": "minItems"})
+        _enforce(check, specs, prior, require=require)
         record(_attempt(0, "client", raw, check, platform={"grounding": "checked against the conversation" if evidence
                         else "not checked: no conversation (the client's calls carry its own values)"}))
     while check is None or not check.ok:
@@ -223,10 +230,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
                 "type": "generation_bound", "message": str(exc), "details": {"reason": exc.reason, "tokens": exc.tokens}})
         raw = decision.raw_output
         check = _check_decision(decision, specs, evidence)
-        flag_repeated_side_effects(check, specs, prior)
-        if require and not check.calls and not check.errors:
-            check.errors.append({"path": "", "message": "a tool call is required, but the output holds none",
-                                 "validator": "minItems"})
+        _enforce(check, specs, prior, require=require)
         record(_attempt(number, "decider", raw, check, platform=decision.platform, usage=decision.usage,
                         latency_s=time.perf_counter() - started))
     status: Literal["calls", "text"] = "calls" if check.calls else "text"

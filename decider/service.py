@@ -58,6 +58,7 @@ from decider.schema import (
     schema_hash,
     tool_calls_schema,
 )
+from tools.check import call_key
 from tools.spec import ToolSpec
 
 __all__ = [
@@ -183,7 +184,7 @@ def _cut_repeats(calls: list[Any]) -> list[Any]:
     seen: set[str] = set()
     kept = []
     for call in calls:
-        key = call.name + "\x00" + json.dumps(call.arguments, sort_keys=True, ensure_ascii=False, default=str)
+        key = call_key(call.name, call.arguments)
         if key in seen:
             break
         seen.add(key)

@@ -27,9 +27,10 @@ from tools.validation import validate
 
 __all__ = [
     "CONTRACT_VALIDATORS",
-    "MAX_CALLS_PER_OUTPUT",
     "CallCheck",
+    "MAX_CALLS_PER_OUTPUT",
     "OutputCheck",
+    "call_key",
     "check_arguments",
     "check_output",
     "check_tool_calls",
@@ -243,7 +244,8 @@ def check_tool_calls(tool_calls: list[Mapping[str, Any]], specs: Mapping[str, To
 
 
 
-def _call_key(name: str, arguments: Any) -> str:
+def call_key(name: str, arguments: Any) -> str:
+    """The identity of a call: its name and canonical arguments (key order and spacing ignored)."""
     return name + "\x00" + json.dumps(arguments, sort_keys=True, ensure_ascii=False, default=str)
 
 
@@ -260,7 +262,7 @@ def prior_calls(messages: list[Mapping[str, Any]]) -> dict[str, str]:
                 except ValueError:
                     continue
             if isinstance(function.get("name"), str):
-                out[_call_key(function["name"], arguments)] = str(call.get("id", ""))
+                out[call_key(function["name"], arguments)] = str(call.get("id", ""))
     return out
 
 
@@ -271,7 +273,7 @@ def flag_repeated_side_effects(check: OutputCheck, specs: Mapping[str, ToolSpec]
         spec = specs.get(call.name)
         if not call.ok or spec is None or not spec.side_effects:
             continue
-        earlier = prior.get(_call_key(call.name, call.arguments))
+        earlier = prior.get(call_key(call.name, call.arguments))
         if earlier is not None:
             call.errors, call.arguments = [{"path": "", "validator": "repeated_side_effect", "message": (
                 f"this exact {call.name} call was already made in this conversation ({earlier or 'an earlier turn'}); "

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "DEFAULT_ROLES",
     "ConversationValues",
+    "DEFAULT_ROLES",
+    "conversation_text",
     "languages",
     "message_text",
     "normalize_text",
@@ -58,6 +59,14 @@ def message_text(message: Mapping[str, Any]) -> str:
     if content is not None:
         return json.dumps(content, ensure_ascii=False)
     return ""
+
+
+def conversation_text(messages: Sequence[Mapping[str, Any]], *, roles: Iterable[str] = DEFAULT_ROLES,
+                      exclude_name: str | None = None) -> str:
+    """The text of the messages of ``roles`` (one per line), leaving out messages named ``exclude_name``."""
+    roles = set(roles)
+    return "\n".join(message_text(m) for m in messages
+                     if m.get("role") in roles and (exclude_name is None or m.get("name") != exclude_name))
 
 
 def normalize_text(text: str) -> str:
@@ -180,8 +189,7 @@ class ConversationValues:
 
     @classmethod
     def from_messages(cls, messages: Sequence[Mapping[str, Any]], *, roles: Iterable[str] = DEFAULT_ROLES) -> "ConversationValues":
-        roles = set(roles)
-        return cls.from_text("\n".join(message_text(m) for m in messages if m.get("role") in roles))
+        return cls.from_text(conversation_text(messages, roles=roles))
 
     @classmethod
     def from_text(cls, raw: str) -> "ConversationValues":

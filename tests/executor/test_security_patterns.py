@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from executor.validation import validate
+from tools.validation import validate
 from tools import patterns
 from tools.errors import PatternBudgetError, UnsupportedPatternError
 from tools.patterns import (
