@@ -27,10 +27,11 @@ from executor.errors import IdempotencyConflictError, JobNotFoundError, StoreUna
 
 __all__ = ["CallRecord", "JobRecord", "JobStore", "RedisJobStore", "TERMINAL_CALL", "TERMINAL_JOB"]
 
-JobStatus = Literal["queued", "deciding", "validating", "running", "succeeded", "failed", "needs_review", "cancelled"]
-CallStatus = Literal["pending", "running", "succeeded", "failed", "validated"]
-TERMINAL_JOB = frozenset({"succeeded", "failed", "needs_review", "cancelled"})
-TERMINAL_CALL = frozenset({"succeeded", "failed", "validated"})
+JobStatus = Literal["queued", "deciding", "validating", "running", "awaiting_approval", "succeeded", "failed",
+                    "needs_review", "cancelled", "expired"]
+CallStatus = Literal["pending", "awaiting_approval", "running", "succeeded", "failed", "validated", "rejected"]
+TERMINAL_JOB = frozenset({"succeeded", "failed", "needs_review", "cancelled", "expired"})
+TERMINAL_CALL = frozenset({"succeeded", "failed", "validated", "rejected"})
 #: Statuses of a job while its output is being decided or checked (what the decision latency measures).
 DECIDING_JOB = frozenset({"validating", "deciding"})
 
@@ -46,6 +47,12 @@ class CallRecord(BaseModel):
     error: dict[str, Any] | None = None
     repairs: list[str] = Field(default_factory=list)
     queue: str | None = None
+    #: The run step (0-based) whose decision made this call.
+    step: int = 0
+    #: Set when the call needs a human: ``{state: pending|approved|rejected, reason, edited, original_arguments, at}``.
+    approval: dict[str, Any] | None = None
+    #: When the call was queued on its tool queue (epoch seconds).
+    dispatched_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
     duration_s: float | None = None
@@ -72,6 +79,20 @@ class JobRecord(BaseModel):
     decision_started_at: float | None = None
     decision_s: float | None = None
     calls: list[CallRecord] = Field(default_factory=list)
+    #: Run loop: most decide → run steps, the current step (0-based), and the finished steps' journal.
+    max_steps: int = 1
+    step: int = 0
+    steps: list[dict[str, Any]] = Field(default_factory=list)
+    #: Approval policy of this job: tool names, ``"side_effects"``, or None (tool flags and tenant policy still apply).
+    require_approval: list[str] | str | None = None
+    #: When an ``awaiting_approval`` job expires (epoch seconds).
+    approval_deadline_at: float | None = None
+    #: When the whole run must have ended (epoch seconds); None: no deadline.
+    deadline_at: float | None = None
+    #: Where ``job.*`` events are POSTed (Standard Webhooks); None: the tenant default, if any.
+    webhook_url: str | None = None
+    #: W3C trace context of the job's root span (``traceparent``, ``tracestate``, ``baggage``).
+    trace_context: dict[str, str] = Field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
         """What the API returns."""
@@ -95,7 +116,7 @@ _FINISH_CALL = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if current then
   local status = cjson.decode(current)['status']
-  if status == 'succeeded' or status == 'failed' or status == 'validated' then return -1 end
+  if status == 'succeeded' or status == 'failed' or status == 'validated' or status == 'rejected' then return -1 end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', 1000, '*', 'data', ARGV[3])

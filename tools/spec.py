@@ -69,6 +69,8 @@ class ToolSpec(BaseModel):
     networked: bool = False
     allow_extra: bool = False
     queue: str | None = None
+    #: A person must approve each call before it runs (the job stops in ``awaiting_approval``).
+    requires_approval: bool = False
     #: ``module:function`` executed in the sandbox; None for inline specs the client executes.
     entrypoint: str | None = None
     model: type[BaseModel] | None = Field(default=None, exclude=True)
@@ -113,6 +115,7 @@ class ToolSpec(BaseModel):
             "description": self.description,
             "parameters": self.parameters,
             "side_effects": self.side_effects,
+            "requires_approval": self.requires_approval,
             "timeout_s": self.timeout_s,
             "memory_mb": self.memory_mb,
             "queue": self.queue_name,
