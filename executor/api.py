@@ -1,8 +1,9 @@
 """The job API (FastAPI).
 
-    POST /v1/jobs               submit a job → 202 {job_id, request_id, status}
+    POST /v1/jobs               submit a job (an agent run) → 202 {job_id, request_id, status}
     GET  /v1/jobs               the tenant's recent jobs
-    GET  /v1/jobs/{id}          status and every call with its outcome
+    GET  /v1/jobs/{id}          status, each step with its calls and results, the final content
+    POST /v1/jobs/{id}/calls/{call_id}/approve|reject   a person's answer to a call awaiting approval
     GET  /v1/jobs/{id}/events   Server-Sent Events of each state change
     GET  /v1/tools              registered tools and their schemas
     GET  /v1/models             the served model(s), in OpenAI's shape
@@ -40,14 +41,17 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from executor.errors import ExecutorError, IdempotencyConflictError, JobNotFoundError, StoreUnavailableError
+from executor.errors import (ApprovalConflictError, ExecutorError, IdempotencyConflictError, InvalidApprovalError,
+                             JobNotFoundError, StoreUnavailableError)
 from executor.metrics import OutcomeCollector
 from executor.ratelimit import install_load_control, rate_limited
 from executor.readiness import Readiness
 from executor.runtime import Runtime
 from executor.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
 from executor.store import TERMINAL_JOB, JobRecord
+from executor.tracing_hooks import in_job_trace, instrument_api, trace_router
 from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
+from toolrail import tracing
 from toolrail.logging import get_logger
 from toolrail.settings import Settings
 from tools.errors import SchemaRejectedError, UnknownToolError
@@ -237,6 +241,13 @@ class JobCreate(BaseModel):
     tool_choice: Literal["auto", "required", "none"] | NamedChoice = "auto"
     parallel_tool_calls: bool = True
     max_reasks: int | None = Field(default=None, ge=0, le=10)
+    max_steps: int | None = Field(default=None, ge=1, description="most decide → run steps of this run (default: "
+                                  "TOOLRAIL_MAX_STEPS for a conversation, 1 when the job brings its calls)")
+    require_approval: list[str] | Literal["side_effects"] | None = Field(
+        default=None, description="tools whose calls wait for a person's approval, or \"side_effects\" for every "
+                                  "side-effecting tool")
+    webhook_url: str | None = Field(default=None, max_length=2048, description="where job.* events are POSTed "
+                                    "(Standard Webhooks signatures)")
 
     @field_validator("tools")
     @classmethod
@@ -247,6 +258,49 @@ class JobCreate(BaseModel):
             if dupes:
                 raise ValueError(f"tools listed twice: {dupes}")
         return value
+
+
+class ApprovalBody(BaseModel):
+    """``POST …/approve``: optionally the arguments to run instead (validated against the tool's schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arguments: dict[str, Any] | None = None
+
+
+class RejectionBody(BaseModel):
+    """``POST …/reject``: the reason, which the model sees as the call's result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, max_length=500)
+
+
+def _run_fields(runtime: Runtime, body: JobCreate, settings: Settings, *, client_output: dict[str, Any] | None,
+                names: list[str], inline: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run settings of a new job: steps, approval policy, deadline, webhook. 4xx on bad values, nothing stored."""
+    if body.max_steps is not None and body.max_steps > settings.max_steps_limit:
+        raise ApiError(422, "validation_error", f"max_steps may be at most {settings.max_steps_limit}",
+                       max_steps=body.max_steps, limit=settings.max_steps_limit)
+    default_steps = settings.max_steps if body.messages and client_output is None else 1
+    if isinstance(body.require_approval, list):
+        known = set(names) | {t["function"]["name"] for t in inline}
+        unknown = sorted(set(body.require_approval) - known)
+        if unknown:
+            raise ApiError(422, "unknown_tool", f"require_approval names tools the job does not offer: {unknown}",
+                           tools=unknown)
+    webhook_url = None
+    if body.webhook_url is not None:
+        try:
+            from executor.webhooks import validate_webhook_url  # noqa: PLC0415
+        except ImportError:
+            raise ApiError(422, "webhooks_unavailable", "this deployment does not send webhooks") from None
+        try:
+            webhook_url = validate_webhook_url(body.webhook_url, allow_private=getattr(settings, "webhook_allow_private", False))
+        except ExecutorError as exc:
+            raise ApiError(422, exc.type, str(exc), **exc.details) from None
+    return {"max_steps": body.max_steps or default_steps, "require_approval": body.require_approval,
+            "webhook_url": webhook_url, "deadline_at": time.time() + settings.run_deadline_s}
 
 
 # ----------------------------------------------------------------- middleware
@@ -366,6 +420,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     if ping_workers is None:
         ping_workers = _celery_ping
     tenants = settings.tenants_by_key()
+    enqueue, rerun = in_job_trace(enqueue), in_job_trace(rerun) if rerun is not None else None  # publish in the job trace
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         reconciler = None
@@ -384,6 +439,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     app = FastAPI(title="toolrail", version="0.1.0", description="Serverless tool execution for LLM agents.",
                   lifespan=lifespan)
     app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth)
+    instrument_api(app, runtime)  # server spans (traceparent honoured or generated), links from job requests
     metrics = CollectorRegistry()
     jobs_created = Counter("toolrail_jobs_created_total", "Jobs accepted", ["tenant"], registry=metrics)
     http_latency = Histogram("toolrail_http_request_duration_seconds", "API latency", ["method", "route", "status"],
@@ -399,6 +455,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         request_id = sanitize_request_id(request.headers.get(REQUEST_ID_HEADER))
         bind_request(request_id)
         request.state.request_id = request_id
+        tracing.tag_request(request_id)
         started = time.perf_counter()
         try:
             response = await call_next(request)
@@ -443,6 +500,14 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     @app.exception_handler(JobNotFoundError)
     async def _not_found(_: Request, exc: JobNotFoundError) -> JSONResponse:
         return JSONResponse(_error_body("not_found", str(exc)), status_code=404)
+
+    @app.exception_handler(ApprovalConflictError)
+    async def _approval_conflict(_: Request, exc: ApprovalConflictError) -> JSONResponse:
+        return JSONResponse(_error_body(exc.details.get("reason", exc.type), str(exc), exc.details), status_code=409)
+
+    @app.exception_handler(InvalidApprovalError)
+    async def _invalid_approval(_: Request, exc: InvalidApprovalError) -> JSONResponse:
+        return JSONResponse(_error_body(exc.type, str(exc), exc.details), status_code=422)
 
     @app.exception_handler(IdempotencyConflictError)
     async def _conflict(_: Request, exc: IdempotencyConflictError) -> JSONResponse:
@@ -520,7 +585,10 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                         messages=[m.normalized() for m in body.messages], tools=names,
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
-                        max_reasks=max_reasks, client_output=client_output)
+                        max_reasks=max_reasks, client_output=client_output,
+                        trace_context=tracing.new_job_context(request_id))
+        run = _run_fields(runtime, body, settings, client_output=client_output, names=names, inline=inline)
+        job = job.model_copy(update=run)
         body_hash = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
         job, created = runtime.store.create(job, idempotency_key=idempotency_key, body_hash=body_hash)
         if created:
@@ -533,6 +601,27 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
             log.info("job.created", job_id=job.job_id, tenant=tenant, tools=len(names) + len(inline))
         return JSONResponse({"job_id": job.job_id, "request_id": job.request_id, "status": job.status},
                             status_code=202 if created else 200, headers={"Location": f"/v1/jobs/{job.job_id}"})
+
+    @app.post("/v1/jobs/{job_id}/calls/{call_id}/approve", tags=["jobs"])
+    def approve_call(job_id: str, call_id: str, tenant: Tenant, body: ApprovalBody | None = None) -> dict[str, Any]:
+        """Approve a call waiting for a person, optionally with edited arguments (validated again); when no call of
+        the step waits any more, the run resumes. Approving twice answers the same."""
+        return _resolve(job_id, call_id, tenant, "approve", arguments=body.arguments if body else None)
+
+    @app.post("/v1/jobs/{job_id}/calls/{call_id}/reject", tags=["jobs"])
+    def reject_call(job_id: str, call_id: str, tenant: Tenant, body: RejectionBody | None = None) -> dict[str, Any]:
+        """Reject a waiting call: it never runs, and the model sees the reason as the call's result."""
+        return _resolve(job_id, call_id, tenant, "reject", reason=body.reason if body else None)
+
+    def _resolve(job_id: str, call_id: str, tenant: str, decision: Literal["approve", "reject"], **answer: Any) -> dict[str, Any]:
+        from executor.approvals import resolve  # noqa: PLC0415
+
+        if rerun is None:
+            raise ApiError(503, "unavailable", "this API process does not queue work")
+        outcome = resolve(runtime, _checked_id(job_id), call_id[:300], tenant=tenant, decision=decision,
+                          dispatch=rerun, next_step=enqueue, **answer)
+        log.info("job.approval", job_id=job_id, call_id=call_id, decision=decision, resumed=outcome.resumed)
+        return outcome.public()
 
     @app.get("/v1/jobs", tags=["jobs"])
     def list_jobs(tenant: Tenant, limit: int = 50) -> dict[str, Any]:
@@ -581,6 +670,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return SlotStreamingResponse(stream, slots=stream_slots, tenant=tenant, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
+    app.include_router(trace_router(runtime, Tenant))
     if mount_openai is None:
         mount_openai = settings.decider != "none"
     if mount_openai:

@@ -7,6 +7,9 @@
     └── PermanentError              retrying the same input cannot help
         ├── JobNotFoundError
         ├── IdempotencyConflictError   same key, different payload
+        ├── WebhookUrlError         a webhook URL that is not http(s) or not public (SSRF; 422)
+        ├── ApprovalConflictError   an approval that cannot apply now (409)
+        ├── InvalidApprovalError    edited arguments that fail the schema (422)
         ├── CleaningError           raw output that cannot be repaired (carries ``errors``)
         └── SandboxError            a tool run that ended badly (carries ``type``)
             ├── ToolTimeoutError
@@ -26,10 +29,12 @@ from typing import Any
 from tools.errors import CleaningError  # the check path lives in tools/; re-exported for callers
 
 __all__ = [
+    "ApprovalConflictError",
     "CallInProgressError",
     "CleaningError",
     "ExecutorError",
     "IdempotencyConflictError",
+    "InvalidApprovalError",
     "JobNotFoundError",
     "PermanentError",
     "RetryableError",
@@ -41,6 +46,7 @@ __all__ = [
     "ToolOutputError",
     "ToolRaisedError",
     "ToolTimeoutError",
+    "WebhookUrlError",
 ]
 
 
@@ -79,6 +85,25 @@ class JobNotFoundError(PermanentError):
 
 class IdempotencyConflictError(PermanentError):
     type = "idempotency_conflict"
+
+
+class WebhookUrlError(PermanentError):
+    """A webhook URL that is refused: not http(s), unparsable, with credentials, or resolving to a non-public
+    address (loopback, private, link-local, ...) while ``TOOLRAIL_WEBHOOK_ALLOW_PRIVATE`` is off."""
+
+    type = "webhook_url_not_allowed"
+
+
+class ApprovalConflictError(PermanentError):
+    """An approval that cannot apply now: the job ended, the call needs none, or it was decided otherwise (409)."""
+
+    type = "approval_conflict"
+
+
+class InvalidApprovalError(PermanentError):
+    """Edited arguments of an approval that fail the tool's schema (422)."""
+
+    type = "invalid_arguments"
 
 
 class SandboxError(PermanentError):

@@ -1,9 +1,11 @@
-"""The executor's logic as plain functions: decide a job, run one call, finalize.
+"""The executor's logic as plain functions: decide a step, run one call, advance the run.
 
-Celery tasks (``executor.tasks``) only call these; tests can call them directly against a
-real Redis. Every function is safe to run twice for the same input: statuses only move
-forward, terminal calls are recorded once (``finish_call``), side effects go through
-idempotency records.
+A job is an agent run (``executor.runs``): each step is decided, checked, its calls run, and the
+results go back to the model for the next step. Celery tasks (``executor.tasks``) only call these;
+tests can call them directly against a real Redis. Every function is safe to run twice for the
+same input: statuses only move forward, terminal calls are recorded once (``finish_call``), a
+step advances once (a transaction on the job record), side effects go through idempotency
+records keyed by (job, step, call).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from decider.errors import DeciderPermanentError
 from decider.checked import CheckedDecision, ClientOutput, decide_checked
 from decider.protocol import DecideRequest
+from executor import approvals, metrics, runs
 from executor.breaker import guarded_run
 from executor.errors import SandboxError
 from executor.idempotency import payload_hash
@@ -26,7 +29,7 @@ from tools.calls import call_id
 from tools.errors import UnknownToolError
 from tools.spec import ToolSpec
 
-__all__ = ["Dispatch", "decide_job", "finalize_job", "job_specs", "run_call"]
+__all__ = ["Dispatch", "NextStep", "advance", "decide_job", "finalize_job", "job_specs", "notify", "run_call", "set_status"]
 
 log = get_logger("toolrail.executor")
 
@@ -35,6 +38,8 @@ LOCK_GRACE_S = 10.0
 
 #: ``dispatch(job, call)`` enqueues one call on its tool queue.
 Dispatch = Callable[[JobRecord, CallRecord], None]
+#: ``next_step(job)`` queues the decision of the job's next step (its own task: a run never holds a worker).
+NextStep = Callable[[JobRecord], None]
 
 
 def job_specs(rt: Runtime, job: JobRecord) -> dict[str, ToolSpec]:
@@ -46,89 +51,189 @@ def job_specs(rt: Runtime, job: JobRecord) -> dict[str, ToolSpec]:
     return specs
 
 
-def _set_status(rt: Runtime, job_id: str, status: str, **fields: Any) -> JobRecord:
-    def mutate(job: JobRecord) -> None:
+def set_status(rt: Runtime, job_id: str, status: str, *, mutate: Callable[[JobRecord], Any] | None = None,
+               **fields: Any) -> JobRecord:
+    """Move a non-terminal job to ``status`` (and set ``fields``); tell its webhook about the new status."""
+    changed: dict[str, bool] = {}
+
+    def apply(job: JobRecord) -> Any:
         if job.status in TERMINAL_JOB:
-            return
+            return None
+        changed["status"] = job.status != status
         job.status = status  # type: ignore[assignment]
         for key, value in fields.items():
             setattr(job, key, value)
+        return mutate(job) if mutate is not None else None
 
-    return rt.store.update(job_id, mutate)
+    job = rt.store.update(job_id, apply)
+    if changed.get("status"):
+        notify(rt, job)
+    return job
+
+
+def notify(rt: Runtime, job: JobRecord) -> None:
+    """Queue the webhook of the job's new status, if it has one (never raises, never waits on the receiver)."""
+    try:
+        from executor import webhooks  # noqa: PLC0415 - optional until the webhook module is deployed
+
+        webhooks.notify_status(rt, job)
+    except (ImportError, AttributeError):
+        pass
+    except Exception as exc:  # noqa: BLE001 - a webhook never fails the run
+        log.warning("webhook.notify_failed", job_id=job.job_id, error=f"{type(exc).__name__}: {exc}")
 
 
 def _client_output(job: JobRecord) -> ClientOutput | None:
     output = job.client_output
-    if output is None:
+    if output is None or job.step > 0:
         return None
     if output.get("tool_calls") is not None:
         return list(output["tool_calls"])
     return output.get("raw_output", "")
 
 
-def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch) -> JobRecord:
-    """Decide (or take the client's output), check and re-ask (``decide_checked``), then dispatch the calls."""
+def _decider_configured(rt: Runtime) -> bool:
+    """Whether this deployment decides at all (read from settings: a tool worker never loads the model to ask)."""
+    return rt.settings.decider != "none"
+
+
+def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextStep | None = None) -> JobRecord:
+    """Decide the current step (or take the client's output), check and re-ask, then dispatch its calls.
+
+    Safe to run again for the same step: a job already running re-dispatches its unfinished calls, one
+    awaiting approval or ended is left alone, and a decision redone replaces the step's calls.
+    """
     job = rt.store.get(job_id)
-    if job.status in TERMINAL_JOB:
+    if job.status in TERMINAL_JOB or job.status == "awaiting_approval":
         return job
     if job.status == "running":  # a redelivered decide: the calls exist, make sure they are queued
-        for call in job.calls:
-            if call.status not in TERMINAL_CALL:
+        for call in job.step_calls():
+            if call.status in {"pending", "running"}:
                 dispatch(job, call)
+        if job.step_calls() and all(c.status in TERMINAL_CALL for c in job.step_calls()):
+            return advance(rt, job_id, next_step)
         return job
+    if runs.deadline_passed(job):
+        return _stop(rt, job, runs.deadline_trip(job))
     specs = job_specs(rt, job)
     first = _client_output(job)
     decider = rt.decider if job.messages else None  # asked for only when a decision or re-ask is needed
     if first is None and (decider is None or decider() is None):
-        return _set_status(rt, job_id, "failed", error={"type": "decider_unavailable", "message":
-                           "no decider is configured and the job brought no tool calls", "details": {}})
-    _set_status(rt, job_id, "validating" if first is not None else "deciding")
-    request = DecideRequest(request_id=job.request_id, messages=job.messages, tools=list(specs.values()),
-                            tool_choice=job.tool_choice, parallel_tool_calls=job.parallel_tool_calls)
+        return set_status(rt, job_id, "failed", error={"type": "decider_unavailable", "message":
+                          "no decider is configured and the job brought no tool calls", "details": {}})
+    tool_choice = runs.step_tool_choice(job)
+    job = set_status(rt, job_id, "validating" if first is not None else "deciding",
+                     mutate=lambda j: runs.open_step(j, tool_choice=tool_choice) and None)
+    if job.status in TERMINAL_JOB:  # cancelled meanwhile
+        return job
+    request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
+                            tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls)
     try:
         decision = decide_checked(decider, request, first_output=first, max_reasks=job.max_reasks)
     except DeciderPermanentError as exc:
-        return _set_status(rt, job_id, "failed", error={"type": type(exc).__name__, "message": str(exc), "details": {}})
+        return _end_step(rt, job, "failed", error={"type": type(exc).__name__, "message": str(exc), "details": {}})
     attempts = [a.to_dict() for a in decision.attempts]
     if decision.status == "needs_review":
         error = dict(decision.error or {})
         if decider is None or decider() is None:
             error["message"] = f"{error.get('message')}; no decider is configured to re-ask"
-        log.warning("job.needs_review", job_id=job_id, attempts=len(attempts), error_type=error.get("type"))
-        return _set_status(rt, job_id, "needs_review", attempts=attempts, error=error)
+        log.warning("job.needs_review", job_id=job_id, step=job.step, attempts=len(attempts), error_type=error.get("type"))
+        return _end_step(rt, job, "needs_review", attempts=attempts, error=error)
     if decision.status == "failed":
-        return _set_status(rt, job_id, "failed", attempts=attempts, error=decision.error)
-    return _start_calls(rt, job, specs, decision, attempts, dispatch)
+        return _end_step(rt, job, "failed", attempts=attempts, error=decision.error)
+    return _start_calls(rt, job, specs, decision, attempts, dispatch, next_step)
+
+
+def _record_decision(job: JobRecord, attempts: list[dict[str, Any]], content: str | None, status: str) -> None:
+    record = runs.open_step(job, tool_choice=runs.step_tool_choice(job))
+    record.update(attempts=attempts, content=content, decided_at=time.time(), status=status)
+
+
+def _end_step(rt: Runtime, job: JobRecord, status: str, *, attempts: list[dict[str, Any]] | None = None,
+              error: dict[str, Any] | None = None, content: str | None = None) -> JobRecord:
+    """End the run at the current step's decision (an answer, review, or a failure)."""
+    def mutate(j: JobRecord) -> None:
+        if attempts is not None:
+            _record_decision(j, attempts, content, status)
+        runs.close_step(j, status=status)
+
+    fields: dict[str, Any] = {"error": error}
+    if attempts is not None:
+        fields["attempts"] = attempts
+    if content is not None:
+        fields["content"] = content
+    return set_status(rt, job.job_id, status, mutate=mutate, **fields)
+
+
+def _stop(rt: Runtime, job: JobRecord, trip: runs.GuardTrip) -> JobRecord:
+    """End the run because a guard tripped: failed, with the guard's typed error, counted in /metrics."""
+    log.warning("run.guard_tripped", job_id=job.job_id, guard=trip.guard, step=job.step)
+    pipe = rt.redis.pipeline(transaction=False)
+    metrics.record_guard(pipe, metrics.metrics_key(), trip.guard)
+    pipe.execute()
+    return set_status(rt, job.job_id, "failed", error=trip.error(), mutate=lambda j: runs.close_step(j, status="failed"))
 
 
 def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decision: CheckedDecision,
-                 attempts: list[dict[str, Any]], dispatch: Dispatch) -> JobRecord:
+                 attempts: list[dict[str, Any]], dispatch: Dispatch, next_step: NextStep | None) -> JobRecord:
+    if not decision.calls:  # the model answered in text: the run is done
+        return _end_step(rt, job, "succeeded", attempts=attempts, content=decision.content or "")
+    trip = runs.guard_new_calls(job, [(c.name, c.arguments) for c in decision.calls], rt.settings)
+    if trip is not None:
+        def record(j: JobRecord) -> None:
+            _record_decision(j, attempts, decision.content, "failed")
+            runs.open_step(j, tool_choice=runs.step_tool_choice(j))["calls_not_run"] = [
+                {"name": c.name, "arguments": c.arguments} for c in decision.calls]
+        rt.store.update(job.job_id, record)
+        return _stop(rt, job, trip)
     calls = []
+    now = time.time()
     for checked in decision.calls:
         spec = specs[checked.name]
         runnable = spec.entrypoint is not None
-        calls.append(CallRecord(id=call_id(job.request_id, checked.index, attempt=decision.attempt), index=checked.index,
-                                name=checked.name, arguments=checked.arguments, repairs=list(checked.repairs),
-                                status="pending" if runnable else "validated", queue=spec.queue_name if runnable else None))
-    rt.store.set_calls(job.job_id, calls)
-    to_run = [c for c in calls if c.status == "pending"]
-    status = "running" if to_run else "succeeded"
-    job = _set_status(rt, job.job_id, status, attempts=attempts, content=decision.content)
-    job.calls = calls
+        reason = runs.needs_approval(spec, job, rt.settings) if runnable else None
+        status = "validated" if not runnable else "awaiting_approval" if reason else "pending"
+        calls.append(CallRecord(id=call_id(job.request_id, checked.index, attempt=decision.attempt, step=job.step),
+                                index=checked.index, step=job.step, name=checked.name, arguments=checked.arguments,
+                                repairs=list(checked.repairs), status=status, queue=spec.queue_name if runnable else None,
+                                approval={"state": "pending", "required_by": reason} if reason else None))
+    waiting = any(c.status == "awaiting_approval" for c in calls)
+    for call in calls:
+        if call.status == "pending" and not waiting:
+            call.dispatched_at = now
+    rt.store.set_calls(job.job_id, calls, step=job.step)
+    to_run = [] if waiting else [c for c in calls if c.status == "pending"]
+    status = "awaiting_approval" if waiting else "running" if to_run else "succeeded"
+    deadline = time.time() + rt.settings.approval_timeout_s if waiting else None
+
+    def mutate(j: JobRecord) -> None:
+        _record_decision(j, attempts, decision.content, status)
+        if status == "succeeded":
+            runs.close_step(j, status=status)
+
+    job = set_status(rt, job.job_id, status, mutate=mutate, attempts=attempts, content=decision.content,
+                     approval_deadline_at=deadline)
+    if waiting:
+        approvals.index_waiting(rt, job)
     for call in to_run:
         dispatch(job, call)
-    log.info("job.calls_dispatched", job_id=job.job_id, calls=len(calls), dispatched=len(to_run))
+    log.info("job.calls_dispatched", job_id=job.job_id, step=job.step, calls=len(calls), dispatched=len(to_run),
+             awaiting_approval=sum(c.status == "awaiting_approval" for c in calls))
     return job
 
 
-def run_call(rt: Runtime, job_id: str, call_id_: str) -> CallRecord:
-    """Run one call in the sandbox (once, for side effects) and record its outcome."""
+def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | None = None) -> CallRecord:
+    """Run one call in the sandbox (once, for side effects), record its outcome, and advance the run when the
+    step's last call ends."""
     job = rt.store.get(job_id)
     call = next((c for c in job.calls if c.id == call_id_), None)
     if call is None:
         raise UnknownToolError(f"call {call_id_} not in job {job_id}")
     if call.status in TERMINAL_CALL or job.status in TERMINAL_JOB:
-        _maybe_finalize(rt, job_id)
+        _maybe_advance(rt, job_id, next_step)
+        return call
+    if call.status == "awaiting_approval" or job.status == "awaiting_approval":
+        log.warning("call.not_approved", job_id=job_id, call_id=call.id)  # never runs before a person approves it
         return call
     spec = job_specs(rt, job)[call.name]
     arguments = call.arguments or {}
@@ -165,26 +270,66 @@ def run_call(rt: Runtime, job_id: str, call_id_: str) -> CallRecord:
     remaining = rt.store.finish_call(job_id, call)
     log.info("call.end", job_id=job_id, call_id=call.id, status=call.status, remaining=remaining)
     if remaining == 0:
-        finalize_job(rt, job_id)
+        advance(rt, job_id, next_step)
     return call
 
 
-def _maybe_finalize(rt: Runtime, job_id: str) -> None:
-    """Finish a job whose last call completed but whose finalization was lost (worker death)."""
+def _maybe_advance(rt: Runtime, job_id: str, next_step: NextStep | None) -> None:
+    """Advance a run whose step's last call ended but whose advance was lost (worker death)."""
     job = rt.store.get(job_id)
-    if job.status == "running" and job.calls and all(c.status in TERMINAL_CALL for c in job.calls):
-        finalize_job(rt, job_id)
+    calls = job.step_calls()
+    if job.status == "running" and calls and all(c.status in TERMINAL_CALL for c in calls):
+        advance(rt, job_id, next_step)
+
+
+def advance(rt: Runtime, job_id: str, next_step: NextStep | None = None) -> JobRecord:
+    """After a step's calls all ended: start the next step, or end the run.
+
+    The step is closed and the next one opened in one transaction, and only by the process whose
+    transaction moved the job; that process queues the next decision. If it dies before queuing,
+    the reconciler finds the job ``deciding`` and queues it.
+    """
+    job = rt.store.get(job_id)
+    calls = job.step_calls()
+    if job.status != "running" or not calls or any(c.status not in TERMINAL_CALL for c in calls):
+        return job
+    verdict = runs.continue_after_calls(job, decider_configured=_decider_configured(rt))
+    if isinstance(verdict, runs.GuardTrip):
+        return _stop(rt, job, verdict)
+    if verdict is not None:
+        return finalize_job(rt, job_id)
+    moved: dict[str, bool] = {}
+
+    def mutate(j: JobRecord) -> dict[str, Any] | None:
+        if j.status != "running" or j.step != job.step:
+            return None
+        runs.close_step(j, status="ran")
+        j.step += 1
+        j.status = "deciding"
+        moved["yes"] = True
+        return {"type": "step", "step": j.step, "status": "started", "request_id": j.request_id}
+
+    job = rt.store.update(job_id, mutate)
+    if moved:
+        pipe = rt.redis.pipeline(transaction=False)
+        metrics.record_step(pipe, metrics.metrics_key())
+        pipe.execute()
+        log.info("run.step", job_id=job_id, step=job.step)
+        if next_step is not None:
+            next_step(job)
+    return job
 
 
 def finalize_job(rt: Runtime, job_id: str) -> JobRecord:
-    """Set the terminal status from the calls' outcomes."""
+    """End a run after its last step's calls, as a single round: failed if a call failed, else succeeded."""
     job = rt.store.get(job_id)
-    failed = [c for c in job.calls if c.status == "failed"]
+    calls = job.step_calls()
+    failed = [c for c in calls if c.status in {"failed", "rejected"}]
     if failed:
-        error = {"type": "tool_failed", "message": f"{len(failed)} of {len(job.calls)} call(s) failed",
+        error = {"type": "tool_failed", "message": f"{len(failed)} of {len(calls)} call(s) failed",
                  "details": {"calls": [{"id": c.id, "name": c.name, "error": c.error} for c in failed]}}
-        job = _set_status(rt, job_id, "failed", error=error)
+        job = set_status(rt, job_id, "failed", error=error, mutate=lambda j: runs.close_step(j, status="failed"))
     else:
-        job = _set_status(rt, job_id, "succeeded")
+        job = set_status(rt, job_id, "succeeded", mutate=lambda j: runs.close_step(j, status="succeeded"))
     log.info("job.finished", job_id=job_id, status=job.status)
     return job

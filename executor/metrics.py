@@ -13,6 +13,10 @@ the same transaction where it can, and the API exports the totals at scrape time
                                                   needs_review, failed, cancelled)
     toolrail_decision_duration_seconds            histogram: time in deciding/validating
     toolrail_reasks_total                         re-asks made (attempts after the first)
+    toolrail_webhook_deliveries_total{outcome}    webhook deliveries by how they ended (delivered, rejected,
+                                                  exhausted, not_sent)
+    toolrail_run_guard_trips_total{guard}         agent runs stopped by a guard
+    toolrail_run_steps_total                      run steps begun after tool results
 
 Label values are bounded: statuses are enums, and ``tool`` is a registered tool's name for
 calls that ran; calls of tools without an entrypoint (inline tools) are only validated and
@@ -29,7 +33,7 @@ import redis
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 __all__ = ["CALL_BUCKETS", "DECISION_BUCKETS", "NOT_RUN_TOOL", "OutcomeCollector", "metrics_key", "record_call", "record_decision",
-           "record_job_finished"]
+           "record_guard", "record_job_finished", "record_step", "record_webhook"]
 
 CALL_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DECISION_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -75,6 +79,21 @@ def record_call(pipe: Any, key: str, *, tool: str, outcome: str, seconds: float 
         _observe(pipe, key, "call_s", [tool], seconds, CALL_BUCKETS)
 
 
+def record_webhook(pipe: Any, key: str, *, outcome: str) -> None:
+    """Count a webhook delivery that just ended (``delivered``, ``rejected``, ``exhausted``, ``not_sent``)."""
+    pipe.hincrby(key, _SEP.join(["webhooks", outcome]), 1)
+
+
+def record_guard(pipe: Any, key: str, guard: str) -> None:
+    """Count a run stopped by a guard (``identical_calls``, ``run_calls``, ``tool_calls``, ``deadline``, ``max_steps``)."""
+    pipe.hincrby(key, _SEP.join(["guards", guard]), 1)
+
+
+def record_step(pipe: Any, key: str) -> None:
+    """Count a run step that began (a decision after tool results)."""
+    pipe.hincrby(key, "steps", 1)
+
+
 class OutcomeCollector:
     """Prometheus collector: the totals in Redis, read at scrape time (nothing when Redis is down)."""
 
@@ -88,6 +107,10 @@ class OutcomeCollector:
         decisions = CounterMetricFamily("toolrail_decisions", "Decisions by the status they moved the job to",
                                         labels=["outcome"])
         reasks = CounterMetricFamily("toolrail_reasks", "Re-asks made (attempts after the first)")
+        webhooks = CounterMetricFamily("toolrail_webhook_deliveries", "Webhook deliveries by how they ended",
+                                       labels=["outcome"])
+        guards = CounterMetricFamily("toolrail_run_guard_trips", "Runs stopped by a guard", labels=["guard"])
+        steps = CounterMetricFamily("toolrail_run_steps", "Run steps begun after tool results (decisions after the first)")
         call_s = HistogramMetricFamily("toolrail_call_duration_seconds", "Tool run time per tool", labels=["tool"])
         decision_s = HistogramMetricFamily("toolrail_decision_duration_seconds", "Time a job spent deciding and checking")
         try:
@@ -95,7 +118,7 @@ class OutcomeCollector:
         except redis.RedisError:
             raw = {}
         histograms: dict[tuple[str, ...], dict[str, Any]] = {}
-        reask_total = 0
+        reask_total = step_total = 0
         for field_b, value_b in raw.items():
             parts = field_b.decode().split(_SEP)
             value = value_b.decode()
@@ -107,6 +130,12 @@ class OutcomeCollector:
                 decisions.add_metric([parts[1]], int(value))
             elif parts[0] == "reasks":
                 reask_total = int(value)
+            elif parts[0] == "webhooks" and len(parts) == 2:
+                webhooks.add_metric([parts[1]], int(value))
+            elif parts[0] == "guards" and len(parts) == 2:
+                guards.add_metric([parts[1]], int(value))
+            elif parts[0] == "steps":
+                step_total = int(value)
             elif parts[0] in {"call_s", "decision_s"}:
                 entry = histograms.setdefault(tuple(parts[:-1] if parts[-1] == "sum" else parts[:-2]),
                                               {"buckets": {}, "sum": 0.0})
@@ -115,6 +144,7 @@ class OutcomeCollector:
                 else:
                     entry["buckets"][parts[-1]] = int(value)
         reasks.add_metric([], reask_total)
+        steps.add_metric([], step_total)
         for (name, *labels), entry in sorted(histograms.items()):
             bounds = CALL_BUCKETS if name == "call_s" else DECISION_BUCKETS
             cumulative, running = [], 0
@@ -122,4 +152,5 @@ class OutcomeCollector:
                 running += entry["buckets"].get(bound, 0)
                 cumulative.append((bound, running))
             (call_s if name == "call_s" else decision_s).add_metric(labels, cumulative, entry["sum"])
-        yield from (jobs, calls, call_s, decisions, decision_s, reasks)
+        yield webhooks
+        yield from (jobs, calls, call_s, decisions, decision_s, reasks, guards, steps)

@@ -29,8 +29,10 @@ log = get_logger("toolrail.reconcile")
 def reconcile_once(rt: Runtime, *, stale_after_s: float, redecide: Callable[[JobRecord], None],
                    rerun: Callable[[JobRecord, CallRecord], None], limit: int = 100) -> int:
     """Re-queue the work of every job stuck longer than ``stale_after_s``. Returns how many."""
-    from executor.jobs import finalize_job  # noqa: PLC0415 - jobs imports runtime; keep this module light
+    from executor.approvals import expire_due  # noqa: PLC0415 - jobs imports runtime; keep this module light
+    from executor.jobs import advance  # noqa: PLC0415
 
+    expire_due(rt)  # approvals past their deadline end as expired, whatever their staleness
     requeued = 0
     for job_id in rt.store.stale_jobs(older_than_s=stale_after_s, limit=limit):
         try:
@@ -41,10 +43,13 @@ def reconcile_once(rt: Runtime, *, stale_after_s: float, redecide: Callable[[Job
         if job.status in TERMINAL_JOB:
             rt.store.forget_active(job_id)
             continue
+        if job.status == "awaiting_approval":  # waits for a person, not for a message: nothing to re-queue
+            rt.store.touch_active(job_id)
+            continue
         if job.status == "running":
-            pending = [c for c in job.calls if c.status not in TERMINAL_CALL]
+            pending = [c for c in job.step_calls() if c.status not in TERMINAL_CALL]
             if not pending:
-                finalize_job(rt, job_id)
+                advance(rt, job_id, redecide)
                 continue
             for call in pending:
                 rerun(job, call)

@@ -95,17 +95,24 @@ class JobRecord(BaseModel):
     trace_context: dict[str, str] = Field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
-        """What the API returns."""
-        data = self.model_dump(exclude={"client_output", "inline_tools"})
-        data["calls"] = [c.model_dump(exclude={"queue"}) for c in sorted(self.calls, key=lambda c: c.index)]
+        """What the API returns: the record, every call (by step, then index) and each step with its own calls."""
+        data = self.model_dump(exclude={"client_output", "inline_tools", "trace_context"})
+        calls = [c.model_dump(exclude={"queue"}) for c in sorted(self.calls, key=lambda c: (c.step, c.index))]
+        data["calls"] = calls
+        data["steps"] = [{**step, "calls": [c for c in calls if c["step"] == step.get("index")]} for step in self.steps]
         return data
+
+    def step_calls(self, step: int | None = None) -> list[CallRecord]:
+        """The calls of one step (default: the current one), in call order."""
+        wanted = self.step if step is None else step
+        return sorted((c for c in self.calls if c.step == wanted), key=lambda c: c.index)
 
 
 class JobStore(Protocol):
     def create(self, job: JobRecord, *, idempotency_key: str | None = None, body_hash: str | None = None) -> tuple[JobRecord, bool]: ...
     def get(self, job_id: str, *, tenant: str | None = None) -> JobRecord: ...
     def update(self, job_id: str, mutate: Callable[[JobRecord], None], *, event: dict[str, Any] | None = None) -> JobRecord: ...
-    def set_calls(self, job_id: str, calls: list[CallRecord]) -> None: ...
+    def set_calls(self, job_id: str, calls: list[CallRecord], *, step: int = 0) -> None: ...
     def get_call(self, job_id: str, call_id: str) -> CallRecord: ...
     def put_call(self, job_id: str, call: CallRecord) -> None: ...
     def finish_call(self, job_id: str, call: CallRecord) -> int: ...
@@ -208,12 +215,13 @@ class RedisJobStore:
         job = JobRecord.model_validate_json(raw)
         if tenant is not None and job.tenant != tenant:
             raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
-        job.calls = sorted((CallRecord.model_validate_json(c) for c in calls), key=lambda c: c.index)
+        job.calls = sorted((CallRecord.model_validate_json(c) for c in calls), key=lambda c: (c.step, c.index))
         return job
 
     @_guard
-    def update(self, job_id: str, mutate: Callable[[JobRecord], None], *, event: dict[str, Any] | None = None) -> JobRecord:
-        """Read-modify-write the job under WATCH; emits a status event when the status changes."""
+    def update(self, job_id: str, mutate: Callable[[JobRecord], Any], *, event: dict[str, Any] | None = None) -> JobRecord:
+        """Read-modify-write the job under WATCH; emits a status event when the status changes, and the event
+        ``mutate`` returns (a dict), if any."""
         key = self._k(job_id)
         with self.redis.pipeline() as pipe:
             while True:
@@ -224,7 +232,7 @@ class RedisJobStore:
                         raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
                     job = JobRecord.model_validate_json(raw)
                     before = job.status
-                    mutate(job)
+                    extra = mutate(job)
                     job.updated_at = time.time()
                     decided = _time_decision(job, before)
                     pipe.multi()
@@ -240,6 +248,8 @@ class RedisJobStore:
                                        **({"error": job.error} if job.error and job.status in TERMINAL_JOB else {})})
                     if event:
                         events.append(event)
+                    if isinstance(extra, dict):  # an event the mutation itself produced (it only happened once)
+                        events.append(extra)
                     for item in events:
                         pipe.xadd(self._k(job_id, ":events"), {"data": json.dumps(item, ensure_ascii=False, default=str)},
                                   maxlen=1000)
@@ -253,11 +263,19 @@ class RedisJobStore:
                     continue
 
     @_guard
-    def set_calls(self, job_id: str, calls: list[CallRecord]) -> None:
-        """Store the calls to run and arm the pending counter."""
-        pipe = self.redis.pipeline()
+    def set_calls(self, job_id: str, calls: list[CallRecord], *, step: int = 0) -> None:
+        """Store one step's calls and arm the pending counter; earlier steps' calls stay (the run's journal).
+
+        A decision redone for the same step (its worker died) replaces that step's calls: any call of the
+        step that the new decision does not make is dropped, so no orphan is ever run.
+        """
         calls_key = self._k(job_id, ":calls")
-        pipe.delete(calls_key)
+        new_ids = {c.id for c in calls}
+        stale = [cid for cid, raw in self.redis.hgetall(calls_key).items()
+                 if cid.decode() not in new_ids and CallRecord.model_validate_json(raw).step == step]
+        pipe = self.redis.pipeline()
+        if stale:
+            pipe.hdel(calls_key, *stale)
         if calls:
             pipe.hset(calls_key, mapping={c.id: c.model_dump_json() for c in calls})
             pipe.expire(calls_key, self._ttl)

@@ -37,8 +37,8 @@ def dispatch_call(job: JobRecord, call: CallRecord) -> None:
 
 @app.task(name="toolrail.decide", bind=True, **_RETRY)
 def decide(self, job_id: str) -> str:
-    """Decide/validate one job and queue its calls."""
-    job = jobs.decide_job(get_runtime(), job_id, dispatch_call)
+    """Decide/validate the current step of one job and queue its calls (each step is its own task)."""
+    job = jobs.decide_job(get_runtime(), job_id, dispatch_call, next_step=enqueue_decide)
     return job.status
 
 
@@ -50,7 +50,7 @@ def run_call(self, job_id: str, call_id: str) -> str:
     try:
         # a slot of the queue's adaptive limit, taken before any idempotency lock: waiting costs nothing held
         with concurrency.slot(rt, queue, lease_s=float(app.conf.task_time_limit or 600)):
-            call = jobs.run_call(rt, job_id, call_id)
+            call = jobs.run_call(rt, job_id, call_id, next_step=enqueue_decide)
     except RetryableError as exc:
         retry_in = exc.details.get("retry_in_s")
         if retry_in is not None:
@@ -60,7 +60,7 @@ def run_call(self, job_id: str, call_id: str) -> str:
 
 
 def enqueue_decide(job: JobRecord) -> None:
-    """Queue the decide step of a new job (used by the API)."""
+    """Queue the decision of a job's current step (the API for a new job; the run loop for each later step)."""
     with request_scope(job.request_id):
         decide.apply_async(args=[job.job_id], queue="decide", headers={CELERY_REQUEST_ID_HEADER: job.request_id})
 
@@ -68,5 +68,18 @@ def enqueue_decide(job: JobRecord) -> None:
 @app.task(name="toolrail.noop", acks_late=True)
 def noop(token: str) -> str:
     """Do nothing but signal completion: the bare-Celery baseline of ``bench/executor.py``."""
+    get_runtime().redis.lpush(f"bench:done:{token}", 1)
+    return token
+
+
+@app.task(name="toolrail.fork_noop", acks_late=True)
+def fork_noop(token: str) -> str:
+    """Fork a no-op child, wait for it, signal completion: the physical floor of a process per call."""
+    import os  # noqa: PLC0415 - bench-only task
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
     get_runtime().redis.lpush(f"bench:done:{token}", 1)
     return token

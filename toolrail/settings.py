@@ -6,6 +6,8 @@ Every field's docstring is its documentation: ``toolrail config docs`` renders t
 
 from __future__ import annotations
 
+import base64
+import binascii
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -107,7 +109,26 @@ class Settings(BaseSettings):
     max_reasks_limit: int = Field(default=5, ge=0)
     """Most re-asks a job may ask for."""
     max_steps: int = Field(default=4, ge=1)
-    """Most decide → run steps of one job."""
+    """Agent runs: decide → run steps of a job that brings a conversation and no calls of its own, when the job
+    does not say (`max_steps`). A job that brings its calls runs one step unless it asks for more."""
+    max_steps_limit: int = Field(default=32, ge=1)
+    """Agent runs: the most steps one job may ask for (422 above)."""
+    run_max_identical_calls: int = Field(default=3, ge=1)
+    """Agent runs: the same call (tool and arguments) made more often than this in one run stops it
+    (`loop_detected`)."""
+    run_max_calls: int = Field(default=64, ge=1)
+    """Agent runs: the most calls one run may make (`call_budget_exceeded` above)."""
+    run_max_calls_per_tool: int = Field(default=32, ge=1)
+    """Agent runs: the most calls of one tool in one run (`tool_budget_exceeded` above)."""
+    run_deadline_s: float = Field(default=1800.0, gt=0)
+    """Agent runs: seconds from submission by which a run must have ended (`deadline_exceeded`)."""
+    tool_result_max_chars: int = Field(default=4000, ge=64)
+    """Agent runs: a tool result is shown to the model as JSON cut to this many characters."""
+    approval_timeout_s: float = Field(default=3600.0, gt=0)
+    """Human approval: seconds a job waits in `awaiting_approval` before it ends as `expired`."""
+    approval_policies: dict[str, str | list[str]] = Field(default_factory=dict)
+    """Human approval per tenant, as JSON: `{"tenant": "side_effects"}` or `{"tenant": ["transfer", ...]}`. Tools
+    flagged `requires_approval` and a job's own `require_approval` apply too."""
 
     # ------------------------------------------------------------------ workers
     worker_concurrency: int = Field(default=2, ge=1)
@@ -132,6 +153,42 @@ class Settings(BaseSettings):
     sandbox_network: bool = False
     """Give tools that declare `networked` network access in the sandbox."""
 
+    # ------------------------------------------------------------------ tracing (docs/observability.md)
+    otlp_endpoint: str | None = Field(default=None, validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    """OpenTelemetry's own variable: set, every process exports its spans over OTLP/HTTP to this collector
+    (the other `OTEL_EXPORTER_OTLP_*` variables apply). Unset: nothing is exported."""
+    trace_store: Literal["none", "redis"] = "none"
+    """`redis`: finished spans are also written to Redis (`tr:trace:<trace id>`, one hash per trace), where
+    `toolrail run --trace` and `GET /v1/jobs/{id}/trace` read them without a collector."""
+    trace_store_ttl_s: int = Field(default=24 * 3600, ge=1)
+    """Seconds a trace is kept in Redis (`trace_store=redis`)."""
+    trace_store_max_spans: int = Field(default=2000, ge=1)
+    """Most spans kept in Redis per trace (`trace_store=redis`); later ones are dropped."""
+    trace_content: bool = False
+    """Record message content, tool arguments and tool results on spans (sensitive; read by every process,
+    the sandbox child included, from `TOOLRAIL_TRACE_CONTENT`)."""
+
+    # ------------------------------------------------------------------ webhooks
+    webhook_secret: str = ""
+    """Signing secret (`whsec_` + base64 key, Standard Webhooks) of the default tenant's webhooks (the tenant of a
+    deployment without API keys). Nothing is sent unsigned: a tenant without a secret gets no webhooks."""
+    webhook_secrets: str = ""
+    """Signing secrets of other tenants: `tenant:whsec_...` pairs, comma separated."""
+    webhook_urls: dict[str, str] = {}
+    """Default webhook URL per tenant, as JSON: `{"tenant": "https://..."}`; a job's own `webhook_url` wins. Checked
+    like a job's URL (http(s), public addresses) at every delivery."""
+    webhook_allow_private: bool = False
+    """Allow webhook URLs whose host resolves to a loopback, private, link-local or other non-public address
+    (refused by default: SSRF)."""
+    webhook_max_attempts: int = Field(default=8, ge=1, le=50)
+    """Attempts of one webhook delivery before it ends as failed (`exhausted`)."""
+    webhook_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    """Seconds one webhook attempt may take in all (connect, send, answer); longer is a timeout and is retried."""
+    webhook_backoff_s: float = Field(default=2.0, gt=0)
+    """Webhook retries: the first wait in seconds; each next one doubles, with jitter (x0.5 to x1.5)."""
+    webhook_backoff_max_s: float = Field(default=600.0, gt=0)
+    """Webhook retries: the longest wait between two attempts (kept below the broker's visibility timeout)."""
+
     # ------------------------------------------------------------------ logs
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto", validation_alias=AliasChoices("TOOLRAIL_LOG_FORMAT", "TOOLRAIL_LOG_JSON"))
@@ -152,6 +209,18 @@ class Settings(BaseSettings):
         if isinstance(value, str) and value.lower() in {"0", "false", "no"}:
             return "console"
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("webhook_secret", "webhook_secrets", mode="after")
+    @classmethod
+    def _webhook_secrets(cls, value: str) -> str:
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            secret = item.rpartition(":")[2].removeprefix("whsec_")
+            try:
+                if not base64.b64decode(secret, validate=True):
+                    raise ValueError("empty key")
+            except (binascii.Error, ValueError):
+                raise ValueError("a webhook secret is whsec_ followed by the base64 of a key") from None
+        return value
 
     @field_validator("log_level", mode="after")
     @classmethod

@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["ToolCall", "call_id"]
 
 
-def call_id(request_id: str, index: int, *, attempt: int = 0) -> str:
-    """``call_<request_id>_<index>`` (``_a<attempt>`` appended for re-asks after the first)."""
-    base = f"call_{request_id}_{index}"
+def call_id(request_id: str, index: int, *, attempt: int = 0, step: int = 0) -> str:
+    """``call_<request_id>_<index>`` (``s<step>_`` before the index for a run's later steps, ``_a<attempt>``
+    appended for re-asks after the first)."""
+    base = f"call_{request_id}_{index}" if not step else f"call_{request_id}_s{step}_{index}"
     return f"{base}_a{attempt}" if attempt else base
 
 

@@ -1,0 +1,174 @@
+"""Human approval of calls: a run stops in ``awaiting_approval`` holding its validated calls.
+
+No worker waits: the job record holds the calls (status ``awaiting_approval``), a sorted set
+holds the job's deadline, and the API resumes the run when the last waiting call of the step
+is approved or rejected. A rejection is a result the model sees (``rejected`` with the reason);
+edited arguments are validated again against the tool's schema. Approving twice is idempotent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from executor.errors import ApprovalConflictError, InvalidApprovalError, JobNotFoundError
+from executor.store import TERMINAL_CALL, CallRecord, JobRecord
+from toolrail.logging import get_logger
+from tools.validation import validate
+
+if TYPE_CHECKING:
+    from executor.runtime import Runtime
+
+__all__ = ["Resolution", "expire_due", "index_waiting", "resolve"]
+
+log = get_logger("toolrail.approvals")
+
+#: Sorted set: jobs awaiting approval, scored by the time they expire.
+WAITING_KEY = "tr:awaiting"
+MAX_REASON_CHARS = 500
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What a person's answer did: the call as it now stands, and whether it resumed the run."""
+
+    job: JobRecord
+    call: CallRecord
+    resumed: bool
+    repeated: bool
+
+    def public(self) -> dict[str, Any]:
+        return {"job_id": self.job.job_id, "request_id": self.job.request_id, "status": self.job.status,
+                "call": self.call.model_dump(exclude={"queue"}), "resumed": self.resumed, "repeated": self.repeated}
+
+
+def index_waiting(rt: Runtime, job: JobRecord) -> None:
+    """Remember when a waiting job expires (the reconciler's sweep reads it)."""
+    rt.redis.zadd(WAITING_KEY, {job.job_id: job.approval_deadline_at or time.time()})
+
+
+def _expire(rt: Runtime, job_id: str) -> JobRecord:
+    from executor.jobs import set_status  # noqa: PLC0415 - jobs imports this module
+
+    def mutate(job: JobRecord) -> None:
+        if job.status != "awaiting_approval":
+            raise _NotWaiting
+        for record in job.steps:
+            if record.get("index") == job.step:
+                record["status"], record["finished_at"] = "expired", time.time()
+
+    try:
+        job = set_status(rt, job_id, "expired", mutate=mutate,
+                         error={"type": "approval_expired", "message": "no one approved or rejected the waiting calls "
+                                "before the approval deadline", "details": {}})
+    except _NotWaiting:
+        job = rt.store.get(job_id)
+    rt.redis.zrem(WAITING_KEY, job_id)
+    return job
+
+
+class _NotWaiting(Exception):
+    pass
+
+
+def expire_due(rt: Runtime, *, now: float | None = None, limit: int = 100) -> int:
+    """End as ``expired`` every waiting job past its approval deadline. Returns how many."""
+    due = rt.redis.zrangebyscore(WAITING_KEY, "-inf", now or time.time(), start=0, num=limit)
+    for raw in due:
+        job = _expire(rt, raw.decode())
+        log.info("approval.expired", job_id=job.job_id, status=job.status)
+    return len(due)
+
+
+def resolve(rt: Runtime, job_id: str, call_id: str, *, tenant: str, decision: Literal["approve", "reject"],
+            arguments: dict[str, Any] | None = None, reason: str | None = None,
+            dispatch: Callable[[JobRecord, CallRecord], None], next_step: Callable[[JobRecord], None] | None) -> Resolution:
+    """Approve (optionally with edited arguments) or reject one waiting call; resume the run when none waits.
+
+    Raises ``JobNotFoundError`` (404: unknown job, another tenant's, unknown call), ``ApprovalConflictError``
+    (409: the job ended or expired, the call needs no approval, it was already decided the other way) and
+    ``InvalidApprovalError`` (422: edited arguments that fail the schema). Nothing changes on an error.
+    """
+    from executor.jobs import advance, job_specs  # noqa: PLC0415 - jobs imports this module
+
+    job = rt.store.get(job_id, tenant=tenant)
+    if job.status == "awaiting_approval" and job.approval_deadline_at is not None and time.time() > job.approval_deadline_at:
+        job = _expire(rt, job_id)
+    call = next((c for c in job.calls if c.id == call_id), None)
+    if call is None:
+        raise JobNotFoundError(f"job {job_id} has no call {call_id!r}", job_id=job_id, call_id=call_id)
+    if call.approval is None:
+        raise ApprovalConflictError(f"call {call_id} does not need approval", job_id=job_id, call_id=call_id,
+                                    reason="not_awaiting_approval")
+    state = "approved" if decision == "approve" else "rejected"
+    current = call.approval.get("state")
+    if current == state:  # the same answer again: idempotent
+        return Resolution(job, call, resumed=False, repeated=True)
+    if current != "pending":
+        raise ApprovalConflictError(f"call {call_id} was already {current}", job_id=job_id, call_id=call_id,
+                                    reason="already_decided", approval=current)
+    if job.status != "awaiting_approval":
+        raise ApprovalConflictError(f"job {job_id} is {job.status}; its calls can no longer be approved",
+                                    job_id=job_id, call_id=call_id, reason="job_not_waiting", job_status=job.status)
+    record = {**call.approval, "state": state, "at": time.time()}
+    if decision == "approve" and arguments is not None:
+        spec = job_specs(rt, job)[call.name]
+        errors = validate(arguments, spec.parameters)
+        if errors:
+            raise InvalidApprovalError(f"the edited arguments of {call.name!r} do not match its schema",
+                                       job_id=job_id, call_id=call_id, errors=errors)
+        record.update(edited=True, original_arguments=call.arguments)
+        call.arguments = arguments
+    if decision == "reject":
+        record["reason"] = (reason or "rejected by a reviewer")[:MAX_REASON_CHARS]
+    call.approval = record
+    call.status = "awaiting_approval"
+    rt.store.put_call(job_id, call)
+    log.info("approval.decided", job_id=job_id, call_id=call_id, state=state, edited=bool(record.get("edited")))
+    return _maybe_resume(rt, job_id, call, dispatch=dispatch, next_step=next_step, advance=advance)
+
+
+def _maybe_resume(rt: Runtime, job_id: str, call: CallRecord, *, dispatch: Callable[[JobRecord, CallRecord], None],
+                  next_step: Callable[[JobRecord], None] | None, advance: Callable[..., JobRecord]) -> Resolution:
+    """When no call of the step waits any more, move the job to running (once) and start its calls."""
+    job = rt.store.get(job_id)
+    calls = job.step_calls()
+    if any((c.approval or {}).get("state") == "pending" for c in calls):
+        return Resolution(job, call, resumed=False, repeated=False)
+    moved: dict[str, bool] = {}
+
+    def mutate(j: JobRecord) -> dict[str, Any] | None:
+        if j.status != "awaiting_approval" or j.step != job.step:
+            return None
+        j.status, j.approval_deadline_at = "running", None
+        moved["yes"] = True
+        return {"type": "approval", "step": j.step, "status": "resolved", "request_id": j.request_id}
+
+    job = rt.store.update(job_id, mutate)
+    if not moved:
+        return Resolution(job, call, resumed=False, repeated=False)
+    rt.redis.zrem(WAITING_KEY, job_id)
+    now = time.time()
+    to_run = []
+    for item in calls:
+        if item.status in TERMINAL_CALL:
+            continue
+        state = (item.approval or {}).get("state")
+        if state == "rejected":
+            item.status, item.finished_at = "rejected", now
+            item.error = {"type": "rejected", "message": item.approval.get("reason", "rejected by a reviewer"),
+                          "details": {}}
+            rt.store.finish_call(job_id, item)
+        elif item.status in {"awaiting_approval", "pending"}:
+            item.status, item.dispatched_at = "pending", now
+            rt.store.put_call(job_id, item)
+            to_run.append(item)
+    for item in to_run:
+        dispatch(job, item)
+    if not to_run:
+        job = advance(rt, job_id, next_step)
+    log.info("approval.resumed", job_id=job_id, step=job.step, dispatched=len(to_run))
+    current = next((c for c in rt.store.get(job_id).calls if c.id == call.id), call)
+    return Resolution(job, current, resumed=True, repeated=False)
