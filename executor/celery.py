@@ -30,7 +30,7 @@ def _broker_url() -> str:
     return get_settings().redis_url or os.environ.get("REDIS_URL") or DEFAULT_BROKER
 
 
-app = Celery("toolrail", include=["executor.tasks"])
+app = Celery("toolrail", include=["executor.tasks", "executor.webhooks"])
 app.conf.update(celery_config(_broker_url(), visibility_timeout_s=get_settings().visibility_timeout_s,
                               task_time_limit_s=getattr(get_settings(), "task_time_limit_s", None)))
 

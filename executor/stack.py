@@ -145,7 +145,7 @@ class LocalStack:
         if self.with_worker:
             from tools.registry import default_registry  # noqa: PLC0415
 
-            queues = ["decide", *default_registry().queues()]
+            queues = ["decide", "webhooks", *default_registry().queues()]
             self._worker = start_worker(url, queues=queues, concurrency=self.concurrency, env=self.worker_env,
                                         log_file=self.log_file)
         self._start_api()

@@ -22,6 +22,8 @@ from tools.ledger import Ledger
 TEST_TOOL_MODULES = "tests.executor.tools_for_tests"
 LEDGER_PREFIX = "test:ledger"
 SECRET = "s3cr3t-worker-only"
+#: Signing secret of the test session's webhooks (default tenant).
+WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +40,10 @@ def redis_client(redis_url: str) -> redis.Redis:
 def worker_env() -> dict[str, str]:
     marker_dir = tempfile.mkdtemp(prefix="toolrail-markers-")
     return {"TOOLRAIL_DECIDER": "none", "TOOLRAIL_TOOL_MODULES": TEST_TOOL_MODULES, "TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX,
-            "TOOLRAIL_TEST_SECRET": SECRET, "TOOLRAIL_TEST_MARKER_DIR": marker_dir, "TOOLRAIL_LOG_JSON": "1"}
+            "TOOLRAIL_TEST_SECRET": SECRET, "TOOLRAIL_TEST_MARKER_DIR": marker_dir, "TOOLRAIL_LOG_JSON": "1",
+            # webhooks: the tests' receivers listen on loopback; short retries
+            "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1", "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2", "TOOLRAIL_WEBHOOK_MAX_ATTEMPTS": "4",
+            "TOOLRAIL_WEBHOOK_TIMEOUT_S": "2", "TOOLRAIL_WEBHOOK_SECRET": WEBHOOK_SECRET}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -71,7 +76,7 @@ def worker(redis_url: str, worker_env: dict[str, str], worker_log: Path) -> Iter
     """A real Celery worker pool (2 processes) on every queue."""
     from tools.registry import default_registry
 
-    queues = ["decide", *default_registry().queues()]
+    queues = ["decide", "webhooks", *default_registry().queues()]
     proc = start_worker(redis_url, queues=queues, concurrency=2, env=worker_env, log_file=worker_log,
                         hostname="toolrail-test@%h")
     try:
