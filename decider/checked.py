@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import structlog
+from opentelemetry import trace
 
 from decider.errors import GenerationBoundError, InvalidRequestError
 from decider.prompt import reask_messages
@@ -41,6 +42,7 @@ from tools.check import (
     prior_calls,
 )
 from tools.evidence import ConversationValues
+from toolrail import tracing
 
 __all__ = ["CheckedAttempt", "CheckedDecision", "ClientOutput", "DEFAULT_MAX_REASKS", "decide_checked"]
 
@@ -155,6 +157,29 @@ def _review_error(check: OutputCheck, attempts: int) -> dict[str, Any]:
             "details": {"errors": errors}}
 
 
+def _decide(decider: Decider, request: DecideRequest, chat: list[Any]) -> Decision:
+    """One model call inside a ``chat {model}`` span (tokens, time to first token, grammar times, re-ask
+    number); the span stays open in ``chat`` until the attempt is checked and recorded."""
+    backend = getattr(decider, "backend", None)
+    path = str(getattr(getattr(decider, "tokenizer", None), "name_or_path", "") or "")
+    model = getattr(backend, "model_name", None) or path.rstrip("/").rsplit("/", 1)[-1] or type(decider).__name__
+    span = tracing.start_chat(str(model), attempt=request.attempt, provider=str(getattr(decider, "name", "toolrail")),
+                              messages=request.messages)
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            decision = decider.decide(request)
+    except GenerationBoundError as exc:
+        span.set_attribute("error.type", f"generation_bound.{exc.reason}")
+        chat.append(span)  # recorded (and ended) as the failed attempt
+        raise
+    except Exception as exc:
+        tracing.finish_chat(span, error_type=type(exc).__name__)
+        raise
+    tracing.record_decision(span, usage=decision.usage, output=decision.raw_output)
+    chat.append(span)
+    return decision
+
+
 def decide_checked(decider: Decider | Callable[[], Decider | None] | None, request: DecideRequest, *,
                    first_output: ClientOutput | None = None,
                    max_reasks: int = DEFAULT_MAX_REASKS,
@@ -187,8 +212,12 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
     check: OutputCheck | None = None
     raw = ""
 
+    chat: list[Any] = []  # the open ``chat {model}`` span of the attempt being decided, ended once it is checked
+
     def record(attempt: CheckedAttempt) -> None:
         attempts.append(attempt)
+        if chat:
+            tracing.finish_chat(chat.pop(), errors=attempt.errors)
         logger.info("decider.decided", request_id=request.request_id, attempt=attempt.attempt, source=attempt.source,
                     calls=[c.name for c in (check.calls if check else [])], text=check.content is not None if check else False,
                     latency_s=attempt.latency_s, prompt_tokens=attempt.usage.get("prompt_tokens"),
@@ -222,7 +251,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
         number = len(attempts)
         started = time.perf_counter()
         try:
-            decision = decider.decide(request.model_copy(update={"messages": messages, "attempt": number}))
+            decision = _decide(decider, request.model_copy(update={"messages": messages, "attempt": number}), chat)
         except GenerationBoundError as exc:
             failed = OutputCheck(calls=[], errors=[{"path": "", "message": str(exc), "validator": exc.reason}])
             record(_attempt(number, "decider", exc.output, failed, latency_s=time.perf_counter() - started))

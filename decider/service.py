@@ -408,11 +408,13 @@ class BackendDecider:
         parser = ToolCallStreamParser(plan.request_id, attempt=plan.attempt)
         finish_reason, usage, logprob = None, {}, None
         stream = self.backend.generate(self._generation(plan))
+        started, first_token_s = time.perf_counter(), None  # time to first token: the decision's chat span shows it
         try:
             async for chunk in stream:
                 if chunk.request_id != plan.request_id:
                     raise StreamInterruptedError(f"backend returned output of {chunk.request_id!r} for {plan.request_id!r}")
                 if chunk.text:
+                    first_token_s = time.perf_counter() - started if first_token_s is None else first_token_s
                     period = _loop_period(parser.text + chunk.text) if self.config.loop_guard else None
                     if period is not None:
                         logger.warning("decider.loop_cut", request_id=plan.request_id, period=period,
@@ -442,6 +444,8 @@ class BackendDecider:
             raise GenerationBoundError("max_tokens", f"decoding of {plan.request_id} reached max_tokens={plan.max_tokens} "
                                        "before the tool calls were complete", output=parser.text,
                                        tokens=int(usage.get("completion_tokens", 0)))
+        if first_token_s is not None:
+            usage["ttft_us"] = int(first_token_s * 1e6)
         decision = self._decision(plan, parser, finish_reason, usage)
         if logprob is not None:
             decision = decision.model_copy(update={"logprob": logprob})

@@ -53,6 +53,7 @@ from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor
 
 from decider.backend import GenerationChunk, GenerationRequest
+from toolrail import tracing
 from decider.errors import (
     BackendUnavailableError,
     DeciderPermanentError,
@@ -221,7 +222,9 @@ class TritonBackend:
     async def _read(self, outbox: asyncio.Queue) -> None:
         """Own the stream: route every response to its request by id; on a cut, fail everything in flight."""
         assert self._stub is not None
-        call = self._stub.ModelStreamInfer(self._requests(outbox))
+        # gRPC metadata is per stream: it names the trace of the request that opened it (each request's own
+        # context travels in its parameters, see ``_encode``)
+        call = self._stub.ModelStreamInfer(self._requests(outbox), metadata=tuple(tracing.current_context().items()))
         try:
             async for response in call:
                 self._route(response)
@@ -283,6 +286,8 @@ class TritonBackend:
             values["return_log_probs"] = [True]
         message = service_pb2.ModelInferRequest(model_name=self.model_name, id=triton_id)
         message.parameters[ENABLE_EMPTY_FINAL].bool_param = True
+        for key, value in tracing.current_context().items():  # per request: one stream carries many requests' traces
+            message.parameters[key].string_param = value
         for spec in CLIENT_INPUTS:
             if spec.name not in values:
                 continue

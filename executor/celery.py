@@ -15,6 +15,7 @@ from celery import Celery
 from celery.signals import before_task_publish, task_postrun, task_prerun, worker_init, worker_process_init
 
 from executor.config import celery_config
+from executor.tracing_hooks import instrument_celery
 from toolrail.context import CELERY_REQUEST_ID_HEADER, bind_request, current_request_id
 from toolrail.logging import configure_logging, get_logger
 from toolrail.settings import get_settings
@@ -60,6 +61,7 @@ def _clear_request_id(**_: object) -> None:
 @worker_process_init.connect
 def _configure_child_logging(**_: object) -> None:
     configure_logging(force=True)
+    instrument_celery("worker")  # tracing after the prefork fork: the batch processor's thread lives here
     if os.environ.get(_PREWARM_ENV) == "1":
         _prewarm_sandbox()
 

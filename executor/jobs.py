@@ -24,6 +24,8 @@ from executor.idempotency import payload_hash
 from executor.runtime import Runtime
 from executor.sandbox import CallRun
 from executor.store import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
+from executor.tracing_hooks import execute_tool
+from toolrail import tracing
 from toolrail.logging import get_logger
 from tools.calls import call_id
 from tools.errors import UnknownToolError
@@ -68,6 +70,8 @@ def set_status(rt: Runtime, job_id: str, status: str, *, mutate: Callable[[JobRe
     job = rt.store.update(job_id, apply)
     if changed.get("status"):
         notify(rt, job)
+        if job.status in TERMINAL_JOB:
+            tracing.end_job(job)  # the job span: from the job's creation to now
     return job
 
 
@@ -249,7 +253,7 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
     if outcome is None:
         log.info("call.start", job_id=job_id, call_id=call.id, tool=call.name)
         try:
-            result = guarded_run(rt, spec, CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id,
+            result = execute_tool(guarded_run, rt, spec, CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id,
                                                    idempotency_key=f"{job_id}:{call.id}", arguments=arguments,
                                                    env=rt.tool_env(spec)), tenant=job.tenant)
             for line in result.logs:

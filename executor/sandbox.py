@@ -134,6 +134,8 @@ class CallRun:
     arguments: dict[str, Any]
     #: Extra variables granted to this tool (e.g. the ledger URL for networked tools).
     env: dict[str, str] = field(default_factory=dict)
+    #: W3C context of the call's ``execute_tool`` span: the child records its span under it and returns it.
+    trace_context: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -471,6 +473,7 @@ class ProcessSandbox:
                 "scratch_root": str(self._scratch_root), "max_processes": self._max_processes,
                 "network": spec.networked, "uid": uid, "confine": self._confine,
                 "env": {**call.env, "TOOLRAIL_REQUEST_ID": call.request_id},
+                "trace_context": call.trace_context,
             }
             try:
                 streams = _collect(warm.fds, json.dumps(request, ensure_ascii=False).encode() + b"\n",
@@ -485,6 +488,8 @@ class ProcessSandbox:
                 _kill_group(proc)  # nothing the tool started outlives the call
                 _release(warm)
             frame = _frame(spec, streams.get("result"))
+            if isinstance(frame, dict) and "spans" in frame:  # the child's spans (it has no network): ours to export
+                _adopt_spans(frame.pop("spans"), call)
             isolation = frame.get("isolation") if isinstance(frame, dict) and isinstance(frame.get("isolation"), dict) \
                 else {}
             if uid is not None and isolation.get("pid") != "pidns":
@@ -514,6 +519,12 @@ class ProcessSandbox:
         error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
         cls = _ERRORS.get(str(error.get("type", "")), ToolRaisedError)
         raise cls(str(error.get("message", "tool failed")), tool_error=error)
+
+
+def _adopt_spans(spans: Any, call: CallRun) -> None:
+    from toolrail.tracing import adopt_spans  # noqa: PLC0415 - only calls that carry a trace context get here
+
+    adopt_spans(spans, trace_context=call.trace_context)
 
 
 def _frame(spec: ToolSpec, raw: _Captured | None) -> dict[str, Any] | ToolOutputError | None:

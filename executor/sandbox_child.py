@@ -848,6 +848,35 @@ def monitor(request: dict, modules: list[str]) -> dict:
     return frame
 
 
+def traced_monitor(request: dict, modules: list[str]) -> dict:
+    """``monitor`` inside a ``sandbox {tool}`` span when the call carries a trace context.
+
+    The child has no network: its spans are recorded in memory and ride back in the result
+    frame (``spans``), which the worker hands to its own exporters. The span is the monitor's,
+    around the tool process's whole life; nothing the tool process writes becomes a span.
+    """
+    if not request.get("trace_context"):
+        return monitor(request, modules)
+    try:
+        from toolrail.tracing import ChildRecorder  # noqa: PLC0415 - preloaded by the fork server
+
+        recorder = ChildRecorder(request["trace_context"])
+    except Exception:  # noqa: BLE001 - tracing never stops a call
+        return monitor(request, modules)
+    with recorder.span(f"sandbox {request.get('tool')}", **{"gen_ai.tool.call.id": request.get("call_id"),
+                                                           "process.pid": _host_pid()}) as span:
+        frame = monitor(request, modules)
+        if span is not None:
+            error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
+            span.set_attribute("toolrail.call.ok", bool(frame.get("ok")))
+            if error.get("type") or "exit" in frame:
+                span.set_attribute("error.type", str(error.get("type") or "tool_crashed"))
+            for layer, value in (frame.get("isolation") or {}).items():
+                span.set_attribute(f"toolrail.sandbox.{layer}", str(value))
+    frame["spans"] = recorder.finished()
+    return frame
+
+
 def main(argv: list[str]) -> int:
     result_fd = int(argv[argv.index("--result-fd") + 1]) if "--result-fd" in argv else RESULT_FD
     if result_fd != RESULT_FD:
@@ -863,7 +892,7 @@ def main(argv: list[str]) -> int:
         return 0
     request = json.loads(line)
     try:
-        frame = monitor(request, modules)
+        frame = traced_monitor(request, modules)
     except Exception as exc:  # noqa: BLE001 - the monitor's own failure is a typed sandbox error
         frame = _error("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}")
     try:
@@ -958,6 +987,8 @@ def serve_forks(sock_fd: int) -> int:
 
     import tools.context  # noqa: F401, PLC0415
 
+    with contextlib.suppress(Exception):  # traced calls record their span in the child: import it once, here
+        import toolrail.tracing  # noqa: F401, PLC0415
     _reachable_for_own_uid(modules)
     read_paths(modules)  # warms the package lookups every call's confinement needs
     sock = socket.socket(fileno=sock_fd)

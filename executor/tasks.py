@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 
 from decider.errors import DeciderRetryableError
-from executor import concurrency, jobs
+from executor import concurrency, jobs, tracing_hooks
 from executor.celery import app
 from executor.errors import RetryableError
 from executor.runtime import get_runtime
@@ -38,7 +38,9 @@ def dispatch_call(job: JobRecord, call: CallRecord) -> None:
 @app.task(name="toolrail.decide", bind=True, **_RETRY)
 def decide(self, job_id: str) -> str:
     """Decide/validate the current step of one job and queue its calls (each step is its own task)."""
-    job = jobs.decide_job(get_runtime(), job_id, dispatch_call, next_step=enqueue_decide)
+    with tracing_hooks.step(get_runtime, job_id) as step:
+        job = jobs.decide_job(get_runtime(), job_id, dispatch_call, next_step=enqueue_decide)
+        step.done(job)
     return job.status
 
 
@@ -59,6 +61,7 @@ def run_call(self, job_id: str, call_id: str) -> str:
     return call.status
 
 
+@tracing_hooks.in_job_trace  # every step's decision hangs off the job span
 def enqueue_decide(job: JobRecord) -> None:
     """Queue the decision of a job's current step (the API for a new job; the run loop for each later step)."""
     with request_scope(job.request_id):

@@ -1,0 +1,221 @@
+"""Where the executor's processes meet ``toolrail.tracing``: Celery, the API, the trace endpoint.
+
+- :func:`instrument_celery` — OpenTelemetry's Celery instrumentation (the producer injects W3C
+  context into the message headers on ``before_task_publish``; the worker extracts it on
+  ``task_prerun``), plus a ``queue wait {queue}`` span per task: from the publish time stamped in
+  the ``toolrail_published_at`` header to the task's start. Workers call it in
+  ``worker_process_init`` (after the prefork fork, so the batch processor's thread lives in the
+  pool process); publishing processes (the API) call it at start.
+- :func:`instrument_api` — FastAPI's instrumentation (an incoming ``traceparent`` is honoured, one
+  is generated when absent), and a link from each later request about a job (polls, event
+  streams, the trace itself) to the job's span.
+- :func:`in_job_trace` — wraps ``enqueue(job)``/``dispatch(job, call)`` so what they publish is a
+  child of the job's span (the reconciler's requeues included).
+- :func:`step`, :func:`execute_tool` — the ``step {n}`` span of a decide task and the
+  ``execute_tool {name}`` span of a call's run (whose context the sandbox child gets).
+- :func:`trace_router` — ``GET /v1/jobs/{id}/trace``: the job's spans from the Redis sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import re
+import time
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from celery.signals import before_task_publish, task_prerun
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from toolrail import tracing
+from toolrail.logging import get_logger
+
+__all__ = ["PUBLISHED_AT_HEADER", "StepScope", "execute_tool", "in_job_trace", "instrument_api", "instrument_celery", "step",
+           "trace_router"]
+
+log = get_logger("toolrail.tracing")
+
+#: Celery message header: when the message was published (epoch seconds, the publisher's clock).
+PUBLISHED_AT_HEADER = "toolrail_published_at"
+_JOB_PATH = re.compile(r"^/v1/jobs/(job_[0-9a-f]{1,64})(?:/[a-z]+)?$")
+_instrumented: dict[str, int] = {}
+
+
+# ----------------------------------------------------------------- Celery
+
+
+def instrument_celery(kind: str, **setup_options: Any) -> None:
+    """Set up tracing for a process that publishes or runs tasks, and instrument Celery (once per process)."""
+    import os  # noqa: PLC0415
+
+    provider = tracing.setup(kind, **setup_options)
+    if _instrumented.get("celery") == os.getpid():
+        return
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor  # noqa: PLC0415
+
+    instrumentor = CeleryInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:  # inherited from a parent process: its tracer is the parent's
+        instrumentor.uninstrument()
+    instrumentor.instrument(tracer_provider=provider)
+    _instrumented["celery"] = os.getpid()
+
+
+@before_task_publish.connect
+def _stamp_published_at(headers: dict | None = None, **_: object) -> None:
+    if headers is not None:
+        headers[PUBLISHED_AT_HEADER] = time.time()
+
+
+@task_prerun.connect
+def _queue_wait_span(task: Any = None, **_: object) -> None:
+    """A ``queue wait {queue}`` span: publish → start, a child of the publisher's span (clocks of two hosts)."""
+    if task is None or not tracing.recording():
+        return
+    request = task.request
+    published = _header(request, PUBLISHED_AT_HEADER)
+    if published is None:
+        return
+    try:
+        start_ns = int(float(published) * 1e9)
+    except (TypeError, ValueError):
+        return
+    now_ns = time.time_ns()
+    carrier = {key: value for key in ("traceparent", "tracestate", "baggage")
+               if isinstance(value := _header(request, key), str)}
+    parent = tracing.context_from(carrier)
+    if parent is None:
+        return
+    delivery = getattr(request, "delivery_info", None) or {}
+    queue = delivery.get("routing_key") or "default"
+    span = tracing.tracer().start_span(f"queue wait {queue}", context=parent, kind=SpanKind.CONSUMER,
+                                       start_time=min(start_ns, now_ns))
+    span.set_attribute("messaging.system", "redis")
+    span.set_attribute("messaging.destination.name", queue)
+    span.set_attribute("messaging.operation.type", "receive")
+    span.set_attribute("toolrail.queue.wait_s", round(max(0, now_ns - start_ns) / 1e9, 6))
+    span.set_attribute("celery.task_name", str(getattr(task, "name", "")))
+    if delivery.get("redelivered"):
+        span.set_attribute("toolrail.queue.redelivered", True)
+    span.end(end_time=now_ns)
+
+
+def _header(request: Any, key: str) -> Any:
+    value = getattr(request, key, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(key)
+    return value
+
+
+def in_job_trace(publish: Callable[..., Any]) -> Callable[..., Any]:
+    """``publish(job, ...)`` run inside the job's trace: the task it queues is a child of the job span."""
+
+    @functools.wraps(publish)
+    def wrapper(job: Any, *args: Any, **kwargs: Any) -> Any:
+        with tracing.job_context(getattr(job, "trace_context", None), switch=True):
+            return publish(job, *args, **kwargs)
+
+    return wrapper
+
+
+# ----------------------------------------------------------------- the run's spans in the worker
+
+
+class StepScope:
+    """The ``step`` span of a decide task; :meth:`done` names it after the step the task decided."""
+
+    def __init__(self, span: trace.Span | None) -> None:
+        self.span = span
+
+    def done(self, job: Any) -> None:
+        if self.span is not None:
+            tracing.name_step(self.span, job)
+
+
+@contextlib.contextmanager
+def step(runtime_of: Callable[[], Any], job_id: str) -> Iterator[StepScope]:
+    """``step {n}`` around a decide task; in the job's trace even when the task brought no context."""
+    if not tracing.recording():
+        yield StepScope(None)
+        return
+    carrier = None
+    if not trace.get_current_span().get_span_context().is_valid:  # a task published without a context
+        with contextlib.suppress(Exception):
+            carrier = runtime_of().store.get(job_id).trace_context
+    with tracing.job_context(carrier), tracing.step_span(job_id) as span:
+        yield StepScope(span)
+
+
+def execute_tool(run: Callable[..., Any], rt: Any, spec: Any, call: Any, **kwargs: Any) -> Any:
+    """``run(rt, spec, call, **kwargs)`` (``guarded_run``) inside an ``execute_tool {name}`` span; the
+    sandbox child gets the span's context in its envelope and returns its own span."""
+    if not tracing.recording():
+        return run(rt, spec, call, **kwargs)
+    from executor.errors import SandboxError  # noqa: PLC0415
+
+    with tracing.execute_tool_span(spec.name, call.call_id, arguments=call.arguments, **{
+            "toolrail.job.id": call.job_id, "toolrail.tool.queue": spec.queue_name,
+            "toolrail.tool.side_effects": bool(spec.side_effects)}) as span:
+        call = dataclasses.replace(call, trace_context=tracing.current_context())
+        try:
+            result = run(rt, spec, call, **kwargs)
+        except SandboxError as exc:
+            tracing.record_tool(span, status="failed", error=exc.to_dict())
+            raise
+        except Exception as exc:
+            tracing.record_tool(span, status="failed", error={"type": type(exc).__name__, "message": str(exc)})
+            raise
+        tracing.record_tool(span, status="succeeded", result=result.result)
+        span.set_attribute("toolrail.tool.duration_s", round(float(result.duration_s), 6))
+        return result
+
+
+# ----------------------------------------------------------------- the API
+
+
+def instrument_api(app: Any, runtime: Any, **setup_options: Any) -> None:
+    """FastAPI's instrumentation on ``app``, Celery's for publishing, and links from job requests to the job span."""
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor  # noqa: PLC0415
+
+    instrument_celery("api", **setup_options)
+    FastAPIInstrumentor.instrument_app(app, tracer_provider=tracing.setup("api", **setup_options),
+                                       excluded_urls="/healthz,/readyz,/metrics",
+                                       exclude_spans=["receive", "send"])
+
+    @app.middleware("http")
+    async def link_to_job(request: Any, call_next: Callable) -> Any:
+        match = _JOB_PATH.match(request.url.path) if request.method == "GET" else None
+        if match is not None and tracing.recording() and trace.get_current_span().is_recording():
+            try:
+                job = await asyncio.to_thread(runtime.store.get, match.group(1))
+                tracing.link_to(job.trace_context)
+            except Exception:  # noqa: BLE001 - a missing job is the endpoint's 404 to give, not ours
+                pass
+        return await call_next(request)
+
+
+def trace_router(runtime: Any, tenant: Any) -> Any:
+    """``GET /v1/jobs/{job_id}/trace``: the job's spans (``TOOLRAIL_TRACE_STORE=redis``), oldest first."""
+    from fastapi import APIRouter  # noqa: PLC0415
+
+    from executor.errors import JobNotFoundError  # noqa: PLC0415
+
+    router = APIRouter()
+    depends = typing.get_args(tenant)[1]  # ``Annotated[str, Depends(...)]``: the API's authentication and rate limit
+
+    @router.get("/v1/jobs/{job_id}/trace", tags=["jobs"])
+    def job_trace(job_id: str, tenant_name: str = depends) -> dict[str, Any]:
+        """The spans of the job's trace that reached the Redis sink (empty unless ``TOOLRAIL_TRACE_STORE=redis``)."""
+        if len(job_id) > 100 or not all(c.isalnum() or c in "_-" for c in job_id):
+            raise JobNotFoundError(f"job {job_id[:100]!r} not found")
+        job = runtime.store.get(job_id, tenant=tenant_name)
+        trace_id = tracing.trace_id_of(job.trace_context)
+        spans = tracing.read_trace(runtime.redis, trace_id) if trace_id else []
+        return {"job_id": job.job_id, "request_id": job.request_id, "trace_id": trace_id,
+                "store": runtime.settings.trace_store, "spans": spans}
+
+    return router
