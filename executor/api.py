@@ -50,9 +50,7 @@ from executor.runtime import Runtime
 from executor.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
 from executor.store import TERMINAL_JOB, JobRecord
 from executor.tracing_hooks import in_job_trace, instrument_api, trace_router
-from executor.tracing_hooks import in_job_trace, instrument_api, trace_router
 from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
-from toolrail import tracing
 from toolrail import tracing
 from toolrail.logging import get_logger
 from toolrail.settings import Settings
@@ -423,7 +421,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         ping_workers = _celery_ping
     tenants = settings.tenants_by_key()
     enqueue, rerun = in_job_trace(enqueue), in_job_trace(rerun) if rerun is not None else None  # publish in the job trace
-    enqueue, rerun = in_job_trace(enqueue), in_job_trace(rerun) if rerun is not None else None  # publish in the job trace
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         reconciler = None
@@ -443,7 +440,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                   lifespan=lifespan)
     app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth)
     instrument_api(app, runtime)  # server spans (traceparent honoured or generated), links from job requests
-    instrument_api(app, runtime)  # server spans (traceparent honoured or generated), links from job requests
     metrics = CollectorRegistry()
     jobs_created = Counter("toolrail_jobs_created_total", "Jobs accepted", ["tenant"], registry=metrics)
     http_latency = Histogram("toolrail_http_request_duration_seconds", "API latency", ["method", "route", "status"],
@@ -459,7 +455,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         request_id = sanitize_request_id(request.headers.get(REQUEST_ID_HEADER))
         bind_request(request_id)
         request.state.request_id = request_id
-        tracing.tag_request(request_id)
         tracing.tag_request(request_id)
         started = time.perf_counter()
         try:
@@ -675,7 +670,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return SlotStreamingResponse(stream, slots=stream_slots, tenant=tenant, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    app.include_router(trace_router(runtime, Tenant))
     app.include_router(trace_router(runtime, Tenant))
     if mount_openai is None:
         mount_openai = settings.decider != "none"
