@@ -48,7 +48,7 @@ from executor.ratelimit import install_load_control, rate_limited
 from executor.readiness import Readiness
 from executor.runtime import Runtime
 from executor.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
-from executor.store import TERMINAL_JOB, JobRecord
+from executor.store import TERMINAL_JOB, CallRecord, JobRecord
 from executor.tracing_hooks import in_job_trace, instrument_api, trace_router
 from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
 from toolrail import tracing
@@ -248,6 +248,8 @@ class JobCreate(BaseModel):
                                   "side-effecting tool")
     webhook_url: str | None = Field(default=None, max_length=2048, description="where job.* events are POSTed "
                                     "(Standard Webhooks signatures)")
+    approval_timeout_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600,
+                                             description="seconds a step may wait for approval before the job expires")
 
     @field_validator("tools")
     @classmethod
@@ -300,6 +302,7 @@ def _run_fields(runtime: Runtime, body: JobCreate, settings: Settings, *, client
         except ExecutorError as exc:
             raise ApiError(422, exc.type, str(exc), **exc.details) from None
     return {"max_steps": body.max_steps or default_steps, "require_approval": body.require_approval,
+            "approval_timeout_s": body.approval_timeout_s,
             "webhook_url": webhook_url, "deadline_at": time.time() + settings.run_deadline_s}
 
 
@@ -411,9 +414,10 @@ Tenant = Annotated[str, Depends(rate_limited(tenant_of))]  # authenticated, then
 
 
 def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRecord], None] | None = None,
-               ping_workers: Callable[[], int] | None = None, mount_openai: bool | None = None) -> FastAPI:
-    """Build the API over a runtime. ``enqueue`` queues a job's decide step (Celery by default)."""
-    rerun = None
+               ping_workers: Callable[[], int] | None = None, mount_openai: bool | None = None,
+               rerun: Callable[[JobRecord, CallRecord], None] | None = None) -> FastAPI:
+    """Build the API over a runtime. ``enqueue`` queues a job's decide step and ``rerun`` one call on its tool queue
+    (Celery by default; with ``enqueue`` given and no ``rerun``, approvals and the reconciler are off)."""
     if enqueue is None:
         from executor.tasks import dispatch_call as rerun  # noqa: PLC0415
         from executor.tasks import enqueue_decide as enqueue  # noqa: PLC0415
@@ -672,7 +676,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
 
     app.include_router(trace_router(runtime, Tenant))
     if mount_openai is None:
-        mount_openai = settings.decider != "none"
+        mount_openai = settings.decider in {"embedded", "triton"}
     if mount_openai:
         try:
             from decider.openai_api import ChatLimits, create_router  # noqa: PLC0415 - heavy (torch); the model loads on first use
@@ -711,6 +715,8 @@ def _served_models(settings: Settings, *, created: int) -> list[dict[str, Any]]:
         return []
     if settings.decider == "triton":
         model_id = settings.triton_model
+    elif settings.decider == "custom":
+        model_id = settings.model or "custom"
     else:
         from decider.model import DEFAULT_MODEL_NAME  # noqa: PLC0415
 

@@ -61,11 +61,12 @@ def set_status(rt: Runtime, job_id: str, status: str, *, mutate: Callable[[JobRe
     def apply(job: JobRecord) -> Any:
         if job.status in TERMINAL_JOB:
             return None
+        extra = mutate(job) if mutate is not None else None  # sees the status before the change
         changed["status"] = job.status != status
         job.status = status  # type: ignore[assignment]
         for key, value in fields.items():
             setattr(job, key, value)
-        return mutate(job) if mutate is not None else None
+        return extra
 
     job = rt.store.update(job_id, apply)
     if changed.get("status"):
@@ -126,10 +127,12 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
         return set_status(rt, job_id, "failed", error={"type": "decider_unavailable", "message":
                           "no decider is configured and the job brought no tool calls", "details": {}})
     tool_choice = runs.step_tool_choice(job)
+    calls = job.calls
     job = set_status(rt, job_id, "validating" if first is not None else "deciding",
                      mutate=lambda j: runs.open_step(j, tool_choice=tool_choice) and None)
     if job.status in TERMINAL_JOB:  # cancelled meanwhile
         return job
+    job.calls = calls  # the record as updated carries no calls; the earlier steps' calls are the journal
     request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
                             tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls)
     try:
@@ -208,7 +211,7 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
     rt.store.set_calls(job.job_id, calls, step=job.step)
     to_run = [] if waiting else [c for c in calls if c.status == "pending"]
     status = "awaiting_approval" if waiting else "running" if to_run else "succeeded"
-    deadline = time.time() + rt.settings.approval_timeout_s if waiting else None
+    deadline = time.time() + (job.approval_timeout_s or rt.settings.approval_timeout_s) if waiting else None
 
     def mutate(j: JobRecord) -> None:
         _record_decision(j, attempts, decision.content, status)

@@ -32,9 +32,23 @@ def load_decider(settings: Settings) -> Decider | None:
     """The configured decider, or None when ``TOOLRAIL_DECIDER=none`` or it cannot be built."""
     if settings.decider == "none":
         return None
+    if settings.decider == "custom":
+        return _custom_decider(settings)
     from decider.service import get_default_decider  # noqa: PLC0415 - heavy (torch), only when deciding
 
     return get_default_decider(settings)
+
+
+def _custom_decider(settings: Settings) -> Decider | None:
+    """``TOOLRAIL_DECIDER_FACTORY=module:function``, called with the settings."""
+    import importlib  # noqa: PLC0415
+
+    module_name, _, attr = (settings.decider_factory or "").partition(":")
+    if not module_name or not attr:
+        log.error("decider.factory_invalid", factory=settings.decider_factory,
+                  reason="TOOLRAIL_DECIDER_FACTORY must be module:function")
+        return None
+    return getattr(importlib.import_module(module_name), attr)(settings)
 
 
 @dataclass

@@ -85,7 +85,8 @@ class JobRecord(BaseModel):
     steps: list[dict[str, Any]] = Field(default_factory=list)
     #: Approval policy of this job: tool names, ``"side_effects"``, or None (tool flags and tenant policy still apply).
     require_approval: list[str] | str | None = None
-    #: When an ``awaiting_approval`` job expires (epoch seconds).
+    #: Seconds a step may wait for approval (None: ``TOOLRAIL_APPROVAL_TIMEOUT_S``), and when the wait ends.
+    approval_timeout_s: float | None = None
     approval_deadline_at: float | None = None
     #: When the whole run must have ended (epoch seconds); None: no deadline.
     deadline_at: float | None = None
@@ -127,8 +128,44 @@ if current then
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', 1000, '*', 'data', ARGV[3])
-return redis.call('DECR', KEYS[2])
+local remaining = redis.call('DECR', KEYS[2])
+local i = 4
+while i <= #ARGV do  -- the outcome's metrics (see _Commands), counted in the same step that made it final
+  local n = tonumber(ARGV[i])
+  redis.call(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+return remaining
 """
+
+#: Compare-and-set of a job record in one round trip (WATCH + GET + MULTI/EXEC took three): the commands
+#: (see _Commands) run only while KEYS[1] still holds ARGV[1], the value the caller read; 0 when it changed.
+_CAS = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local i = 2
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  redis.call(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+return 1
+"""
+
+
+class _Commands:
+    """Commands batched into one script call, flat as ``argc, arg...`` (pipeline-shaped for ``executor.metrics``)."""
+
+    def __init__(self) -> None:
+        self.args: list[str | bytes | int | float] = []
+
+    def command(self, *args: str | bytes | int | float) -> None:
+        self.args += [len(args), *args]
+
+    def hincrby(self, key: str, field: str, amount: int = 1) -> None:
+        self.command("HINCRBY", key, field, int(amount))
+
+    def hincrbyfloat(self, key: str, field: str, amount: float) -> None:
+        self.command("HINCRBYFLOAT", key, field, repr(float(amount)))
 
 
 def _time_decision(job: JobRecord, before: str) -> bool:
@@ -162,6 +199,7 @@ class RedisJobStore:
         self._p = prefix
         self._ttl = ttl_s
         self._finish = client.register_script(_FINISH_CALL)
+        self._cas = client.register_script(_CAS)
         self._metrics = metrics.metrics_key(prefix)
         #: Non-terminal jobs scored by their last status change: what the reconciler watches.
         self._active = f"{prefix}:active"
@@ -220,47 +258,42 @@ class RedisJobStore:
 
     @_guard
     def update(self, job_id: str, mutate: Callable[[JobRecord], Any], *, event: dict[str, Any] | None = None) -> JobRecord:
-        """Read-modify-write the job under WATCH; emits a status event when the status changes, and the event
-        ``mutate`` returns (a dict), if any."""
+        """Read-modify-write the job (compare-and-set: two round trips, retried when another writer got there
+        first); emits a status event when the status changes, and the event ``mutate`` returns (a dict), if any."""
         key = self._k(job_id)
-        with self.redis.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    raw = pipe.get(key)
-                    if raw is None:
-                        raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
-                    job = JobRecord.model_validate_json(raw)
-                    before = job.status
-                    extra = mutate(job)
-                    job.updated_at = time.time()
-                    decided = _time_decision(job, before)
-                    pipe.multi()
-                    pipe.set(key, job.model_dump_json(exclude={"calls"}), keepttl=True)
-                    if decided:
-                        metrics.record_decision(pipe, self._metrics, outcome=job.status, seconds=job.decision_s,
-                                                reasks=max(0, len(job.attempts) - 1))
-                    if job.status in TERMINAL_JOB and before not in TERMINAL_JOB:
-                        metrics.record_job_finished(pipe, self._metrics, job.status)
-                    events = []
-                    if job.status != before:
-                        events.append({"type": "status", "status": job.status, "request_id": job.request_id,
-                                       **({"error": job.error} if job.error and job.status in TERMINAL_JOB else {})})
-                    if event:
-                        events.append(event)
-                    if isinstance(extra, dict):  # an event the mutation itself produced (it only happened once)
-                        events.append(extra)
-                    for item in events:
-                        pipe.xadd(self._k(job_id, ":events"), {"data": json.dumps(item, ensure_ascii=False, default=str)},
-                                  maxlen=1000)
-                    if job.status in TERMINAL_JOB:
-                        pipe.zrem(self._active, job_id)
-                    elif job.status != before:
-                        pipe.zadd(self._active, {job_id: job.updated_at})
-                    pipe.execute()
-                    return job
-                except redis.WatchError:
-                    continue
+        while True:
+            raw = self.redis.get(key)
+            if raw is None:
+                raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
+            job = JobRecord.model_validate_json(raw)
+            before = job.status
+            extra = mutate(job)
+            job.updated_at = time.time()
+            decided = _time_decision(job, before)
+            pipe = _Commands()
+            pipe.command("SET", key, job.model_dump_json(exclude={"calls"}), "KEEPTTL")
+            if decided:
+                metrics.record_decision(pipe, self._metrics, outcome=job.status, seconds=job.decision_s,
+                                        reasks=max(0, len(job.attempts) - 1))
+            if job.status in TERMINAL_JOB and before not in TERMINAL_JOB:
+                metrics.record_job_finished(pipe, self._metrics, job.status)
+            events = []
+            if job.status != before:
+                events.append({"type": "status", "status": job.status, "request_id": job.request_id,
+                               **({"error": job.error} if job.error and job.status in TERMINAL_JOB else {})})
+            if event:
+                events.append(event)
+            if isinstance(extra, dict):  # an event the mutation itself produced (it only happened once)
+                events.append(extra)
+            for item in events:
+                pipe.command("XADD", self._k(job_id, ":events"), "MAXLEN", "~", 1000, "*", "data",
+                             json.dumps(item, ensure_ascii=False, default=str))
+            if job.status in TERMINAL_JOB:
+                pipe.command("ZREM", self._active, job_id)
+            elif job.status != before:
+                pipe.command("ZADD", self._active, repr(job.updated_at), job_id)
+            if int(self._cas(keys=[key], args=[raw, *pipe.args])):
+                return job
 
     @_guard
     def set_calls(self, job_id: str, calls: list[CallRecord], *, step: int = 0) -> None:
@@ -308,14 +341,11 @@ class RedisJobStore:
         event = json.dumps({"type": "call", "call_id": call.id, "index": call.index, "name": call.name,
                             "status": call.status, **({"error": call.error} if call.error else {})},
                            ensure_ascii=False, default=str)
-        remaining = int(self._finish(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"), self._k(job_id, ":events")],
-                                     args=[call.id, call.model_dump_json(), event]))
-        if remaining >= 0:  # this process made the call final: count it once
-            pipe = self.redis.pipeline(transaction=False)
-            metrics.record_call(pipe, self._metrics, tool=call.name if call.queue else metrics.NOT_RUN_TOOL,
-                                outcome=call.status, seconds=call.duration_s)
-            pipe.execute()
-        return remaining
+        counts = _Commands()  # applied by the script only when this process makes the call final: counted once
+        metrics.record_call(counts, self._metrics, tool=call.name if call.queue else metrics.NOT_RUN_TOOL,
+                            outcome=call.status, seconds=call.duration_s)
+        return int(self._finish(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"), self._k(job_id, ":events")],
+                                args=[call.id, call.model_dump_json(), event, *counts.args]))
 
     @_guard
     def stale_jobs(self, *, older_than_s: float, limit: int = 100) -> list[str]:

@@ -91,9 +91,12 @@ class Settings(BaseSettings):
     answers to anyone, with the tenant label left out (series summed over tenants) whenever API keys are set."""
 
     # ------------------------------------------------------------------ decisions
-    decider: Literal["embedded", "triton", "none"] = "embedded"
-    """Decider backend of the decide task: `embedded` (in-process engine), `triton` or `none` (jobs must bring
-    their tool calls)."""
+    decider: Literal["embedded", "triton", "custom", "none"] = "embedded"
+    """Decider backend of the decide task: `embedded` (in-process engine), `triton`, `custom` (your own, see
+    `decider_factory`) or `none` (jobs must bring their tool calls)."""
+    decider_factory: str | None = None
+    """`module:function` called with the settings, returning an object with `decide(DecideRequest) -> Decision`
+    (`decider=custom`): your own backend, or a scripted one in tests."""
     model: str | None = None
     """Model of the embedded decider (hub id or local directory; default: the small packaged instruct model)."""
     triton_url: str = "127.0.0.1:8001"

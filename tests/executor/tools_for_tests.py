@@ -53,7 +53,22 @@ def slow_transfer(args: SlowTransferArgs) -> dict[str, Any]:
                                       currency=args.currency, idempotency_key=current_call().idempotency_key)
 
 
+class EchoArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    value: str = Field(max_length=200)
+    delay_s: float = Field(default=0.0, ge=0, le=10)
+
+
+def slow_echo(args: EchoArgs) -> dict[str, Any]:
+    """Return the value after ``delay_s``: calls of one step finish in the order their delays say."""
+    time.sleep(args.delay_s)
+    return {"value": args.value, "finished_at": time.time()}
+
+
 def register(registry) -> None:  # noqa: ANN001 - the registry plug-in hook
+    registry.add(ToolSpec.from_model("slow_echo", EchoArgs, entrypoint="tests.executor.tools_for_tests:slow_echo",
+                                     timeout_s=15))
     registry.add(ToolSpec.from_model("inspect_sandbox", InspectArgs, entrypoint="tests.executor.tools_for_tests:inspect_sandbox",
                                      timeout_s=5, memory_mb=512))
     registry.add(ToolSpec.from_model("slow_transfer", SlowTransferArgs, entrypoint="tests.executor.tools_for_tests:slow_transfer",

@@ -1,0 +1,356 @@
+"""Agent runs: steps until a text answer, results paired in call order, guards, human approval, crash resume.
+
+Real Redis (a database of the session's server of its own, so these workers never take another
+module's messages), a real Celery worker pool and the real API; the decider is the scripted double
+of tests/executor/scripted_decider.py (the real model's runs are in tests/e2e).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from executor.stack import start_worker, stop_process, wait_for_workers
+from tools.ledger import Ledger
+
+LEDGER_PREFIX = "runs:ledger"
+KEYS = {"alice": "key-alice", "bob": "key-bob"}
+
+
+@pytest.fixture(scope="module")
+def db_url() -> str:
+    base = os.environ["REDIS_URL"].rsplit("/", 1)[0]
+    url = f"{base}/4"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture(scope="module")
+def marker_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="toolrail-runs-"))
+
+
+@pytest.fixture(scope="module")
+def run_worker(db_url: str, marker_dir: Path) -> Iterator[object]:
+    from tools.registry import default_registry
+
+    env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": "tests.executor.scripted_decider:make",
+           "TOOLRAIL_TOOL_MODULES": "tests.executor.tools_for_tests", "TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX,
+           "TOOLRAIL_TEST_MARKER_DIR": str(marker_dir), "TOOLRAIL_LOG_JSON": "1", "TOOLRAIL_RUN_MAX_IDENTICAL_CALLS": "2",
+           "TOOLRAIL_API_KEYS": ",".join(f"{k}:{t}" for t, k in KEYS.items())}
+    queues = ["decide", *default_registry().queues()]
+    log = marker_dir / "worker.log"
+    proc = start_worker(db_url, queues=queues, concurrency=2, env=env, log_file=log, hostname="toolrail-runs@%h")
+    try:
+        wait_for_workers(db_url, count=1, timeout_s=90)
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def runtime(db_url: str):
+    from executor.runtime import Runtime
+    from toolrail.settings import Settings
+
+    return Runtime.from_settings(Settings(decider="custom", run_max_identical_calls=2), redis_url=db_url)
+
+
+@pytest.fixture(scope="module")
+def api(runtime, run_worker, db_url: str) -> Iterator[str]:
+    from celery import Celery
+
+    from executor.api import create_app
+    from executor.stack import serve_in_thread
+    from toolrail.settings import Settings
+
+    publisher = Celery("runs-test", broker=db_url)
+    settings = Settings(decider="custom", api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), reconcile_interval_s=0)
+    app = create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
+                     enqueue=lambda job: publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide"),
+                     rerun=lambda job, call: publisher.send_task("toolrail.run_call", args=[job.job_id, call.id],
+                                                                 queue=call.queue))
+    server, thread, base = serve_in_thread(app)
+    yield base
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture()
+def client(api: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api, timeout=30, headers={"Authorization": f"Bearer {KEYS['alice']}"}) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def ledger(db_url: str) -> Ledger:
+    book = Ledger(redis.Redis.from_url(db_url), prefix=LEDGER_PREFIX)
+    book.seed()
+    return book
+
+
+def _submit(client: httpx.Client, steps: list[dict], *, tools: list[str], **extra) -> str:
+    body = {"messages": [{"role": "user", "content": "RUN " + json.dumps({"steps": steps})}], "tools": tools, **extra}
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    return response.json()["job_id"]
+
+
+def _wait(client: httpx.Client, job_id: str, statuses: set[str], timeout_s: float = 90.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    job: dict = {}
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job.get("status") in statuses:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} never reached {statuses}: {json.dumps(job)[:3000]}")
+
+
+ENDED = {"succeeded", "failed", "needs_review", "cancelled", "expired"}
+
+
+def _transfer(amount: float, delay_s: float = 0.2) -> dict:
+    return {"name": "slow_transfer", "arguments": {"from_account": "alice", "to": "bob", "amount": amount,
+                                                   "currency": "CNY", "delay_s": delay_s}}
+
+
+def _applied(ledger: Ledger, job_id: str) -> list[dict]:
+    return [entry for entry in ledger.applications() if entry["key"].startswith(f"{job_id}:")]
+
+
+def test_run_goes_on_until_the_model_answers(client: httpx.Client) -> None:
+    job_id = _submit(client, [{"calls": [{"name": "get_weather", "arguments": {"city": "Beijing", "date": "today"}}]},
+                              {"text": "done: {results}"}], tools=["get_weather"])
+    job = _wait(client, job_id, ENDED)
+    assert job["status"] == "succeeded", json.dumps(job)[:3000]
+    assert job["max_steps"] == 4  # a conversation without calls of its own runs TOOLRAIL_MAX_STEPS steps
+    assert [s["index"] for s in job["steps"]] == [0, 1]
+    assert [s["status"] for s in job["steps"]] == ["ran", "succeeded"]
+    first = job["steps"][0]["calls"]
+    assert len(first) == 1 and first[0]["status"] == "succeeded" and first[0]["step"] == 0
+    # the model saw the result of the call it made, answered by that call's id
+    answered = json.loads(job["content"].removeprefix("done: "))
+    assert answered[0][0] == first[0]["id"]
+    assert json.loads(answered[0][1]) == first[0]["result"]
+    assert job["steps"][1]["calls"] == [] and job["steps"][1]["tool_choice"] == "auto"
+
+
+def test_parallel_results_are_paired_and_kept_in_call_order(client: httpx.Client) -> None:
+    job_id = _submit(client, [{"calls": [{"name": "slow_echo", "arguments": {"value": "first", "delay_s": 1.5}},
+                                         {"name": "slow_echo", "arguments": {"value": "second", "delay_s": 0}}]},
+                              {"text": "{results}"}], tools=["slow_echo"])
+    job = _wait(client, job_id, ENDED)
+    assert job["status"] == "succeeded", json.dumps(job)[:3000]
+    calls = job["steps"][0]["calls"]
+    assert calls[1]["result"]["finished_at"] < calls[0]["result"]["finished_at"]  # they finished out of order
+    seen = json.loads(job["content"])
+    assert [pair[0] for pair in seen] == [calls[0]["id"], calls[1]["id"]]  # results in call order, by call id
+    assert [json.loads(pair[1])["value"] for pair in seen] == ["first", "second"]
+
+
+def test_a_tool_error_is_a_result_the_model_sees(client: httpx.Client) -> None:
+    job_id = _submit(client, [{"calls": [_transfer(10_000_000)]}, {"text": "{results}"}], tools=["slow_transfer"])
+    job = _wait(client, job_id, ENDED)
+    assert job["status"] == "succeeded", json.dumps(job)[:3000]  # the run went on after the failed call
+    assert job["steps"][0]["calls"][0]["status"] == "failed"
+    seen = json.loads(job["content"])
+    assert json.loads(seen[0][1])["error"]["type"]  # typed and short
+
+
+def test_identical_calls_trip_the_loop_guard(client: httpx.Client, api: str) -> None:
+    same = {"calls": [{"name": "get_weather", "arguments": {"city": "Paris", "date": "today"}}]}
+    job_id = _submit(client, [same, same, same, same, {"text": "never"}], tools=["get_weather"], max_steps=8)
+    job = _wait(client, job_id, ENDED)
+    assert job["status"] == "failed"
+    assert job["error"]["type"] == "loop_detected", job["error"]
+    assert len(job["calls"]) == 2  # the third identical call never ran (limit 2 in this module)
+    assert job["steps"][-1]["calls_not_run"][0]["name"] == "get_weather"
+    scrape = httpx.get(f"{api}/metrics").text
+    assert 'toolrail_run_guard_trips_total{guard="identical_calls"}' in scrape
+
+
+def test_max_steps_ends_a_run_that_never_answers(client: httpx.Client) -> None:
+    steps = [{"calls": [{"name": "get_weather", "arguments": {"city": city, "date": "today"}}]} for city in ("Rome", "Oslo", "Lima")]
+    job = _wait(client, _submit(client, steps, tools=["get_weather"], max_steps=2), ENDED)
+    assert job["status"] == "failed" and job["error"]["type"] == "max_steps_reached", job.get("error")
+    assert [s["index"] for s in job["steps"]] == [0, 1]
+    assert all(c["status"] == "succeeded" for c in job["calls"])  # what it did is kept
+
+
+def test_single_step_jobs_behave_as_before(client: httpx.Client) -> None:
+    response = client.post("/v1/jobs", json={"tools": ["get_weather"], "tool_calls": [
+        {"name": "get_weather", "arguments": {"city": "Beijing", "date": "today"}}]})
+    job = _wait(client, response.json()["job_id"], ENDED)
+    assert job["status"] == "succeeded" and job["max_steps"] == 1 and job["content"] is None
+    assert len(job["steps"]) == 1 and job["calls"][0]["status"] == "succeeded"
+
+
+def test_approval_holds_the_call_then_runs_it_once(client: httpx.Client, ledger: Ledger) -> None:
+    job_id = _submit(client, [{"calls": [_transfer(3.5)]}, {"text": "{results}"}], tools=["slow_transfer"],
+                     require_approval=["slow_transfer"])
+    job = _wait(client, job_id, {"awaiting_approval", *ENDED})
+    assert job["status"] == "awaiting_approval", json.dumps(job)[:2000]
+    call = job["calls"][0]
+    assert call["status"] == "awaiting_approval" and call["approval"]["state"] == "pending"
+    assert call["approval"]["required_by"] == "job"
+    time.sleep(1.0)
+    assert _applied(ledger, job_id) == []  # nothing ran while waiting
+    first = client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve")
+    assert first.status_code == 200, first.text
+    assert first.json()["resumed"] is True
+    again = client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve")
+    assert again.status_code == 200 and again.json()["repeated"] is True  # idempotent
+    job = _wait(client, job_id, ENDED)
+    assert job["status"] == "succeeded", json.dumps(job)[:3000]
+    assert len(_applied(ledger, job_id)) == 1
+    assert job["calls"][0]["approval"]["state"] == "approved"
+    late = client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/reject", json={"reason": "too late"})
+    assert late.status_code == 409 and late.json()["error"]["type"] == "already_decided"
+
+
+def test_approval_with_edited_arguments_validated_again(client: httpx.Client, ledger: Ledger) -> None:
+    job_id = _submit(client, [{"calls": [_transfer(4.0)]}, {"text": "{results}"}], tools=["slow_transfer"],
+                     require_approval="side_effects")
+    call = _wait(client, job_id, {"awaiting_approval", *ENDED})["calls"][0]
+    url = f"/v1/jobs/{job_id}/calls/{call['id']}/approve"
+    bad = client.post(url, json={"arguments": {**call["arguments"], "amount": -5}})
+    assert bad.status_code == 422 and bad.json()["error"]["type"] == "invalid_arguments", bad.text
+    assert client.get(f"/v1/jobs/{job_id}").json()["calls"][0]["approval"]["state"] == "pending"  # nothing changed
+    good = client.post(url, json={"arguments": {**call["arguments"], "amount": 1.25}})
+    assert good.status_code == 200, good.text
+    job = _wait(client, job_id, ENDED)
+    assert job["status"] == "succeeded", json.dumps(job)[:3000]
+    applied = _applied(ledger, job_id)
+    assert len(applied) == 1 and applied[0]["cents"] == 125
+    approval = job["calls"][0]["approval"]
+    assert approval["edited"] is True and approval["original_arguments"]["amount"] == 4.0
+
+
+def test_rejection_is_a_result_the_model_sees(client: httpx.Client, ledger: Ledger) -> None:
+    job_id = _submit(client, [{"calls": [_transfer(2.0)]}, {"text": "{results}"}], tools=["slow_transfer"],
+                     require_approval=["slow_transfer"])
+    call = _wait(client, job_id, {"awaiting_approval", *ENDED})["calls"][0]
+    response = client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/reject", json={"reason": "not this account"})
+    assert response.status_code == 200, response.text
+    job = _wait(client, job_id, ENDED)
+    assert job["status"] == "succeeded", json.dumps(job)[:3000]
+    assert job["calls"][0]["status"] == "rejected"
+    seen = json.loads(job["content"])
+    assert json.loads(seen[0][1])["error"] == {"type": "rejected", "message": "not this account"}
+    assert _applied(ledger, job_id) == []
+
+
+def test_approval_expires(client: httpx.Client, runtime) -> None:
+    from executor.approvals import expire_due
+
+    job_id = _submit(client, [{"calls": [_transfer(1.0)]}], tools=["slow_transfer"],
+                     require_approval="side_effects", approval_timeout_s=0.5)
+    call = _wait(client, job_id, {"awaiting_approval", *ENDED})["calls"][0]
+    time.sleep(0.8)
+    assert expire_due(runtime) >= 1
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "expired" and job["error"]["type"] == "approval_expired"
+    late = client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve")
+    assert late.status_code == 409 and late.json()["error"]["type"] == "job_not_waiting"
+
+
+def test_approval_bad_input(client: httpx.Client, api: str) -> None:
+    job_id = _submit(client, [{"calls": [_transfer(1.0)]}], tools=["slow_transfer"], require_approval="side_effects")
+    call = _wait(client, job_id, {"awaiting_approval", *ENDED})["calls"][0]
+    base = f"/v1/jobs/{job_id}/calls"
+    assert client.post(f"{base}/call_nope/approve").status_code == 404
+    with httpx.Client(base_url=api, headers={"Authorization": f"Bearer {KEYS['bob']}"}) as bob:
+        assert bob.post(f"{base}/{call['id']}/approve").status_code == 404  # another tenant's call
+    assert client.post(f"{base}/{call['id']}/approve", json={"arguments": "x"}).status_code == 422
+    assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+    after = client.post(f"{base}/{call['id']}/approve")
+    assert after.status_code == 409, after.text
+    plain = client.post("/v1/jobs", json={"tools": ["get_weather"], "tool_calls": [
+        {"name": "get_weather", "arguments": {"city": "Oslo", "date": "today"}}]}).json()["job_id"]
+    done = _wait(client, plain, ENDED)
+    not_waiting = client.post(f"/v1/jobs/{plain}/calls/{done['calls'][0]['id']}/approve")
+    assert not_waiting.status_code == 409 and not_waiting.json()["error"]["type"] == "not_awaiting_approval"
+    for body, kind in (({"max_steps": 0}, "validation_error"), ({"max_steps": 10_000}, "validation_error"),
+                       ({"require_approval": ["no_such_tool"]}, "unknown_tool")):
+        response = client.post("/v1/jobs", json={"messages": [{"role": "user", "content": "hi"}], "tools": ["get_weather"],
+                                                 **body})
+        assert response.status_code == 422 and response.json()["error"]["type"] == kind, response.text
+
+
+def _kill_pool_process(pid: int) -> None:
+    for _ in range(6):
+        if b"celery" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGKILL)
+            return
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise AssertionError("no Celery pool process above the marker's pid")
+
+
+def test_worker_killed_during_a_later_decision_resumes_the_run(client: httpx.Client, ledger: Ledger,
+                                                                 marker_dir: Path) -> None:
+    request_id = f"kill-decide-{time.time_ns()}"
+    response = client.post("/v1/jobs", headers={"X-Request-ID": request_id}, json={
+        "messages": [{"role": "user", "content": "RUN " + json.dumps({"steps": [
+            {"calls": [_transfer(0.75)]}, {"text": "{results}", "sleep_s": 3}]})}], "tools": ["slow_transfer"]})
+    job_id = response.json()["job_id"]
+    marker = marker_dir / f"deciding-{request_id}-1"
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "the second decision never started"
+    _kill_pool_process(int(marker.read_text()))  # the pool process deciding step 1 dies
+    job = _wait(client, job_id, ENDED, timeout_s=120)
+    assert job["status"] == "succeeded", json.dumps(job)[:3000]
+    assert len(_applied(ledger, job_id)) == 1  # the step-0 transfer was not run again
+    assert job["calls"][0]["attempts"] == 1
+    assert len(json.loads(job["content"])) == 1
+
+
+def test_worker_killed_mid_call_applies_once_and_the_run_goes_on(client: httpx.Client, ledger: Ledger, db_url: str) -> None:
+    request_id = f"kill-call-{time.time_ns()}"
+    response = client.post("/v1/jobs", headers={"X-Request-ID": request_id}, json={
+        "messages": [{"role": "user", "content": "RUN " + json.dumps({"steps": [
+            {"calls": [_transfer(0.5, delay_s=2.0)]}, {"text": "{results}"}]})}], "tools": ["slow_transfer"]})
+    job_id = response.json()["job_id"]
+    store = redis.Redis.from_url(db_url)
+    key = f"test:started:call_{request_id}_0"
+    deadline = time.monotonic() + 60
+    while store.get(key) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.get(key), "the tool never started"
+    _kill_pool_process(int(store.get(key)))
+    job = _wait(client, job_id, ENDED, timeout_s=120)
+    assert job["status"] == "succeeded", json.dumps(job)[:3000]
+    assert len(_applied(ledger, job_id)) == 1 and job["calls"][0]["attempts"] == 2
+
+
+def test_a_lost_advance_is_found_by_the_reconciler(client: httpx.Client, runtime) -> None:
+    """The process that ended a step's last call died before queuing the next decision: the reconciler moves it."""
+    from executor.reconcile import reconcile_once
+
+    job_id = _submit(client, [{"calls": [{"name": "get_weather", "arguments": {"city": "Kyiv", "date": "today"}}]},
+                              {"text": "{results}"}], tools=["get_weather"])
+    job = _wait(client, job_id, ENDED)
+    assert job["status"] == "succeeded"
+    # put the record back to where a death after the call's end leaves it: running, every call terminal
+    def rewind(record) -> None:
+        record.status, record.step, record.content = "running", 0, None
+        record.steps = record.steps[:1]
+        record.steps[0].update(status="running", finished_at=None)
+    runtime.store.update(job_id, lambda record: rewind(record) and None)
+    queued: list[str] = []
+    assert reconcile_once(runtime, stale_after_s=-1, redecide=lambda j: queued.append(j.job_id),
+                          rerun=lambda j, c: queued.append(c.id)) >= 0
+    after = client.get(f"/v1/jobs/{job_id}").json()
+    assert after["status"] == "deciding" and after["step"] == 1
+    assert job_id in queued and job["calls"][0]["id"] not in queued  # the next decision queued, the call not re-run
