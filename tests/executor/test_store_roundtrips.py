@@ -1,0 +1,106 @@
+"""The job store's writes: one compare-and-set script per update, outcome metrics inside finish_call.
+
+Real Redis (the session's). Round trips are counted at the client: every request batch a
+redis-py connection sends is one ``send_packed_command``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+
+import pytest
+import redis
+
+from executor import metrics
+from executor.store import CallRecord, JobRecord, RedisJobStore
+
+
+class _CountingConnection(redis.Connection):
+    sent = 0
+
+    def send_packed_command(self, command, check_health=True):  # noqa: ANN001 - redis-py's signature
+        type(self).sent += 1
+        return super().send_packed_command(command, check_health)
+
+
+@pytest.fixture()
+def counted() -> tuple[RedisJobStore, type[_CountingConnection]]:
+    class Counter(_CountingConnection):
+        sent = 0
+
+    pool = redis.ConnectionPool.from_url(os.environ["REDIS_URL"], connection_class=Counter)
+    client = redis.Redis(connection_pool=pool)
+    store = RedisJobStore(client, prefix=f"t{uuid.uuid4().hex[:8]}")
+    client.ping()
+    return store, Counter
+
+
+def _job() -> JobRecord:
+    return JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=uuid.uuid4().hex, tenant="t", messages=[
+        {"role": "user", "content": "Grüße, 東京 ☃ \U0001F600 \"quoted\" \\ back"}])
+
+
+def test_update_is_one_read_and_one_write(counted) -> None:
+    store, counter = counted
+    job, _ = store.create(_job())
+    store.update(job.job_id, lambda j: setattr(j, "status", "validating"))  # loads the script once
+    before = counter.sent
+    updated = store.update(job.job_id, lambda j: setattr(j, "status", "running"))
+    assert counter.sent - before == 2
+    again = store.get(job.job_id)
+    assert again.status == updated.status == "running"
+    assert again.messages == job.messages  # non-ASCII text survives the script's arguments unchanged
+    events = [data["status"] for _, data in store.events(job.job_id, block_ms=50) if data.get("type") == "status"]
+    assert events == ["queued", "validating", "running"]
+    assert store.redis.zscore(store._active, job.job_id) == pytest.approx(updated.updated_at)  # noqa: SLF001
+
+
+def test_concurrent_updates_lose_nothing(counted) -> None:
+    store, _ = counted
+    job, _ = store.create(_job())
+    threads, per_thread = 6, 20
+
+    def bump(worker: int) -> None:
+        for n in range(per_thread):
+            store.update(job.job_id, lambda j, w=worker, k=n: j.attempts.append({"w": w, "n": k}))
+
+    pool = [threading.Thread(target=bump, args=(w,)) for w in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    attempts = store.get(job.job_id).attempts
+    assert len(attempts) == threads * per_thread
+    assert {(a["w"], a["n"]) for a in attempts} == {(w, n) for w in range(threads) for n in range(per_thread)}
+
+
+def test_terminal_update_counts_the_job_once_and_leaves_active(counted) -> None:
+    store, _ = counted
+    job, _ = store.create(_job())
+    store.update(job.job_id, lambda j: setattr(j, "status", "succeeded"))
+    store.update(job.job_id, lambda j: setattr(j, "status", "succeeded"))
+    key = metrics.metrics_key(store._p)  # noqa: SLF001
+    assert int(store.redis.hget(key, "jobs\x1fsucceeded")) == 1
+    assert store.redis.zscore(store._active, job.job_id) is None  # noqa: SLF001
+
+
+def test_finish_call_records_outcome_and_metrics_once_in_one_round_trip(counted) -> None:
+    store, counter = counted
+    job, _ = store.create(_job())
+    calls = [CallRecord(id=f"c{i}", index=i, name="get_weather", arguments={"city": "Paris"}, queue="tool.get_weather")
+             for i in range(2)]
+    store.set_calls(job.job_id, calls)
+    done = calls[0].model_copy(update={"status": "succeeded", "result": {"t": 1}, "duration_s": 0.2})
+    store.finish_call(job.job_id, done)  # loads the script once
+    before = counter.sent
+    second = calls[1].model_copy(update={"status": "failed", "error": {"type": "x"}, "duration_s": 0.3})
+    assert store.finish_call(job.job_id, second) == 0
+    assert counter.sent - before == 1
+    assert store.finish_call(job.job_id, second) == -1  # already terminal: nothing recorded twice
+    key = metrics.metrics_key(store._p)  # noqa: SLF001
+    assert int(store.redis.hget(key, "calls\x1fget_weather\x1fsucceeded")) == 1
+    assert int(store.redis.hget(key, "calls\x1fget_weather\x1ffailed")) == 1
+    assert float(store.redis.hget(key, "call_s\x1fget_weather\x1fsum")) == pytest.approx(0.5)
+    assert [c.status for c in store.get(job.job_id).calls] == ["succeeded", "failed"]
