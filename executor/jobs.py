@@ -21,6 +21,7 @@ from executor import approvals, metrics, runs
 from executor.breaker import guarded_run
 from executor.errors import SandboxError
 from executor.idempotency import payload_hash
+from executor.progress import progress_recorder
 from executor.runtime import Runtime
 from executor.sandbox import CallRun
 from executor.store import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
@@ -258,7 +259,8 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
         try:
             result = execute_tool(guarded_run, rt, spec, CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id,
                                                    idempotency_key=f"{job_id}:{call.id}", arguments=arguments,
-                                                   env=rt.tool_env(spec)), tenant=job.tenant)
+                                                   env=rt.tool_env(spec), on_progress=progress_recorder(rt, job_id, call)),
+                                 tenant=job.tenant)
             for line in result.logs:
                 log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
                          tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))

@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,6 +53,7 @@ from executor.errors import (
     ToolRaisedError,
     ToolTimeoutError,
 )
+from executor.progress import ProgressReader
 from executor.sandbox_child import MAX_RESULT_BYTES, MAX_RESULT_DEPTH, OutputError, decode_object
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
@@ -134,6 +136,9 @@ class CallRun:
     arguments: dict[str, Any]
     #: Extra variables granted to this tool (e.g. the ledger URL for networked tools).
     env: dict[str, str] = field(default_factory=dict)
+    #: Called in the worker with each progress report of the tool (``{progress, total, message}``), at most
+    #: 10 per second, the last one always; never raises into the call (``executor.progress``).
+    on_progress: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False, repr=False)
     #: W3C context of the call's ``execute_tool`` span: the child records its span under it and returns it.
     trace_context: dict[str, str] = field(default_factory=dict)
 
@@ -277,10 +282,11 @@ class _ForkServer:
     def fork(self, *, timeout: float = 30.0) -> _Warm:
         import socket  # noqa: PLC0415
 
-        pipes = {"stdin": os.pipe(), "stdout": os.pipe(), "stderr": os.pipe(), "result": os.pipe()}
-        theirs = [pipes["stdin"][0], pipes["stdout"][1], pipes["stderr"][1], pipes["result"][1]]
+        pipes = {"stdin": os.pipe(), "stdout": os.pipe(), "stderr": os.pipe(), "result": os.pipe(),
+                 "progress": os.pipe()}
+        theirs = [pipes["stdin"][0], pipes["stdout"][1], pipes["stderr"][1], pipes["result"][1], pipes["progress"][1]]
         ours = {"stdin": pipes["stdin"][1], "stdout": pipes["stdout"][0], "stderr": pipes["stderr"][0],
-                "result": pipes["result"][0]}
+                "result": pipes["result"][0], "progress": pipes["progress"][0]}
         try:
             socket.send_fds(self._sock, [b"call"], theirs)
         except OSError:
@@ -371,15 +377,17 @@ class ProcessSandbox:
         return env
 
     def _spawn(self) -> _Warm:
-        pipes = {"stdin": os.pipe(), "stdout": os.pipe(), "stderr": os.pipe(), "result": os.pipe()}
-        result_w = pipes["result"][1]
-        theirs = [pipes["stdin"][0], pipes["stdout"][1], pipes["stderr"][1], result_w]
+        pipes = {"stdin": os.pipe(), "stdout": os.pipe(), "stderr": os.pipe(), "result": os.pipe(),
+                 "progress": os.pipe()}
+        result_w, progress_w = pipes["result"][1], pipes["progress"][1]
+        theirs = [pipes["stdin"][0], pipes["stdout"][1], pipes["stderr"][1], result_w, progress_w]
         ours = {"stdin": pipes["stdin"][1], "stdout": pipes["stdout"][0], "stderr": pipes["stderr"][0],
-                "result": pipes["result"][0]}
+                "result": pipes["result"][0], "progress": pipes["progress"][0]}
         try:
             proc = subprocess.Popen(
-                [*_python_argv(self._python), "executor.sandbox_child", "--result-fd", str(result_w)],
-                stdin=theirs[0], stdout=theirs[1], stderr=theirs[2], pass_fds=[result_w],
+                [*_python_argv(self._python), "executor.sandbox_child", "--result-fd", str(result_w),
+                 "--progress-fd", str(progress_w)],
+                stdin=theirs[0], stdout=theirs[1], stderr=theirs[2], pass_fds=[result_w, progress_w],
                 env=self._env(), cwd="/", start_new_session=True, close_fds=True,
             )
         except OSError:
@@ -477,7 +485,7 @@ class ProcessSandbox:
             }
             try:
                 streams = _collect(warm.fds, json.dumps(request, ensure_ascii=False).encode() + b"\n",
-                                   timeout=spec.timeout_s)
+                                   timeout=spec.timeout_s, progress=ProgressReader.for_call(call, tool=spec.name))
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
                 if uid is not None:
@@ -565,12 +573,14 @@ class _Captured:
 _CAPS = {"stdout": MAX_STREAM_BYTES, "stderr": MAX_STREAM_BYTES, "result": MAX_RESULT_BYTES + 65536}
 
 
-def _collect(fds: dict[str, int], request: bytes, *, timeout: float) -> dict[str, _Captured]:
+def _collect(fds: dict[str, int], request: bytes, *, timeout: float,
+             progress: ProgressReader | None = None) -> dict[str, _Captured]:
     """Write the request, read stdout, stderr and the result pipe with caps, until the result is complete.
 
     Memory stays bounded whatever the tool prints: each stream keeps at most its cap.
     The result pipe has one writer, the monitor: its EOF ends the call (stdout and stderr
-    are drained briefly after, since a leftover process may hold them open).
+    are drained briefly after, since a leftover process may hold them open). Progress reports
+    (tool-written JSON lines) go to ``progress`` as they come; their pipe's EOF is never waited for.
     """
     deadline = time.monotonic() + timeout
     captured = {name: _Captured(_CAPS[name]) for name in ("stdout", "stderr", "result")}
@@ -584,7 +594,7 @@ def _collect(fds: dict[str, int], request: bytes, *, timeout: float) -> dict[str
             selector.register(stdin, selectors.EVENT_WRITE)
         for fd in by_fd:
             selector.register(fd, selectors.EVENT_READ)
-        open_readers = set(by_fd)
+        open_readers = {fd for fd, name in by_fd.items() if name != "progress"}
         while open_readers:
             now = time.monotonic()
             if drain_until is not None and now >= drain_until:
@@ -608,6 +618,12 @@ def _collect(fds: dict[str, int], request: bytes, *, timeout: float) -> dict[str
                         stdin = None
                     continue
                 chunk = os.read(key.fd, 65536)
+                if by_fd[key.fd] == "progress":
+                    if not chunk:
+                        selector.unregister(key.fd)
+                    elif progress is not None:
+                        progress.feed(chunk)
+                    continue
                 if chunk:
                     captured[by_fd[key.fd]].add(chunk)
                     continue
@@ -615,6 +631,8 @@ def _collect(fds: dict[str, int], request: bytes, *, timeout: float) -> dict[str
                 open_readers.discard(key.fd)
                 if by_fd[key.fd] == "result":
                     drain_until = time.monotonic() + _DRAIN_S
+    if progress is not None:
+        progress.drain(fds.get("progress"))  # reports written just before the answer, then the one held back
     return captured
 
 

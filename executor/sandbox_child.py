@@ -1,4 +1,4 @@
-"""The sandboxed side of a tool run: ``python -m executor.sandbox_child [--result-fd N]``.
+"""The sandboxed side of a tool run: ``python -m executor.sandbox_child [--result-fd N] [--progress-fd N]``.
 
 Started by ``executor.sandbox`` (forked from the fork server, or spawned), one per call.
 Two processes per call, so that nothing the tool runs can write the call's result:
@@ -51,6 +51,9 @@ from typing import Any
 
 #: The descriptor the monitor writes its one result frame to; the tool process never holds it.
 RESULT_FD = 3
+#: The call's progress pipe: the tool process writes ``report_progress`` lines to it (``tools.context``), the
+#: worker reads them as they come (``executor.progress``), as untrusted as anything the tool writes.
+PROGRESS_FD = 4
 MAX_RESULT_BYTES = 1_000_000
 #: Nesting depth a result may have (objects and arrays); deeper is ``tool_output_invalid``.
 MAX_RESULT_DEPTH = 64
@@ -632,15 +635,16 @@ def _host_pid() -> int:
 def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     """Import, confine, run the tool; write the trusted header line, then the answer. Never returns."""
     remember_parent()
-    os.closerange(RESULT_FD, answer_fd)
-    os.closerange(answer_fd + 1, 1 << 16)
+    keep = sorted({answer_fd, PROGRESS_FD} if _progress_pipe else {answer_fd})
+    for low, high in zip([RESULT_FD, *(fd + 1 for fd in keep)], [*keep, 1 << 16]):
+        os.closerange(low, high)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     die_with_parent()
     import structlog  # noqa: PLC0415 - preloaded by the fork server
 
-    from tools.context import CallContext, set_current_call  # noqa: PLC0415
+    from tools.context import CallContext, flush_progress, set_current_call  # noqa: PLC0415
 
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
                                     structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -668,7 +672,8 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     _write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")  # the last line the sandbox writes
     log.info("tool.start", pid=_host_pid(), **{f"isolation_{k}": v for k, v in isolation.items()})
     set_current_call(CallContext(request_id=request["request_id"], job_id=request["job_id"], call_id=request["call_id"],
-                                 idempotency_key=request["idempotency_key"], scratch_dir=request["scratch_dir"]))
+                                 idempotency_key=request["idempotency_key"], scratch_dir=request["scratch_dir"],
+                                 progress_fd=PROGRESS_FD if _progress_pipe else None))
     me = os.getpid()
     try:
         payload: dict = {"ok": True, "result": _call(func, request["arguments"])}
@@ -680,6 +685,7 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
         payload = {"ok": False, "error": error}
     if os.getpid() != me:
         os._exit(0)  # a forked copy of the tool returned: only the tool process answers
+    flush_progress()  # the report the rate limit held back goes before the answer
     log.info("tool.end", ok=payload["ok"])
     try:
         _write_all(answer_fd, encode_result(payload))
@@ -878,10 +884,21 @@ def traced_monitor(request: dict, modules: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    global _progress_pipe
     result_fd = int(argv[argv.index("--result-fd") + 1]) if "--result-fd" in argv else RESULT_FD
+    progress_fd = int(argv[argv.index("--progress-fd") + 1]) if "--progress-fd" in argv else PROGRESS_FD
+    if progress_fd == RESULT_FD != result_fd:
+        progress_fd = os.dup(progress_fd)  # out of the way of the result pipe's dup2
     if result_fd != RESULT_FD:
         os.dup2(result_fd, RESULT_FD)
         os.close(result_fd)
+    if progress_fd != PROGRESS_FD:
+        os.dup2(progress_fd, PROGRESS_FD)
+        os.close(progress_fd)
+    try:  # checked before this process opens any pipe of its own: a pipe at PROGRESS_FD now is the call's
+        _progress_pipe = stat.S_ISFIFO(os.fstat(PROGRESS_FD).st_mode)
+    except OSError:
+        _progress_pipe = False
     die_with_parent()
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
@@ -901,6 +918,9 @@ def main(argv: list[str]) -> int:
         pass
     os._exit(0)
 
+
+#: Whether this monitor was given a progress pipe (at ``PROGRESS_FD``): only then may the tool process write there.
+_progress_pipe = False
 
 #: Modules of ``TOOLRAIL_SANDBOX_PRELOAD`` that failed to import here, with the reason (``check_entrypoints``).
 preload_errors: dict[str, str] = {}
@@ -968,10 +988,10 @@ def serve_forks(sock_fd: int) -> int:
     """Fork server ("zygote"): import once, then fork one fresh monitor per call.
 
     Protocol on the Unix socket shared with one worker process, one call at a time:
-    the worker sends four fds (the call's stdin, stdout, stderr and result pipes); we
+    the worker sends five fds (the call's stdin, stdout, stderr, result and progress pipes); we
     fork, answer ``pid <pid>``, wait for the child and answer ``exit <pid> <status>``.
     The child becomes exactly what a freshly spawned monitor is after its imports — its
-    own session, fds 0-3 on the call's pipes — and runs ``main``. Forking a pre-imported
+    own session, fds 0-4 on the call's pipes — and runs ``main``. Forking a pre-imported
     process costs milliseconds where starting an interpreter and importing the tool
     modules costs hundreds (bench/sandbox.py).
 
@@ -994,10 +1014,10 @@ def serve_forks(sock_fd: int) -> int:
     sock = socket.socket(fileno=sock_fd)
     while True:
         try:
-            message, fds, _flags, _addr = socket.recv_fds(sock, 256, 4)
+            message, fds, _flags, _addr = socket.recv_fds(sock, 256, 5)
         except OSError:
             return 0
-        if not message or len(fds) != 4:
+        if not message or len(fds) != 5:
             for fd in fds:
                 os.close(fd)
             return 0

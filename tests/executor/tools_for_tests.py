@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tools.context import current_call
+from tools.context import current_call, report_progress
 from tools.spec import ToolSpec
 
 
@@ -66,7 +66,37 @@ def slow_echo(args: EchoArgs) -> dict[str, Any]:
     return {"value": args.value, "finished_at": time.time()}
 
 
+class ProgressArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(default=3, ge=0, le=100)
+    delay_s: float = Field(default=0.15, ge=0, le=2)
+    flood: int = Field(default=0, ge=0, le=100_000)
+    #: Flood by writing lines to the progress pipe directly (past ``report_progress``'s limit), some malformed.
+    raw: bool = False
+
+
+def progress_reporter(args: ProgressArgs) -> dict[str, Any]:
+    """Report progress ``steps`` times, ``delay_s`` apart; then ``flood`` reports as fast as it can."""
+    for i in range(1, args.steps + 1):
+        time.sleep(args.delay_s)
+        report_progress(i, args.steps, f"step {i} of {args.steps}")
+    fd = current_call().progress_fd
+    for i in range(args.flood):
+        if args.raw and fd is not None:
+            line = b"not json\n" if i % 100 == 0 else b'{"progress": %d, "total": %d}\n' % (i, args.flood)
+            try:
+                os.write(fd, line)
+            except BlockingIOError:
+                time.sleep(0.001)
+        else:
+            report_progress(i + 1, args.flood, "flooding")
+    return {"steps": args.steps, "flood": args.flood}
+
+
 def register(registry) -> None:  # noqa: ANN001 - the registry plug-in hook
+    registry.add(ToolSpec.from_model("progress_reporter", ProgressArgs,
+                                     entrypoint="tests.executor.tools_for_tests:progress_reporter", timeout_s=15))
     registry.add(ToolSpec.from_model("slow_echo", EchoArgs, entrypoint="tests.executor.tools_for_tests:slow_echo",
                                      timeout_s=15))
     registry.add(ToolSpec.from_model("inspect_sandbox", InspectArgs, entrypoint="tests.executor.tools_for_tests:inspect_sandbox",
