@@ -19,6 +19,7 @@ hit the same bound. Transport errors propagate untouched (they are the caller's 
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +45,7 @@ from tools.check import (
 from tools.evidence import ConversationValues
 from toolrail import tracing
 
-__all__ = ["CheckedAttempt", "CheckedDecision", "ClientOutput", "DEFAULT_MAX_REASKS", "decide_checked"]
+__all__ = ["CheckedAttempt", "CheckedDecision", "ClientOutput", "DEFAULT_MAX_REASKS", "OnCheckedCall", "decide_checked"]
 
 logger = structlog.get_logger(__name__)
 
@@ -157,7 +158,35 @@ def _review_error(check: OutputCheck, attempts: int) -> dict[str, Any]:
             "details": {"errors": errors}}
 
 
-def _decide(decider: Decider, request: DecideRequest, chat: list[Any]) -> Decision:
+#: ``on_call(attempt, call)``: a call of a decider attempt, checked on its own, the moment the decoder closed it.
+OnCheckedCall = Callable[[int, CallCheck], None]
+
+
+def _reports_calls(decider: Decider) -> bool:
+    """Whether ``decider.decide`` takes ``on_call`` (the streaming deciders do; a plain ``Decider`` need not)."""
+    try:
+        return "on_call" in inspect.signature(decider.decide).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _early_reporter(on_call: OnCheckedCall, number: int, specs: Mapping[str, Any], evidence: ConversationValues | None,
+                    enforce: Callable[[OutputCheck], None]) -> Callable[[ToolCall], None]:
+    """Checks each call the decoder closes alone, as the whole output will be checked, and passes on those that pass."""
+
+    def report(call: ToolCall) -> None:
+        alone = check_tool_calls([call.model_dump()], specs, evidence=evidence)
+        enforce(alone)  # the request-level checks a call can fail on its own (``require`` needs the whole output)
+        if alone.ok and alone.calls:
+            checked = alone.calls[0]
+            checked.index = call.index
+            on_call(number, checked)
+
+    return report
+
+
+def _decide(decider: Decider, request: DecideRequest, chat: list[Any],
+            on_call: Callable[[ToolCall], None] | None = None) -> Decision:
     """One model call inside a ``chat {model}`` span (tokens, time to first token, grammar times, re-ask
     number); the span stays open in ``chat`` until the attempt is checked and recorded."""
     backend = getattr(decider, "backend", None)
@@ -167,7 +196,10 @@ def _decide(decider: Decider, request: DecideRequest, chat: list[Any]) -> Decisi
                               messages=request.messages)
     try:
         with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-            decision = decider.decide(request)
+            if on_call is not None and _reports_calls(decider):
+                decision = decider.decide(request, on_call=on_call)  # type: ignore[call-arg]
+            else:
+                decision = decider.decide(request)
     except GenerationBoundError as exc:
         span.set_attribute("error.type", f"generation_bound.{exc.reason}")
         chat.append(span)  # recorded (and ended) as the failed attempt
@@ -183,13 +215,18 @@ def _decide(decider: Decider, request: DecideRequest, chat: list[Any]) -> Decisi
 def decide_checked(decider: Decider | Callable[[], Decider | None] | None, request: DecideRequest, *,
                    first_output: ClientOutput | None = None,
                    max_reasks: int = DEFAULT_MAX_REASKS,
-                   on_attempt: Callable[[CheckedAttempt], None] | None = None) -> CheckedDecision:
+                   on_attempt: Callable[[CheckedAttempt], None] | None = None,
+                   on_call: OnCheckedCall | None = None) -> CheckedDecision:
     """Decide (or take ``first_output``), check, re-ask with the errors; see the module docstring.
 
     ``decider`` may be None when the client brings its own output and no decider is configured:
     a failing output then goes to review without a re-ask; a zero-argument callable is asked for
     the decider only when one is needed (a client's valid output never loads a model).
-    ``on_attempt`` sees each attempt as it is recorded (logs are written here).
+    ``on_attempt`` sees each attempt as it is recorded (logs are written here). ``on_call(attempt,
+    call)`` is told, while a decider attempt is still decoding, of each call whose JSON just closed and
+    that passes its check on its own (same check path, same conversation evidence); the call's id is
+    ``call_id(request_id, call.index, attempt=attempt)``. The returned decision is the whole truth: a
+    call told early may be missing from it (a later re-ask, a cut repeat, review) — the caller reconciles.
     """
     if callable(decider) and not isinstance(decider, Decider):
         if first_output is None:
@@ -251,7 +288,9 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
         number = len(attempts)
         started = time.perf_counter()
         try:
-            decision = _decide(decider, request.model_copy(update={"messages": messages, "attempt": number}), chat)
+            decision = _decide(decider, request.model_copy(update={"messages": messages, "attempt": number}), chat,
+                               _early_reporter(on_call, number, specs, evidence, lambda c: _enforce(
+                                   c, specs, prior, require=False)) if on_call is not None else None)
         except GenerationBoundError as exc:
             failed = OutputCheck(calls=[], errors=[{"path": "", "message": str(exc), "validator": exc.reason}])
             record(_attempt(number, "decider", exc.output, failed, latency_s=time.perf_counter() - started))

@@ -14,12 +14,16 @@ indices. Never share a parser between requests or choices (vLLM #38158, #39214 a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tools.calls import ToolCall, call_id
 
-__all__ = ["ParsedOutput", "ToolCallDelta", "ToolCallStreamParser", "parse_output"]
+__all__ = ["OnCall", "ParsedOutput", "ToolCallDelta", "ToolCallStreamParser", "parse_output"]
+
+#: Told of each call the moment its JSON object closes (arguments parsed; None when not a JSON object).
+OnCall = Callable[[ToolCall], None]
 
 _WHITESPACE = " \t\r\n"
 
@@ -74,9 +78,10 @@ class _Element:
 class ToolCallStreamParser:
     """Incremental parser of one request's decoded output. Feed text, collect deltas."""
 
-    def __init__(self, request_id: str, *, attempt: int = 0) -> None:
+    def __init__(self, request_id: str, *, attempt: int = 0, on_call: OnCall | None = None) -> None:
         self.request_id = request_id
         self.attempt = attempt
+        self._on_call = on_call
         self._text = ""
         self._pos = 0
         self._stack: list[str] = []
@@ -157,6 +162,8 @@ class ToolCallStreamParser:
                     element.closed = True
                     self._finish_element(element, deltas)
                     self._current = None
+                    if self._on_call is not None and element.name is not None:
+                        self._on_call(self._call(element))
             if depth == 0:
                 self._done = True
             return
@@ -219,6 +226,14 @@ class ToolCallStreamParser:
     def _finish_element(self, element: _Element, deltas: list[ToolCallDelta]) -> None:
         self._flush_arguments(element, element.args_end or self._pos, deltas)
 
+    def _call(self, element: _Element) -> ToolCall:
+        raw = None
+        if element.args_start is not None:
+            raw = self._text[element.args_start:element.args_end if element.args_end is not None else len(self._text)]
+        arguments = _loads_or(raw, None) if raw is not None else None
+        return ToolCall(id=self.call_id(element.index), index=element.index, name=element.name or "",
+                        arguments=arguments if isinstance(arguments, dict) else None, raw_arguments=raw)
+
     def finish(self) -> ParsedOutput:
         """Read the whole text as a decision (call after the last ``feed``)."""
         text = self._text.strip()
@@ -237,16 +252,7 @@ class ToolCallStreamParser:
                                 arguments=value.get("arguments") if isinstance(value.get("arguments"), dict) else None)
                 return ParsedOutput(tool_calls=[call])
             return ParsedOutput(problem="output is a JSON object that is neither a text answer nor a tool call")
-        calls = []
-        for element in self._elements:
-            if element.name is None:
-                continue
-            raw = None
-            if element.args_start is not None:
-                raw = self._text[element.args_start:element.args_end if element.args_end is not None else len(self._text)]
-            arguments = _loads_or(raw, None) if raw is not None else None
-            calls.append(ToolCall(id=self.call_id(element.index), index=element.index, name=element.name,
-                                  arguments=arguments if isinstance(arguments, dict) else None, raw_arguments=raw))
+        calls = [self._call(element) for element in self._elements if element.name is not None]
         problem = None
         if not self._done:
             problem = "output ended before the tool-call array was closed"

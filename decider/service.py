@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -44,7 +45,7 @@ from decider.errors import (
 from decider.grammar import CompiledConstraint, GrammarCache
 from decider.candidates import narrow_tools
 from decider.normalize import normalize_arguments
-from decider.parser import ParsedOutput, ToolCallDelta, ToolCallStreamParser
+from decider.parser import OnCall, ParsedOutput, ToolCallDelta, ToolCallStreamParser
 from decider.prompt import PromptRenderer, reask_messages
 from decider.protocol import DecideRequest, Decision
 from decider.schema import (
@@ -190,6 +191,30 @@ def _cut_repeats(calls: list[Any]) -> list[Any]:
         seen.add(key)
         kept.append(call)
     return kept
+
+
+class _CallReporter:
+    """Tells ``on_call`` of each call the parser closes, as the decision will hold it: arguments normalized,
+    and nothing from the first exact repeat on when repeats are cut (the decision drops those)."""
+
+    def __init__(self, plan: DecisionPlan, on_call: OnCall) -> None:
+        self._plan, self._on_call = plan, on_call
+        self._seen: set[str] = set()
+        self._stopped = False
+
+    def __call__(self, call: Any) -> None:
+        if self._stopped or self._plan.mode != "tools":
+            return
+        spec = self._plan.tools.get(call.name)
+        if spec is not None and call.arguments is not None:
+            call = call.model_copy(update={"arguments": normalize_arguments(call.arguments, spec.parameters)})
+        if self._plan.cut_repeats:
+            key = call_key(call.name, call.arguments)
+            if key in self._seen:
+                self._stopped = True
+                return
+            self._seen.add(key)
+        self._on_call(call)
 
 
 def _loop_period(text: str) -> int | None:
@@ -402,10 +427,12 @@ class BackendDecider:
             attempt=plan.attempt, repetition_penalty=self.config.repetition_penalty if plan.mode == "tools" else 1.0,
         )
 
-    async def _events(self, plan: DecisionPlan) -> AsyncIterator[StreamEvent]:
-        """Generate on the backend and turn the text into events (runs on the decider's loop)."""
+    async def _events(self, plan: DecisionPlan, on_call: OnCall | None = None) -> AsyncIterator[StreamEvent]:
+        """Generate on the backend and turn the text into events (runs on the decider's loop); ``on_call`` is told
+        of each call the moment its JSON closes (see :class:`_CallReporter`)."""
         plan = await self._choose_branch(plan)
-        parser = ToolCallStreamParser(plan.request_id, attempt=plan.attempt)
+        parser = ToolCallStreamParser(plan.request_id, attempt=plan.attempt,
+                                      on_call=_CallReporter(plan, on_call) if on_call is not None else None)
         finish_reason, usage, logprob = None, {}, None
         stream = self.backend.generate(self._generation(plan))
         started, first_token_s = time.perf_counter(), None  # time to first token: the decision's chat span shows it
@@ -510,23 +537,44 @@ class BackendDecider:
                                                      "best_tool": names[lift.index(calls)]}}
         return dataclasses.replace(plan, grammar_json=grammar_json, compiled=compiled, platform=platform, branches={})
 
-    async def _run(self, plan: DecisionPlan) -> Decision:
-        async for event in self._events(plan):
+    async def _run(self, plan: DecisionPlan, on_call: OnCall | None = None) -> Decision:
+        async for event in self._events(plan, on_call):
             if event.decision is not None:
                 return event.decision
         raise StreamInterruptedError(f"no decision for {plan.request_id}")  # pragma: no cover
 
     # ------------------------------------------------------------------ public API
 
-    def decide(self, request: DecideRequest) -> Decision:
-        """Decide one request (blocking; safe from any thread, never from the decider's own loop)."""
+    def decide(self, request: DecideRequest, *, on_call: OnCall | None = None) -> Decision:
+        """Decide one request (blocking; safe from any thread, never from the decider's own loop).
+
+        ``on_call`` is called in the caller's thread with each call (a ``ToolCall``, arguments normalized)
+        the moment the decoder closes its JSON, while the rest is still being decoded: what lets the
+        executor start a read-only call early. The decision returned is the whole truth; a call told early
+        may still be dropped from it (a cut repeat, an unfinished array).
+        """
         plan = self.plan(request)
-        future = self._loop.submit(self._run(plan))
+        if on_call is None:
+            future = self._loop.submit(self._run(plan))
+            try:
+                return future.result(timeout=self.config.request_timeout_s)
+            except TimeoutError:
+                future.cancel()
+                raise StreamInterruptedError(f"no decision for {request.request_id} within {self.config.request_timeout_s}s") from None
+        closed: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the loop thread only enqueues: it never waits on the caller
+        future = self._loop.submit(self._run(plan, closed.put))
+        future.add_done_callback(lambda _: closed.put(None))
+        deadline = time.monotonic() + self.config.request_timeout_s
         try:
-            return future.result(timeout=self.config.request_timeout_s)
-        except TimeoutError:
+            while (call := closed.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
+                on_call(call)
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except (queue.Empty, TimeoutError):
             future.cancel()
             raise StreamInterruptedError(f"no decision for {request.request_id} within {self.config.request_timeout_s}s") from None
+        except BaseException:
+            future.cancel()
+            raise
 
     def decide_checked(self, request: DecideRequest, **options: Any) -> Any:
         """:func:`decider.checked.decide_checked` with this decider (decide → check → re-ask → review)."""

@@ -41,6 +41,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from executor import jobs
 from executor.errors import (ApprovalConflictError, ExecutorError, IdempotencyConflictError, InvalidApprovalError,
                              JobNotFoundError, StoreUnavailableError)
 from executor.metrics import OutcomeCollector
@@ -594,11 +595,17 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         run = _run_fields(runtime, body, settings, client_output=client_output, names=names, inline=inline)
         job = job.model_copy(update=run)
         body_hash = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
-        job, created = runtime.store.create(job, idempotency_key=idempotency_key, body_hash=body_hash)
+        # The client's own calls are checked here and stored decided, their calls queued straight to the tool
+        # queues: no decide task (unless the check needs a decider's re-ask).
+        checked = jobs.check_client_output(runtime, job) if client_output is not None and rerun is not None else None
+        job, created = runtime.store.create(checked or job, idempotency_key=idempotency_key, body_hash=body_hash)
         if created:
             jobs_created.labels(tenant).inc()
             try:
-                enqueue(job)
+                if checked is None:
+                    enqueue(job)
+                else:
+                    jobs.start_checked(runtime, job, rerun)
             except Exception as exc:  # noqa: BLE001 - the broker is down: the job must not stay queued silently
                 runtime.store.update(job.job_id, lambda j, error=exc: _fail_enqueue(j, error))
                 raise StoreUnavailableError(f"could not queue the job: {exc}") from exc

@@ -32,7 +32,8 @@ from tools.calls import call_id
 from tools.errors import UnknownToolError
 from tools.spec import ToolSpec
 
-__all__ = ["Dispatch", "NextStep", "advance", "decide_job", "finalize_job", "job_specs", "notify", "run_call", "set_status"]
+__all__ = ["Dispatch", "NextStep", "advance", "check_client_output", "decide_job", "finalize_job", "job_specs", "notify",
+           "run_call", "set_status", "start_checked"]
 
 log = get_logger("toolrail.executor")
 
@@ -152,6 +153,87 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
     return _start_calls(rt, job, specs, decision, attempts, dispatch, next_step)
 
 
+def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
+    """Step 0 of a job that brings its own calls, decided where it is submitted: no decide task.
+
+    Checks the client's output through the same path as :func:`decide_job` (``decide_checked`` with
+    no decider) and returns the record as that step would leave it — status, journal, attempts,
+    calls — for the store to write in one go (``JobStore.create``); the caller dispatches its
+    ``pending`` calls. Returns None when the job still needs the decide task: no client output, a
+    deadline already passed, or an output that fails its check while a decider could be re-asked.
+    """
+    first = _client_output(job)
+    if first is None or job.step > 0 or runs.deadline_passed(job):
+        return None
+    specs = job_specs(rt, job)
+    tool_choice = runs.step_tool_choice(job)
+    started = time.time()
+    job = job.model_copy(deep=True)
+    runs.open_step(job, tool_choice=tool_choice)
+    request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
+                            tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls)
+    decision = decide_checked(None, request, first_output=first, max_reasks=job.max_reasks)
+    attempts = [a.to_dict() for a in decision.attempts]
+    if decision.status == "needs_review" and job.messages and _decider_configured(rt):
+        return None  # the decider re-asks: that is the decide task's work
+    status, error, calls = decision.status, decision.error, []
+    if decision.status == "needs_review":
+        error = {**(decision.error or {})}
+        error["message"] = f"{error.get('message')}; no decider is configured to re-ask"
+    elif decision.status == "calls":
+        trip = runs.guard_new_calls(job, [(c.name, c.arguments) for c in decision.calls], rt.settings)
+        if trip is not None:
+            return None  # guards stop runs from the decide task (one place that records the trip)
+        calls = _call_records(rt, job, specs, decision)
+        waiting = any(c.status == "awaiting_approval" for c in calls)
+        status = "awaiting_approval" if waiting else "running" if any(c.status == "pending" for c in calls) else "succeeded"
+        if waiting:
+            job.approval_deadline_at = time.time() + (job.approval_timeout_s or rt.settings.approval_timeout_s)
+        for call in calls:
+            call.dispatched_at = started if call.status == "pending" and not waiting else None
+    else:  # a text answer ends the run
+        status = "succeeded"
+    job.status, job.attempts, job.error = status, attempts, error  # type: ignore[assignment]
+    job.content = decision.content if decision.status == "calls" else (decision.content or "") if status == "succeeded" else None
+    _record_decision(job, attempts, job.content, status)
+    if status in TERMINAL_JOB:
+        runs.close_step(job, status=status)
+    job.decision_started_at, job.updated_at = started, time.time()
+    job.decision_s = round(job.updated_at - started, 6)
+    job.calls = calls
+    return job
+
+
+def start_checked(rt: Runtime, job: JobRecord, dispatch: Dispatch) -> None:
+    """After a job from :func:`check_client_output` is stored: its webhook, approval index, span, calls queued."""
+    if job.status != "queued":
+        notify(rt, job)
+    if job.status == "awaiting_approval":
+        approvals.index_waiting(rt, job)
+    elif job.status in TERMINAL_JOB:
+        tracing.end_job(job)
+    to_run = [c for c in job.calls if c.status == "pending"] if job.status == "running" else []
+    for call in to_run:
+        dispatch(job, call)
+    log.info("job.calls_dispatched", job_id=job.job_id, step=job.step, calls=len(job.calls), dispatched=len(to_run),
+             checked_in="api")
+
+
+def _call_records(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decision: CheckedDecision) -> list[CallRecord]:
+    """The step's call records: validated (inline tools), awaiting approval, or pending (to dispatch)."""
+    calls = []
+    for checked in decision.calls:
+        spec = specs[checked.name]
+        runnable = spec.entrypoint is not None
+        reason = runs.needs_approval(spec, job, rt.settings) if runnable else None
+        status = "validated" if not runnable else "awaiting_approval" if reason else "pending"
+        calls.append(CallRecord(id=call_id(job.request_id, checked.index, attempt=decision.attempt, step=job.step),
+                                index=checked.index, step=job.step, name=checked.name, arguments=checked.arguments,
+                                repairs=list(checked.repairs), status=status, queue=spec.queue_name if runnable else None,
+                                approval={"state": "pending", "required_by": reason} if reason else None))
+    return calls
+
+
 def _record_decision(job: JobRecord, attempts: list[dict[str, Any]], content: str | None, status: str) -> None:
     record = runs.open_step(job, tool_choice=runs.step_tool_choice(job))
     record.update(attempts=attempts, content=content, decided_at=time.time(), status=status)
@@ -194,17 +276,8 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
                 {"name": c.name, "arguments": c.arguments} for c in decision.calls]
         rt.store.update(job.job_id, record)
         return _stop(rt, job, trip)
-    calls = []
+    calls = _call_records(rt, job, specs, decision)
     now = time.time()
-    for checked in decision.calls:
-        spec = specs[checked.name]
-        runnable = spec.entrypoint is not None
-        reason = runs.needs_approval(spec, job, rt.settings) if runnable else None
-        status = "validated" if not runnable else "awaiting_approval" if reason else "pending"
-        calls.append(CallRecord(id=call_id(job.request_id, checked.index, attempt=decision.attempt, step=job.step),
-                                index=checked.index, step=job.step, name=checked.name, arguments=checked.arguments,
-                                repairs=list(checked.repairs), status=status, queue=spec.queue_name if runnable else None,
-                                approval={"state": "pending", "required_by": reason} if reason else None))
     waiting = any(c.status == "awaiting_approval" for c in calls)
     for call in calls:
         if call.status == "pending" and not waiting:

@@ -213,7 +213,8 @@ class RedisJobStore:
 
     @_guard
     def create(self, job: JobRecord, *, idempotency_key: str | None = None, body_hash: str | None = None) -> tuple[JobRecord, bool]:
-        """Store a new job; with an idempotency key, return the existing job for the same body.
+        """Store a new job (with its ``calls``, if it has any); with an idempotency key, return the existing job
+        for the same body.
 
         Returns ``(job, created)``. Raises ``IdempotencyConflictError`` for the same key with another body.
         """
@@ -234,10 +235,30 @@ class RedisJobStore:
         pipe = self.redis.pipeline()
         pipe.set(self._k(job.job_id), job.model_dump_json(exclude={"calls"}), ex=self._ttl)
         pipe.zadd(f"{self._p}:tenant:{job.tenant}:jobs", {job.job_id: job.created_at})
-        pipe.zadd(self._active, {job.job_id: job.created_at})
-        pipe.xadd(self._k(job.job_id, ":events"), {"data": json.dumps({"type": "status", "status": job.status,
-                                                                        "request_id": job.request_id})}, maxlen=1000)
+        if job.status not in TERMINAL_JOB:
+            pipe.zadd(self._active, {job.job_id: job.updated_at})
+        # A job stored already decided (its client's calls checked where it was submitted) shows every status
+        # it passed through, as if queued and decided by a task; its calls, counter and metrics go in the same write.
+        statuses = ["queued", "validating", job.status] if job.decision_s is not None else [job.status]
+        for status in statuses:
+            event = {"type": "status", "status": status, "request_id": job.request_id}
+            if status == job.status and job.error and job.status in TERMINAL_JOB:
+                event["error"] = job.error
+            pipe.xadd(self._k(job.job_id, ":events"), {"data": json.dumps(event, ensure_ascii=False, default=str)},
+                      maxlen=1000)
         pipe.expire(self._k(job.job_id, ":events"), self._ttl)
+        if job.calls:
+            pipe.hset(self._k(job.job_id, ":calls"), mapping={c.id: c.model_dump_json() for c in job.calls})
+            pipe.expire(self._k(job.job_id, ":calls"), self._ttl)
+            pipe.set(self._k(job.job_id, ":pending"), sum(c.status not in TERMINAL_CALL for c in job.calls), ex=self._ttl)
+            for call in job.calls:
+                if call.status == "validated":
+                    metrics.record_call(pipe, self._metrics, tool=metrics.NOT_RUN_TOOL, outcome="validated", seconds=None)
+        if job.decision_s is not None:
+            metrics.record_decision(pipe, self._metrics, outcome=job.status, seconds=job.decision_s,
+                                    reasks=max(0, len(job.attempts) - 1))
+        if job.status in TERMINAL_JOB:
+            metrics.record_job_finished(pipe, self._metrics, job.status)
         pipe.execute()
         return job, True
 
