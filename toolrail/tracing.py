@@ -121,30 +121,36 @@ def setup(kind: str, *, settings: Any = None, memory: bool = False, redis_client
             _state.update(pid=os.getpid(), kind=kind, processors=[], memory=None,
                           provider=_new_provider(kind, settings))
         provider: TracerProvider = _state["provider"]
-        wanted: list[tuple[str, SpanProcessor]] = []
+        wanted: list[tuple[str, Any]] = []  # (name, processor factory): built only when not there yet
         endpoint = getattr(settings, "otlp_endpoint", None) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         if endpoint and kind != "sandbox":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
-
-            wanted.append(("otlp", BatchSpanProcessor(OTLPSpanExporter())))
+            wanted.append(("otlp", _otlp_processor))
         if getattr(settings, "trace_store", "none") == "redis" and kind != "sandbox":
-            client = redis_client if redis_client is not None else _redis_of(settings)
-            exporter = RedisSpanExporter(client, ttl_s=settings.trace_store_ttl_s, max_spans=settings.trace_store_max_spans)
-            wanted.append(("redis", BatchSpanProcessor(exporter, schedule_delay_millis=200)))
+            def redis_processor() -> SpanProcessor:
+                client = redis_client if redis_client is not None else _redis_of(settings)
+                return BatchSpanProcessor(RedisSpanExporter(client, ttl_s=settings.trace_store_ttl_s,
+                                                            max_spans=settings.trace_store_max_spans),
+                                          schedule_delay_millis=200)
+            wanted.append(("redis", redis_processor))
         if memory or kind == "sandbox":
             if _state["memory"] is None:
                 _state["memory"] = InMemorySpanExporter()
-            wanted.append(("memory", SimpleSpanProcessor(_state["memory"])))
-        for index, exporter in enumerate(exporters):
-            wanted.append((f"extra{index}:{id(exporter)}", BatchSpanProcessor(exporter)))
+            wanted.append(("memory", lambda: SimpleSpanProcessor(_state["memory"])))
+        for exporter in exporters:
+            wanted.append((f"exporter:{id(exporter)}", lambda exporter=exporter: BatchSpanProcessor(exporter)))
         present = {name for name, _ in _state["processors"]}
-        for name, processor in wanted:
-            if name in present:
-                processor.shutdown()
-                continue
-            provider.add_span_processor(processor)
-            _state["processors"].append((name, processor))
+        for name, factory in wanted:
+            if name not in present:
+                processor = factory()
+                provider.add_span_processor(processor)
+                _state["processors"].append((name, processor))
         return provider
+
+
+def _otlp_processor() -> SpanProcessor:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415 - only when on
+
+    return BatchSpanProcessor(OTLPSpanExporter())
 
 
 def _new_provider(kind: str, settings: Any) -> TracerProvider:

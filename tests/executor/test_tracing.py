@@ -1,0 +1,376 @@
+"""One trace per job across every hop (issue 15), with real processes.
+
+The API runs in this process (the SDK's in-memory exporter plus the Redis span sink); a real
+Celery worker pool of its own (``TOOLRAIL_TRACE_STORE=redis``) decides through the real Triton
+client against the Triton wire-protocol double of ``tests/decider/triton_double.py`` (Triton
+cannot run here: the double, named as such, scripts the model's text), and runs tools in real
+sandbox children, which record their spans in memory and return them in their result frame.
+Everything lives in a Redis database of its own, so the session's shared worker never takes
+these tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decider"))
+from triton_double import TritonProtocolDouble, serve_double  # noqa: E402 - the Triton wire double
+
+from toolrail import tracing  # noqa: E402
+
+TRACE_DB = 7
+CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
+PROMPT = "北京和上海明天的天气怎么样？"
+
+
+def _with_db(url: str, db: int) -> str:
+    base, _, last = url.rpartition("/")
+    return f"{base}/{db}" if last.isdigit() else f"{url.rstrip('/')}/{db}"
+
+
+# ----------------------------------------------------------------- the Triton double and its tokenizer
+
+
+def _tokenizer_dir(root: Path) -> Path:
+    """A tiny byte-level BPE tokenizer with a ChatML template, saved as a model directory (config.json)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|im_end|>", "<|im_start|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(['[{"name": "get_weather", "arguments": {"city": "北京", "date": "tomorrow"}}]'] * 10, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|im_start|>")
+    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    fast.save_pretrained(root)
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 4096}))
+    return root
+
+
+def _script(fields: dict[str, Any]) -> str:
+    """The double's model: a date outside the tool's enum first; after the re-ask, two valid calls; once the
+    tool results are in, a text answer (the run's second step)."""
+    if "<|im_start|>tool\n" in fields["text_input"]:
+        return '{"content": "北京和上海明天都是晴天。"}'
+    if "is not one of" in fields["text_input"]:
+        return ('[{"name": "get_weather", "arguments": {"city": "北京", "date": "tomorrow"}}, '
+                '{"name": "get_weather", "arguments": {"city": "上海", "date": "tomorrow"}}]')
+    return '[{"name": "get_weather", "arguments": {"city": "北京", "date": "2026-12-01"}}]'
+
+
+async def _produce(fields: dict[str, Any]) -> AsyncIterator[str]:
+    text = _script(fields)
+    for start in range(0, len(text), 16):
+        await asyncio.sleep(0.001)
+        yield text[start:start + 16]
+
+
+class RecordingDouble(TritonProtocolDouble):
+    """The double, also keeping each request's W3C parameters (what the client sent per request)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.trace_parameters: list[dict[str, str]] = []
+
+    async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        async def tap():
+            async for request in request_iterator:
+                self.trace_parameters.append({key: value.string_param for key, value in request.parameters.items()
+                                              if key in ("traceparent", "tracestate", "baggage")})
+                yield request
+
+        async for response in super().ModelStreamInfer(tap(), context):
+            yield response
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory) -> Iterator[tuple[str, str, Path, RecordingDouble]]:
+    from engine_build.triton_repo import RepoOptions, write_triton_repo
+    from transformers import AutoTokenizer
+
+    tok_dir = _tokenizer_dir(tmp_path_factory.mktemp("tracing-tokenizer"))
+    root = tmp_path_factory.mktemp("tracing-triton-repo")
+    repo = write_triton_repo(RepoOptions(flavor="pytorch", output=root, model="/models/m", engine_dir="/engines/m"),
+                             AutoTokenizer.from_pretrained(str(tok_dir)))
+    double = RecordingDouble(root, _produce, seed=3)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server, url = asyncio.run_coroutine_threadsafe(serve_double(double), loop).result(10)
+    yield url, repo.entry_model, tok_dir, double
+    asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+# ----------------------------------------------------------------- a traced stack of its own
+
+
+@pytest.fixture(scope="module")
+def trace_url(redis_url: str) -> str:
+    url = _with_db(redis_url, TRACE_DB)
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture(scope="module")
+def traced_worker(trace_url: str, worker_env: dict[str, str], triton, tmp_path_factory) -> Iterator[Any]:
+    """A real worker pool (one process: a SIGKILL hits the call's process) with tracing to Redis and the Triton decider."""
+    from executor.stack import start_worker, stop_process, wait_for_workers
+    from tools.registry import default_registry
+
+    url, entry, tok_dir, _ = triton
+    env = {**worker_env, "TOOLRAIL_TRACE_STORE": "redis", "TOOLRAIL_DECIDER": "triton", "TOOLRAIL_TRITON_URL": url,
+           "TOOLRAIL_TRITON_MODEL": entry, "TOOLRAIL_MODEL": str(tok_dir), "TOOLRAIL_DECIDER_CANDIDATES": "0"}
+    env.pop("TOOLRAIL_TRACE_CONTENT", None)
+    log_file = tmp_path_factory.mktemp("tracing-worker") / "worker.log"
+    proc = start_worker(trace_url, queues=["decide", *default_registry().queues()], concurrency=1, env=env,
+                        log_file=log_file, hostname="toolrail-tracing@%h")
+    try:
+        wait_for_workers(trace_url, count=1, timeout_s=90)
+        yield proc
+    finally:
+        stop_process(proc)
+        print(log_file.read_text()[-3000:] if log_file.exists() else "")
+
+
+@pytest.fixture(scope="module")
+def traced_api(trace_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
+    """The real API in this process, tracing to the in-memory exporter and the Redis sink, publishing to the traced broker."""
+    from celery import Celery
+
+    from executor.api import create_app
+    from executor.config import celery_config
+    from executor.runtime import Runtime
+    from executor.stack import serve_in_thread
+    from toolrail.context import CELERY_REQUEST_ID_HEADER
+    from toolrail.settings import get_settings
+
+    saved = os.environ.get("TOOLRAIL_TRACE_STORE")
+    os.environ["TOOLRAIL_TRACE_STORE"] = "redis"
+    get_settings.cache_clear()
+    settings = get_settings()
+    runtime = Runtime.from_settings(settings, redis_url=trace_url)
+    tracing.setup("api", memory=True, redis_client=runtime.redis)
+    publisher = Celery("toolrail-tracing-test")
+    publisher.conf.update(celery_config(trace_url))
+
+    def enqueue(job: Any) -> None:
+        publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide",
+                            headers={CELERY_REQUEST_ID_HEADER: job.request_id})
+
+    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, ping_workers=lambda: 1,
+                                                      mount_openai=False))
+    try:
+        yield base, runtime
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        if saved is None:
+            os.environ.pop("TOOLRAIL_TRACE_STORE", None)
+        else:
+            os.environ["TOOLRAIL_TRACE_STORE"] = saved
+        get_settings.cache_clear()
+
+
+@pytest.fixture()
+def tclient(traced_api) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=traced_api[0], timeout=30) as c:
+        yield c
+
+
+def _run(client: httpx.Client, body: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
+    from executor.stack import wait_for_job
+
+    response = client.post("/v1/jobs", json=body, headers=headers or {})
+    assert response.status_code == 202, response.text
+    job = wait_for_job(client, response.json()["job_id"], timeout_s=90, poll_s=0.1)
+    return job
+
+
+def _spans(client: httpx.Client, job_id: str, *, until: Any, timeout_s: float = 20.0) -> list[dict[str, Any]]:
+    """The job's spans from ``GET /v1/jobs/{id}/trace`` once ``until(spans)`` holds (spans arrive in batches)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = client.get(f"/v1/jobs/{job_id}/trace").json()
+        spans = body["spans"]
+        if until(spans) or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.2)
+
+
+def _named(spans: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    return [s for s in spans if s["name"].startswith(prefix)]
+
+
+def _ancestors(span: dict[str, Any], spans: list[dict[str, Any]]) -> list[str]:
+    by_id = {s["span_id"]: s for s in spans}
+    names, parent = [], span.get("parent_span_id")
+    while parent in by_id:
+        names.append(by_id[parent]["name"])
+        parent = by_id[parent].get("parent_span_id")
+    return names
+
+
+# ----------------------------------------------------------------- tests
+
+
+def test_one_job_with_a_reasked_decision_and_two_calls_is_one_trace(tclient: httpx.Client, triton) -> None:
+    double = triton[3]
+    job = _run(tclient, {"messages": [{"role": "user", "content": PROMPT}], "tools": ["get_weather"], "max_reasks": 2})
+    assert job["status"] == "succeeded", json.dumps(job)[:2000]
+    calls = sorted(job["calls"], key=lambda c: c["index"])
+    assert [c["arguments"]["city"] for c in calls] == ["Beijing", "Shanghai"]  # the tool's aliases normalized them
+    spans = _spans(tclient, job["job_id"], until=lambda s: len(_named(s, "sandbox ")) >= 2 and _named(s, "job")
+                   and len(_named(s, "step ")) >= 2)
+
+    assert len({s["trace_id"] for s in spans}) == 1, sorted({s["trace_id"] for s in spans})
+    (job_span,) = _named(spans, "job")
+    assert job_span["attributes"]["toolrail.request_id"] == job["request_id"]
+    assert job_span["attributes"]["toolrail.job.status"] == "succeeded"
+    (post,) = [s for s in spans if s["name"] == "POST /v1/jobs"]
+    assert job_span["parent_span_id"] == post["span_id"] and post["parent_span_id"] is None
+    assert post["attributes"]["toolrail.request_id"] == job["request_id"]
+    assert job_span["start_ns"] <= min(s["start_ns"] for s in spans if s is not post) + 1_000_000
+
+    assert job["content"] and len(_named(spans, "step ")) == 2  # calls, then the answer from their results
+    chats = sorted([c for c in _named(spans, "chat ") if _ancestors(c, spans)[:1] == ["step 0"]],
+                   key=lambda s: s["attributes"]["toolrail.decision.attempt"])
+    assert [c["attributes"]["toolrail.decision.attempt"] for c in chats] == [0, 1]  # the re-ask is its own attempt
+    assert chats[0]["attributes"]["toolrail.decision.check_errors"] >= 1
+    assert chats[1]["attributes"]["toolrail.decision.check_errors"] == 0
+    for chat in chats:
+        assert chat["kind"] == "CLIENT" and chat["attributes"]["gen_ai.operation.name"] == "chat"
+        assert chat["attributes"]["gen_ai.usage.input_tokens"] > 0
+        assert chat["attributes"]["toolrail.decision.time_to_first_token_s"] > 0
+        assert _ancestors(chat, spans)[:1] == ["step 0"] and "job" in _ancestors(chat, spans)
+    # each Triton request carried its own attempt's span as its parent (request parameters, one shared stream)
+    sent = [p["traceparent"].split("-")[2] for p in double.trace_parameters if p.get("traceparent")]
+    assert {c["span_id"] for c in chats} <= set(sent)
+
+    tools = _named(spans, "execute_tool ")
+    assert sorted(t["attributes"]["gen_ai.tool.call.id"] for t in tools) == sorted(c["id"] for c in calls)
+    worker_pid = tools[0]["resource"]["process.pid"]
+    for tool in tools:
+        assert tool["name"] == "execute_tool get_weather" and tool["attributes"]["toolrail.call.status"] == "succeeded"
+        assert "step 0" in _ancestors(tool, spans) and "job" in _ancestors(tool, spans)
+        (child,) = [s for s in _named(spans, "sandbox ") if s["parent_span_id"] == tool["span_id"]]
+        assert child["resource"]["service.name"] == "toolrail-sandbox"
+        assert child["resource"]["process.pid"] != worker_pid  # recorded in the sandbox child, exported by the worker
+    assert {s["resource"]["service.name"] for s in spans} >= {"toolrail-api", "toolrail-worker", "toolrail-sandbox"}
+    assert _named(spans, "queue wait decide") and _named(spans, "queue wait tool.get_weather")
+    # content is opt-in: nothing of the conversation, the arguments or the results by default
+    assert not [k for s in spans for k in s["attributes"] if k in CONTENT_KEYS]
+    # the API process's own exporter holds its spans of the same trace
+    memory = tracing.memory_exporter()
+    assert memory is not None
+    assert any(f"{s.context.trace_id:032x}" == job_span["trace_id"] and s.name == "POST /v1/jobs"
+               for s in memory.get_finished_spans())
+
+
+def test_an_incoming_traceparent_is_honoured_and_polls_link_to_the_job(tclient: httpx.Client) -> None:
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    job = _run(tclient, {"tools": ["get_weather"], "tool_calls": [{"name": "get_weather",
+                                                                   "arguments": {"city": "Beijing", "date": "today"}}]},
+               headers={"traceparent": f"00-{trace_id}-{parent}-01", "X-Request-ID": "trace-incoming-1"})
+    assert job["status"] == "succeeded"
+    spans = _spans(tclient, job["job_id"], until=lambda s: _named(s, "sandbox ") and _named(s, "job"))
+    assert {s["trace_id"] for s in spans} == {trace_id}
+    (post,) = [s for s in spans if s["name"] == "POST /v1/jobs"]
+    assert post["parent_span_id"] == parent
+    (job_span,) = _named(spans, "job")
+    assert job_span["attributes"]["toolrail.request_id"] == "trace-incoming-1"
+    # a later poll is a trace of its own, linked to the job span
+    memory = tracing.memory_exporter()
+    polls = [s for s in memory.get_finished_spans() if s.name.startswith("GET /v1/jobs/")
+             and any(f"{link.context.span_id:016x}" == job_span["span_id"] for link in s.links)]
+    assert polls and all(f"{p.context.trace_id:032x}" != trace_id for p in polls)
+
+
+def test_a_job_resumed_after_a_worker_sigkill_stays_in_its_trace(tclient: httpx.Client, traced_worker,
+                                                                  traced_api) -> None:
+    runtime = traced_api[1]
+    response = tclient.post("/v1/jobs", json={"tools": ["slow_echo"], "tool_calls": [
+        {"name": "slow_echo", "arguments": {"value": "survives", "delay_s": 3.0}}]})
+    job_id = response.json()["job_id"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        calls = runtime.store.get(job_id).calls
+        if calls and calls[0].status == "running":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the call never started")
+    time.sleep(0.5)
+    pool = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == traced_worker.pid]
+    assert len(pool) == 1, pool
+    os.kill(pool[0], signal.SIGKILL)  # the pool process running the call dies mid-call; the task is redelivered
+    from executor.stack import wait_for_job
+
+    job = wait_for_job(tclient, job_id, timeout_s=90)
+    assert job["status"] == "succeeded", json.dumps(job)[:2000]
+    assert job["calls"][0]["attempts"] == 2
+    spans = _spans(tclient, job_id, until=lambda s: _named(s, "execute_tool ") and _named(s, "job"))
+    assert len({s["trace_id"] for s in spans}) == 1
+    (tool,) = _named(spans, "execute_tool ")  # the killed run never ended its span; the rerun did
+    assert "job" in _ancestors(tool, spans)
+    runs = _named(spans, "run/toolrail.run_call")
+    assert runs and {r["parent_span_id"] for r in runs} <= {s["span_id"] for s in _named(spans, "apply_async/")}
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def test_content_attributes_only_when_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    tracing.setup("api", memory=True)
+    exporter = tracing.memory_exporter()
+    assert isinstance(exporter, InMemorySpanExporter)
+    for opted_in in (False, True):
+        monkeypatch.setenv(tracing.CONTENT_ENV, "1" if opted_in else "0")
+        exporter.clear()
+        with tracing.execute_tool_span("transfer", "call_x_0", arguments={"to": "bob", "amount": 5}) as span:
+            tracing.record_tool(span, status="succeeded", result={"status": "applied"})
+        chat = tracing.start_chat("m", attempt=0, messages=[{"role": "user", "content": "pay bob 5"}])
+        tracing.record_decision(chat, usage={"prompt_tokens": 3}, output='[{"name": "transfer"}]')
+        tracing.finish_chat(chat)
+        keys = {k for s in exporter.get_finished_spans() for k in (s.attributes or {})}
+        assert bool(keys & set(CONTENT_KEYS)) is opted_in, keys
+        if opted_in:
+            assert keys >= set(CONTENT_KEYS)
+
+
+def test_a_sandbox_child_cannot_put_spans_into_another_trace() -> None:
+    tracing.setup("api", memory=True)
+    exporter = tracing.memory_exporter()
+    with tracing.execute_tool_span("t", "c") as span:
+        carrier = tracing.current_context()
+        own = format(span.get_span_context().trace_id, "032x")
+    exporter.clear()
+    good = {"name": "sandbox t", "trace_id": own, "span_id": "1" * 16, "parent_span_id": "2" * 16, "kind": "INTERNAL",
+            "start_ns": 1, "end_ns": 2, "status": "UNSET", "attributes": {"a": 1}, "resource": {"service.name": "x"}}
+    foreign = {**good, "trace_id": "f" * 32, "span_id": "3" * 16}
+    assert tracing.adopt_spans([good, foreign, {"junk": True}, "x"], trace_context=carrier) == 1
+    (kept,) = exporter.get_finished_spans()
+    assert tracing.span_to_dict(kept)["trace_id"] == own and kept.name == "sandbox t"
