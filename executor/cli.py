@@ -55,6 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--api-key", default=os.environ.get("TOOLRAIL_API_KEY"))
     run.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for a terminal status")
     run.add_argument("--json", action="store_true", help="print the final job record as JSON")
+    run.add_argument("--trace", action="store_true",
+                     help="print the job's span tree (names, durations, process); the local stack keeps its spans in "
+                          "Redis for this (TOOLRAIL_TRACE_STORE=redis); with --url, that API must keep them")
     run.set_defaults(handler=_run)
 
     demo = subparsers.add_parser("demo", help="run the main job end to end on the embedded defaults",
@@ -236,9 +239,12 @@ def _quiet_server_logs() -> None:
 def _run(args: argparse.Namespace) -> int:
     body = _job_body(args)
     _quiet_server_logs()
+    if args.trace and not args.url:
+        os.environ["TOOLRAIL_TRACE_STORE"] = "redis"  # the local stack's API and workers write their spans there
     if args.url:
         with _client(args.url, args.api_key) as client:
             job = _submit_and_wait(client, body, timeout=args.timeout, show=not args.json)
+            trace = _trace(client, job) if args.trace else None
     else:
         from executor.stack import LocalStack  # noqa: PLC0415
 
@@ -246,11 +252,22 @@ def _run(args: argparse.Namespace) -> int:
             print("starting a local stack (Redis, worker pool, API)…", file=sys.stderr)
         with LocalStack() as stack, _client(stack.url, None) as client:
             job = _submit_and_wait(client, body, timeout=args.timeout, show=not args.json)
+            trace = _trace(client, job) if args.trace else None
     if args.json:
-        print(json.dumps(job, ensure_ascii=False, indent=2))
+        print(json.dumps(job if trace is None else {**job, "trace": trace}, ensure_ascii=False, indent=2))
     else:
         _print_job(job)
+        if trace is not None:
+            from executor.trace_view import render_tree  # noqa: PLC0415
+
+            print(render_tree(trace))
     return 0 if job["status"] == "succeeded" else 1
+
+
+def _trace(client: Any, job: dict[str, Any]) -> dict[str, Any]:
+    from executor.trace_view import fetch_trace  # noqa: PLC0415
+
+    return fetch_trace(client, job["job_id"])
 
 
 def _demo(args: argparse.Namespace) -> int:
