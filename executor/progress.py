@@ -178,9 +178,11 @@ def progress_recorder(rt: Runtime, job_id: str, call: CallRecord) -> Callable[[d
     """``on_progress`` for one call: each report becomes a ``progress`` event on the job's stream (throttled, bounded)."""
     key = rt.store.events_key(job_id)
     ids = {"call_id": call.id, "index": call.index, "name": call.name, "step": call.step}
-    state = {"tokens": float(_BURST), "at": time.monotonic(), "written": 0, "dropped": 0}
+    state = {"tokens": float(_BURST), "at": time.monotonic(), "written": 0, "dropped": 0, "failed": False}
 
     def record(report: dict[str, Any]) -> None:
+        if state["failed"]:  # Redis failed once: the call's own outcome matters more than its progress
+            return
         now = time.monotonic()
         state["tokens"] = min(float(_BURST), state["tokens"] + (now - state["at"]) * PROGRESS_MAX_PER_S)
         state["at"] = now
@@ -196,6 +198,7 @@ def progress_recorder(rt: Runtime, job_id: str, call: CallRecord) -> Callable[[d
             rt.redis.xadd(key, {"data": json.dumps(event, ensure_ascii=False, default=str)}, maxlen=_STREAM_MAXLEN)
             state["written"] += 1
         except redis.RedisError as exc:
+            state["failed"] = True
             log.warning("tool.progress_not_recorded", job_id=job_id, error=f"{type(exc).__name__}: {exc}", **ids)
 
     return record

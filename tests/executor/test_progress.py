@@ -157,3 +157,19 @@ def test_the_recorder_bounds_what_reaches_the_stream(runtime) -> None:
     assert 1 <= len(progress) <= 6  # a burst of 5 (plus a refill while looping), not 1000
     assert progress[0] == {"type": "progress", "call_id": "call_x_0", "index": 0, "name": "progress_reporter", "step": 2,
                            "progress": 0, "total": 1000, "message": None}
+
+
+def test_the_recorder_gives_up_quietly_when_redis_is_down(runtime) -> None:
+    import dataclasses
+
+    import redis
+
+    from toolrail.redis_embed import free_port
+
+    down = dataclasses.replace(runtime, redis=redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2))
+    record = progress_recorder(down, "job_gone", CallRecord(id="call_y_0", index=0, name="progress_reporter"))
+    record({"progress": 1, "total": None, "message": None})  # logged, not raised
+    started = time.monotonic()
+    for i in range(100):
+        record({"progress": i, "total": None, "message": None})
+    assert time.monotonic() - started < 0.1  # no further attempt after the first failure
