@@ -50,7 +50,7 @@ from executor.readiness import Readiness
 from executor.runtime import Runtime
 from executor.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
 from executor.store import TERMINAL_JOB, CallRecord, JobRecord
-from executor.tracing_hooks import in_job_trace, instrument_api, trace_router
+from executor.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
 from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
 from toolrail import tracing
 from toolrail.logging import get_logger
@@ -815,13 +815,19 @@ class _QueueDepth:
 
     def collect(self):  # noqa: ANN201 - prometheus collector protocol
         gauge = GaugeMetricFamily("toolrail_queue_depth", "Messages waiting per Celery queue", labels=["queue"])
+        age = GaugeMetricFamily("toolrail_queue_oldest_age_seconds", "Age of the oldest message per Celery queue "
+                                "(from its publish-time header; 0 when empty)", labels=["queue"])
         try:
             queues = ["decide", *self._runtime.registry.queues()]
             pipe = self._runtime.redis.pipeline()
             for queue in queues:
                 pipe.llen(queue)
-            for queue, depth in zip(queues, pipe.execute(), strict=True):
+                pipe.lindex(queue, -1)  # kombu pushes left and pops right: the oldest message is last
+            replies, now = pipe.execute(), time.time()
+            for queue, depth, oldest in zip(queues, replies[::2], replies[1::2], strict=True):
                 gauge.add_metric([queue], depth)
+                age.add_metric([queue], message_age_s(oldest, now=now))
         except redis.RedisError:
             pass
         yield gauge
+        yield age

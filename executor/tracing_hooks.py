@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import re
 import time
 import typing
@@ -35,8 +36,8 @@ from opentelemetry.trace import SpanKind
 from toolrail import tracing
 from toolrail.logging import get_logger
 
-__all__ = ["PUBLISHED_AT_HEADER", "StepScope", "execute_tool", "in_job_trace", "instrument_api", "instrument_celery", "step",
-           "trace_router"]
+__all__ = ["PUBLISHED_AT_HEADER", "StepScope", "execute_tool", "in_job_trace", "instrument_api", "instrument_celery",
+           "message_age_s", "step", "trace_router"]
 
 log = get_logger("toolrail.tracing")
 
@@ -102,6 +103,17 @@ def _queue_wait_span(task: Any = None, **_: object) -> None:
     if delivery.get("redelivered"):
         span.set_attribute("toolrail.queue.redelivered", True)
     span.end(end_time=now_ns)
+
+
+def message_age_s(raw: bytes | str | None, *, now: float) -> float:
+    """How long a queued Celery message has waited, from its ``toolrail_published_at`` header (0 if unknown)."""
+    if not raw:
+        return 0.0
+    try:
+        published = json.loads(raw).get("headers", {}).get(PUBLISHED_AT_HEADER)
+        return max(0.0, now - float(published)) if published is not None else 0.0
+    except (ValueError, TypeError, AttributeError):
+        return 0.0
 
 
 def _header(request: Any, key: str) -> Any:
