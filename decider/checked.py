@@ -37,8 +37,10 @@ from tools.check import (
     CONTRACT_VALIDATORS,
     CallCheck,
     OutputCheck,
+    answered_calls,
     check_output,
     check_tool_calls,
+    flag_repeated_calls,
     flag_repeated_side_effects,
     prior_calls,
 )
@@ -125,10 +127,13 @@ def _check_decision(decision: Decision, specs: Mapping[str, Any], evidence: Conv
     return check_output(decision.raw_output, specs, evidence=evidence)
 
 
-def _enforce(check: OutputCheck, specs: Mapping[str, Any], prior: Mapping[str, str], *, require: bool) -> None:
-    """The request-level checks every attempt gets, client's or decider's: no repeated side effect,
-    and a call when ``tool_choice`` requires one."""
+def _enforce(check: OutputCheck, specs: Mapping[str, Any], prior: Mapping[str, str], *, require: bool,
+             answered: Mapping[str, str] | None = None) -> None:
+    """The request-level checks every attempt gets, client's or decider's: no repeated side effect, no repeat
+    of a read-only call whose result the conversation holds, and a call when ``tool_choice`` requires one."""
     flag_repeated_side_effects(check, specs, prior)
+    if answered:
+        flag_repeated_calls(check, specs, answered)
     if require and not check.calls and not check.errors:
         check.errors.append({"path": "", "message": "a tool call is required, but the output holds none",
                              "validator": "minItems"})
@@ -243,9 +248,11 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
     evidence = ConversationValues.from_messages(request.messages) if request.messages else None
     require = request.tool_choice == "required" or isinstance(request.tool_choice, Mapping)
     prior = prior_calls(list(request.messages))
+    answered = answered_calls(list(request.messages))
     attempts: list[CheckedAttempt] = []
     messages = list(request.messages)
     grounding_reasks = 0
+    text_only = False
     check: OutputCheck | None = None
     raw = ""
 
@@ -266,7 +273,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
 
     if first_output is not None:
         raw, check = _check_client(first_output, specs, evidence)
-        _enforce(check, specs, prior, require=require)
+        _enforce(check, specs, prior, require=require, answered=answered)
         record(_attempt(0, "client", raw, check, platform={"grounding": "checked against the conversation" if evidence
                         else "not checked: no conversation (the client's calls carry its own values)"}))
     while check is None or not check.ok:
@@ -285,12 +292,17 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
                                        calls=[c for c in check.calls if c.ok], blocked=[c for c in check.calls if not c.ok],
                                        content=check.content, error=_review_error(check, len(attempts)))
             messages = reask_messages(messages, output=raw, errors=errors)
+            # every call repeats one already answered: the re-ask offers the answer only (recorded on the attempt)
+            text_only = bool(errors) and all(e.get("validator") == "repeated_call" for e in errors)
         number = len(attempts)
         started = time.perf_counter()
+        update: dict[str, Any] = {"messages": messages, "attempt": number}
+        if text_only:
+            update["tool_choice"] = "none"
         try:
-            decision = _decide(decider, request.model_copy(update={"messages": messages, "attempt": number}), chat,
+            decision = _decide(decider, request.model_copy(update=update), chat,
                                _early_reporter(on_call, number, specs, evidence, lambda c: _enforce(
-                                   c, specs, prior, require=False)) if on_call is not None else None)
+                                   c, specs, prior, require=False, answered=answered)) if on_call is not None else None)
         except GenerationBoundError as exc:
             failed = OutputCheck(calls=[], errors=[{"path": "", "message": str(exc), "validator": exc.reason}])
             record(_attempt(number, "decider", exc.output, failed, latency_s=time.perf_counter() - started))
@@ -298,8 +310,10 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
                 "type": "generation_bound", "message": str(exc), "details": {"reason": exc.reason, "tokens": exc.tokens}})
         raw = decision.raw_output
         check = _check_decision(decision, specs, evidence)
-        _enforce(check, specs, prior, require=require)
-        record(_attempt(number, "decider", raw, check, platform=decision.platform, usage=decision.usage,
+        _enforce(check, specs, prior, require=require, answered=answered)
+        platform = decision.platform if not text_only else {**decision.platform, "reask_tool_choice": "none", "why": (
+            "every call of the previous attempt repeated one whose result the conversation holds")}
+        record(_attempt(number, "decider", raw, check, platform=platform, usage=decision.usage,
                         latency_s=time.perf_counter() - started))
     status: Literal["calls", "text"] = "calls" if check.calls else "text"
     return CheckedDecision(request.request_id, status, attempts, calls=list(check.calls), content=check.content)

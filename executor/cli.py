@@ -7,11 +7,13 @@ import ipaddress
 import json
 import os
 import sys
+import time
 from typing import Any
 
 __all__ = ["register"]
 
 DEMO_PROMPT = "北京明天天气怎么样"
+DEMO_RUN_PROMPT = "What's the weather in Beijing tomorrow?"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,6 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--raw-output", default=None, help="validate and run this raw model output instead of deciding")
     run.add_argument("--tool-calls", default=None, help="JSON list of {name, arguments} to validate and run")
     run.add_argument("--max-reasks", type=int, default=None)
+    run.add_argument("--max-steps", type=int, default=None,
+                     help="most decide → run steps (default: TOOLRAIL_MAX_STEPS for a prompt, 1 with --tool-calls)")
+    run.add_argument("--require-approval", default=None, metavar="TOOLS",
+                     help="comma-separated tools whose calls wait for your approval, or 'side_effects'")
+    run.add_argument("--webhook-url", default=None, help="POST job.* events here (Standard Webhooks signatures)")
     run.add_argument("--url", default=os.environ.get("TOOLRAIL_URL"), help="a running API (default: start a local stack)")
     run.add_argument("--api-key", default=os.environ.get("TOOLRAIL_API_KEY"))
     run.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for a terminal status")
@@ -61,8 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.set_defaults(handler=_run)
 
     demo = subparsers.add_parser("demo", help="run the main job end to end on the embedded defaults",
-                                 description="Start a local stack and run two jobs: broken raw output cleaned, validated "
-                                             "and executed; and a decision by the embedded model on a Chinese prompt.")
+                                 description="Start a local stack and run three jobs: broken raw output cleaned, "
+                                             "validated and executed; a decision by the embedded model on a Chinese prompt; "
+                                             "and an agent run: a tool call, its result back to the model, an answer.")
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(handler=_demo)
 
@@ -173,28 +181,71 @@ def _submit_and_wait(client: Any, body: dict[str, Any], *, timeout: float, show:
                 for line in stream.iter_lines():
                     if line.startswith("data: "):
                         event = json.loads(line[6:])
-                        if event.get("type") == "status":
-                            print(f"  status → {event['status']}", file=sys.stderr)
-                        elif event.get("type") == "call":
-                            print(f"  call {event.get('index')} {event.get('name')} → {event.get('status')}", file=sys.stderr)
+                        _show_event(event)
+                        if event.get("type") == "status" and event.get("status") == "awaiting_approval":
+                            break
         except Exception as exc:  # noqa: BLE001 - progress display only; polling below decides
             print(f"  (event stream ended: {type(exc).__name__})", file=sys.stderr)
-    from executor.stack import wait_for_job  # noqa: PLC0415
+    return _wait_or_approve(client, job_id, timeout=timeout, show=show)
 
-    return wait_for_job(client, job_id, timeout_s=timeout, poll_s=0.2)
+
+def _show_event(event: dict[str, Any]) -> None:
+    kind = event.get("type")
+    if kind == "status":
+        print(f"  status → {event['status']}", file=sys.stderr)
+    elif kind == "step":
+        print(f"  step {event.get('step')} → {event.get('status')}", file=sys.stderr)
+    elif kind == "call":
+        print(f"  call {event.get('index')} {event.get('name')} → {event.get('status')}", file=sys.stderr)
+    elif kind == "progress":
+        total = f"/{event['total']}" if event.get("total") is not None else ""
+        print(f"  call {event.get('index')} {event.get('name')} … {event.get('progress')}{total} "
+              f"{event.get('message') or ''}".rstrip(), file=sys.stderr)
+
+
+def _wait_or_approve(client: Any, job_id: str, *, timeout: float, show: bool) -> dict[str, Any]:
+    """Wait for the job's end; when it waits for approval, ask on a terminal (else say how, and return it)."""
+    from executor.stack import wait_for_job  # noqa: PLC0415
+    from executor.store import TERMINAL_JOB  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while True:
+        job = wait_for_job(client, job_id, timeout_s=max(0.0, deadline - time.monotonic()), poll_s=0.2,
+                           until={"awaiting_approval"})
+        if job.get("status") != "awaiting_approval" or time.monotonic() > deadline:
+            return job
+        waiting = [c for c in job.get("calls", []) if (c.get("approval") or {}).get("state") == "pending"]
+        if not (show and sys.stdin.isatty()):
+            for call in waiting:
+                print(f"awaiting approval: {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})  "
+                      f"POST /v1/jobs/{job_id}/calls/{call['id']}/approve (or /reject)", file=sys.stderr)
+            return job
+        for call in waiting:
+            answer = input(f"approve {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})? [y/N/reason] ")
+            if answer.strip().lower() in {"y", "yes"}:
+                client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve")
+            else:
+                reason = answer.strip() if answer.strip().lower() not in {"", "n", "no"} else "rejected by the operator"
+                client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/reject", json={"reason": reason})
+        if job.get("status") in TERMINAL_JOB:
+            return job
 
 
 def _print_job(job: dict[str, Any]) -> None:
     print(f"status: {job['status']}   request_id: {job['request_id']}")
-    for attempt in job.get("attempts", []):
-        errs = "; ".join(f"{e.get('path')}: {e.get('message')}" for e in attempt.get("errors", [])) or "ok"
-        print(f"  attempt {attempt['attempt']} ({attempt['source']}): {errs}")
-        for note in attempt.get("repairs", [])[:8]:
-            print(f"    cleaned: {note}")
-    for call in job.get("calls", []):
-        outcome = call.get("result") if call["status"] == "succeeded" else call.get("error")
-        print(f"  [{call['index']}] {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)}) "
-              f"→ {call['status']}: {json.dumps(outcome, ensure_ascii=False)}")
+    steps = job.get("steps") or [{"index": 0, "attempts": job.get("attempts", []), "calls": job.get("calls", [])}]
+    for step in steps:
+        if len(steps) > 1:
+            print(f"  step {step.get('index')}:")
+        for attempt in step.get("attempts", []):
+            errs = "; ".join(f"{e.get('path')}: {e.get('message')}" for e in attempt.get("errors", [])) or "ok"
+            print(f"    attempt {attempt['attempt']} ({attempt['source']}): {errs}")
+            for note in attempt.get("repairs", [])[:8]:
+                print(f"      cleaned: {note}")
+        for call in step.get("calls", []):
+            outcome = call.get("result") if call["status"] == "succeeded" else call.get("error")
+            print(f"    [{call['index']}] {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)}) "
+                  f"→ {call['status']}: {json.dumps(outcome, ensure_ascii=False)}")
     if job.get("content"):
         print(f"  assistant: {job['content']}")
     if job.get("error") and job["status"] != "succeeded":
@@ -216,6 +267,13 @@ def _job_body(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"--tool-calls is not JSON: {exc}") from None
     if args.max_reasks is not None:
         body["max_reasks"] = args.max_reasks
+    if args.max_steps is not None:
+        body["max_steps"] = args.max_steps
+    if args.require_approval:
+        names = [t.strip() for t in args.require_approval.split(",") if t.strip()]
+        body["require_approval"] = "side_effects" if names == ["side_effects"] else names
+    if args.webhook_url:
+        body["webhook_url"] = args.webhook_url
     if not body.get("messages") and "raw_output" not in body and "tool_calls" not in body:
         raise SystemExit("give a prompt, --raw-output or --tool-calls (see toolrail run --help)")
     return body
@@ -261,7 +319,7 @@ def _run(args: argparse.Namespace) -> int:
             from executor.trace_view import render_tree  # noqa: PLC0415
 
             print(render_tree(trace))
-    return 0 if job["status"] == "succeeded" else 1
+    return 0 if job["status"] == "succeeded" else 3 if job["status"] == "awaiting_approval" else 1
 
 
 def _trace(client: Any, job: dict[str, Any]) -> dict[str, Any]:
@@ -285,9 +343,13 @@ def _demo(args: argparse.Namespace) -> int:
         status |= job["status"] != "succeeded"
         print(f"\n== 2. the embedded model decides: {DEMO_PROMPT!r} ==")
         # the client offers the tool the question is about; the model decides whether and how to call it
-        job = _submit_and_wait(client, {"messages": [{"role": "user", "content": DEMO_PROMPT}], "tools": ["get_weather"]},
-                               timeout=600,
-                               show=not args.json)
+        job = _submit_and_wait(client, {"messages": [{"role": "user", "content": DEMO_PROMPT}], "tools": ["get_weather"],
+                                        "max_steps": 1}, timeout=600, show=not args.json)
+        print(json.dumps(job, ensure_ascii=False, indent=2)) if args.json else _print_job(job)
+        status |= job["status"] != "succeeded"
+        print(f"\n== 3. an agent run: the model calls a tool, reads its result and answers: {DEMO_RUN_PROMPT!r} ==")
+        job = _submit_and_wait(client, {"messages": [{"role": "user", "content": DEMO_RUN_PROMPT}], "tools": ["get_weather"]},
+                               timeout=900, show=not args.json)
         print(json.dumps(job, ensure_ascii=False, indent=2)) if args.json else _print_job(job)
         status |= job["status"] != "succeeded"
     return int(status)

@@ -85,14 +85,15 @@ def serve_in_thread(app: object, *, host: str = "127.0.0.1", port: int = 0) -> t
 
 
 def wait_for_job(client: object, job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.1,
-                 headers: dict[str, str] | None = None) -> dict:
-    """Poll ``GET /v1/jobs/{id}`` until the job is terminal; at the deadline, the last record seen."""
+                 headers: dict[str, str] | None = None, until: set[str] | frozenset[str] = frozenset()) -> dict:
+    """Poll ``GET /v1/jobs/{id}`` until the job is terminal (or in a status of ``until``); at the deadline, the
+    last record seen."""
     from executor.store import TERMINAL_JOB  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout_s
     while True:
         job = client.get(f"/v1/jobs/{job_id}", headers=headers).json()  # type: ignore[attr-defined]
-        if job.get("status") in TERMINAL_JOB or time.monotonic() > deadline:
+        if job.get("status") in TERMINAL_JOB or job.get("status") in until or time.monotonic() > deadline:
             return job
         time.sleep(poll_s)
 

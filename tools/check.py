@@ -34,13 +34,15 @@ __all__ = [
     "check_arguments",
     "check_output",
     "check_tool_calls",
+    "answered_calls",
     "extract_calls",
+    "flag_repeated_calls",
     "flag_repeated_side_effects",
     "prior_calls",
 ]
 
 #: Errors of a call's declared contracts (not of its form): re-asked once, then sent to review.
-CONTRACT_VALIDATORS = frozenset({"grounded", "repeated_side_effect"})
+CONTRACT_VALIDATORS = frozenset({"grounded", "repeated_side_effect", "repeated_call"})
 
 MAX_CALLS_PER_OUTPUT = 16
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -264,6 +266,26 @@ def prior_calls(messages: list[Mapping[str, Any]]) -> dict[str, str]:
             if isinstance(function.get("name"), str):
                 out[call_key(function["name"], arguments)] = str(call.get("id", ""))
     return out
+
+
+def answered_calls(messages: list[Mapping[str, Any]]) -> dict[str, str]:
+    """``{call key: tool_call_id}`` of the earlier calls whose result a ``tool`` message holds."""
+    answered = {str(m.get("tool_call_id")) for m in messages if m.get("role") == "tool" and m.get("tool_call_id")}
+    return {key: cid for key, cid in prior_calls(messages).items() if cid in answered}
+
+
+def flag_repeated_calls(check: OutputCheck, specs: Mapping[str, ToolSpec], answered: Mapping[str, str]) -> None:
+    """Hold back a read-only call identical to one whose result the conversation already holds (a tool that may
+    answer differently each time, e.g. a poll, declares ``repeatable``): the call gets a ``repeated_call`` error."""
+    for call in check.calls:
+        spec = specs.get(call.name)
+        if not call.ok or spec is None or spec.side_effects or spec.repeatable:
+            continue
+        earlier = answered.get(call_key(call.name, call.arguments))
+        if earlier is not None:
+            call.errors, call.arguments = [{"path": "", "validator": "repeated_call", "message": (
+                f"this exact {call.name} call was already made ({earlier}) and its result is in the conversation; "
+                "use that result to answer in text, or call something else")}], None
 
 
 def flag_repeated_side_effects(check: OutputCheck, specs: Mapping[str, ToolSpec], prior: Mapping[str, str]) -> None:

@@ -71,6 +71,8 @@ class ToolSpec(BaseModel):
     queue: str | None = None
     #: A person must approve each call before it runs (the job stops in ``awaiting_approval``).
     requires_approval: bool = False
+    #: The same call may answer differently each time (a poll): an identical repeat in a run is not held back.
+    repeatable: bool = False
     #: ``module:function`` executed in the sandbox; None for inline specs the client executes.
     entrypoint: str | None = None
     model: type[BaseModel] | None = Field(default=None, exclude=True)

@@ -37,7 +37,7 @@ def _wait(client: httpx.Client, job_id: str, timeout_s: float = 300) -> dict:
 def test_cli_run_decides_and_executes_on_the_real_model(stack: LocalStack) -> None:
     """`toolrail run "北京明天天气怎么样" --tools get_weather --json`: the demo's main job."""
     out = subprocess.run([sys.executable, "-m", "toolrail.cli", "run", "北京明天天气怎么样", "--tools", "get_weather", "--json",
-                          "--url", stack.url],
+                          "--max-steps", "1", "--url", stack.url],
                          capture_output=True, text=True, timeout=600, env={**os.environ, "TOOLRAIL_LOG_LEVEL": "WARNING"})
     assert out.returncode == 0, out.stderr[-2000:]
     job = json.loads(out.stdout)
@@ -47,6 +47,21 @@ def test_cli_run_decides_and_executes_on_the_real_model(stack: LocalStack) -> No
     assert call["arguments"] == {"city": "Beijing", "date": "tomorrow", "unit": "celsius"}
     assert call["id"] == f"call_{job['request_id']}_0"
     assert call["result"]["city"] == "Beijing"
+
+
+def test_agent_run_reads_the_result_and_answers(stack: LocalStack) -> None:
+    """A run on the real model: it calls the tool, gets the result back as a tool message, and answers in text."""
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        created = client.post("/v1/jobs", json={
+            "messages": [{"role": "user", "content": "What's the weather in Beijing tomorrow?"}], "tools": ["get_weather"]}).json()
+        job = _wait(client, created["job_id"], timeout_s=600)
+    assert job["status"] == "succeeded", json.dumps(job, ensure_ascii=False)[:3000]
+    assert len(job["steps"]) >= 2, job["steps"]
+    first = job["steps"][0]["calls"]
+    assert [c["name"] for c in first] == ["get_weather"] and first[0]["status"] == "succeeded"
+    assert job["content"] and not job["content"].lstrip().startswith("[")  # an answer in words
+    # what the model was told came from the tool: the answer uses the tool's temperature
+    assert str(first[0]["result"]["temperature"]) in job["content"], job["content"]
 
 
 def test_invalid_client_output_is_reasked_to_the_model(stack: LocalStack) -> None:
