@@ -178,3 +178,36 @@ def test_a_side_effect_the_conversation_already_made_is_not_repeated_unreviewed(
     assert len(again.requests) == 2  # re-asked once with the reason
     answered = decide_checked(ScriptedDecider([_call("INV-4821", 20), '{"content": "It is paid."}']), request)
     assert answered.status == "text"
+
+
+def _after_result(spec: ToolSpec | None = None) -> DecideRequest:
+    arguments = '{"city": "Beijing", "date": "tomorrow", "unit": "celsius"}'
+    return DecideRequest(request_id="rq-run", tools=[spec or default_registry().get("get_weather")], messages=[
+        {"role": "user", "content": "weather in Beijing tomorrow?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": '{"temperature": 23}'}])
+
+
+def test_a_read_only_call_already_answered_is_reasked_offering_the_answer_only() -> None:
+    repeat = '[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}]'
+    decider = ScriptedDecider([repeat, "It will be 23 degrees."])
+    result = decide_checked(decider, _after_result(), max_reasks=2)
+    assert result.status == "text" and result.content == "It will be 23 degrees."
+    assert result.attempts[0].errors[0]["validator"] == "repeated_call"
+    assert "call_a" in result.attempts[0].errors[0]["message"]
+    assert decider.requests[0].tool_choice == "auto" and decider.requests[1].tool_choice == "none"
+    assert result.attempts[1].platform["reask_tool_choice"] == "none"  # what the platform did is on the record
+
+
+def test_a_different_call_after_a_result_is_the_models_to_make() -> None:
+    other = '[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "today"}}]'
+    result = decide_checked(ScriptedDecider([other]), _after_result(), max_reasks=2)
+    assert result.status == "calls" and result.calls[0].arguments["date"] == "today"
+
+
+def test_a_repeatable_tool_may_be_called_again() -> None:
+    spec = default_registry().get("get_weather").model_copy(update={"repeatable": True})
+    repeat = '[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}]'
+    result = decide_checked(ScriptedDecider([repeat]), _after_result(spec), max_reasks=2)
+    assert result.status == "calls" and len(result.attempts) == 1
