@@ -436,3 +436,59 @@ resource "aws_s3_bucket_policy" "lb_logs" {
 
   depends_on = [aws_s3_bucket_public_access_block.lb_logs]
 }
+
+# --- Metrics: the API's /metrics scrape lands in Amazon Managed Service for Prometheus; the Grafana ---
+# --- dashboard beside this file (dashboards/toolrail.json) reads it. Spans go to the OTLP collector  ---
+# --- named by OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md), not through this module.          ---
+
+resource "aws_cloudwatch_log_group" "prometheus" {
+  #checkov:skip=CKV_AWS_338:Retention is var.log_retention_days per environment (dev 14, prod 90); these are the workspace's own ingestion logs.
+  name              = "/aws/prometheus/${var.name}"
+  retention_in_days = var.log_retention_days
+  kms_key_id        = aws_kms_key.this.arn
+
+  tags = var.tags
+}
+
+resource "aws_prometheus_workspace" "this" {
+  alias       = var.name
+  kms_key_arn = aws_kms_key.this.arn
+
+  logging_configuration {
+    log_group_arn = "${aws_cloudwatch_log_group.prometheus.arn}:*"
+  }
+
+  tags = var.tags
+}
+
+locals {
+  dashboard_json = file("${path.module}/dashboards/toolrail.json")
+  # An OpenTelemetry (ADOT) collector config for a sidecar next to the API: scrape /metrics with the
+  # metrics bearer key (TOOLRAIL_METRICS_KEY, mounted as a file) and remote-write to the workspace.
+  metrics_collector_config = yamlencode({
+    extensions = { sigv4auth = { region = local.region, service = "aps" } }
+    receivers = {
+      prometheus = {
+        config = {
+          scrape_configs = [{
+            job_name          = "toolrail-api"
+            scrape_interval   = "${var.metrics_scrape_interval_s}s"
+            metrics_path      = "/metrics"
+            bearer_token_file = "/run/secrets/toolrail-metrics-key"
+            static_configs    = [{ targets = var.metrics_scrape_targets }]
+          }]
+        }
+      }
+    }
+    exporters = {
+      prometheusremotewrite = {
+        endpoint = "${aws_prometheus_workspace.this.prometheus_endpoint}api/v1/remote_write"
+        auth     = { authenticator = "sigv4auth" }
+      }
+    }
+    service = {
+      extensions = ["sigv4auth"]
+      pipelines  = { metrics = { receivers = ["prometheus"], exporters = ["prometheusremotewrite"] } }
+    }
+  })
+}

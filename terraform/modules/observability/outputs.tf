@@ -37,3 +37,23 @@ output "log_metric_namespace" {
   description = "Namespace of the log-derived metrics (ErrorLogLines, NeedsReviewJobs)."
   value       = local.log_namespace
 }
+
+output "prometheus_workspace_arn" {
+  description = "Amazon Managed Service for Prometheus workspace holding the API's /metrics (grant aps:RemoteWrite on it to the collector)."
+  value       = aws_prometheus_workspace.this.arn
+}
+
+output "prometheus_query_url" {
+  description = "Prometheus-compatible query endpoint of the workspace: the Grafana data source of the toolrail dashboard."
+  value       = aws_prometheus_workspace.this.prometheus_endpoint
+}
+
+output "grafana_dashboard_json" {
+  description = "The toolrail Grafana dashboard (dashboards/toolrail.json; its data source is the variable datasource)."
+  value       = local.dashboard_json
+}
+
+output "metrics_collector_config" {
+  description = "OpenTelemetry collector config (YAML) for a sidecar: scrape the API's /metrics and remote-write to the workspace."
+  value       = local.metrics_collector_config
+}

@@ -112,3 +112,20 @@ variable "tags" {
   description = "Extra tags for every resource (the provider's default_tags carry the common ones)."
   default     = {}
 }
+
+variable "metrics_scrape_targets" {
+  type        = list(string)
+  description = "host:port of each API task whose /metrics the collector scrapes (from inside the task: localhost:8000)."
+  default     = ["localhost:8000"]
+}
+
+variable "metrics_scrape_interval_s" {
+  type        = number
+  description = "Seconds between scrapes of the API's /metrics."
+  default     = 30
+
+  validation {
+    condition     = var.metrics_scrape_interval_s >= 5 && var.metrics_scrape_interval_s <= 300
+    error_message = "metrics_scrape_interval_s must be between 5 and 300."
+  }
+}
