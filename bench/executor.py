@@ -113,11 +113,11 @@ def _code_env(root: Path, url: str) -> dict[str, str]:
 
 
 @contextmanager
-def start_stack(label: str, root: Path, *, workers: int = 2, queues: tuple[str, ...] = ("decide", "tool.get_weather")
-                ) -> Iterator[Stack]:
-    """Redis, a Celery worker pool and the API of the code at ``root``, stopped on exit."""
+def start_stack(label: str, root: Path, *, workers: int = 2, queues: tuple[str, ...] = ("decide", "tool.get_weather"),
+                env: dict[str, str] | None = None) -> Iterator[Stack]:
+    """Redis, a Celery worker pool and the API of the code at ``root`` (``env`` over the bench's), stopped on exit."""
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(data_dir=Path(tmp) / "redis") as server:
-        env = _code_env(root, server.url)
+        env = {**_code_env(root, server.url), **(env or {})}
         worker = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "executor.celery", "worker", "-Q", ",".join(queues), "-c", str(workers),
              "--pool", "prefork", "-n", f"bench-{label}-{free_port()}@%h", "--without-gossip", "--without-mingle",
@@ -128,8 +128,8 @@ def start_stack(label: str, root: Path, *, workers: int = 2, queues: tuple[str, 
                                start_new_session=True)
         http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, limits=httpx.Limits(max_connections=128))
         try:
-            wait_for_workers(server.url, timeout_s=90)
-            wait_http_ok(f"http://127.0.0.1:{port}", timeout_s=60)
+            wait_for_workers(server.url, timeout_s=180)
+            wait_http_ok(f"http://127.0.0.1:{port}", timeout_s=120)
             yield Stack(label, root, server.url, f"http://127.0.0.1:{port}", redis.Redis.from_url(server.url), http,
                         api_pid=api.pid, worker_pid=worker.pid)
         finally:

@@ -16,6 +16,7 @@ from typing import Any
 
 from decider.errors import DeciderPermanentError
 from decider.checked import CheckedDecision, ClientOutput, decide_checked
+from tools.check import CallCheck
 from decider.protocol import DecideRequest
 from executor import approvals, metrics, runs
 from executor.breaker import guarded_run
@@ -48,7 +49,12 @@ NextStep = Callable[[JobRecord], None]
 
 def job_specs(rt: Runtime, job: JobRecord) -> dict[str, ToolSpec]:
     """The tools this job may call: registered names plus inline specs."""
-    specs = {name: rt.registry.get(name) for name in job.tools}
+    mcp = {}
+    if any(name not in rt.registry for name in job.tools):  # the tenant's MCP-provided tools (mcpbridge)
+        from mcpbridge.providers import specs_for  # noqa: PLC0415
+
+        mcp = specs_for(rt.redis, job.tenant, [name for name in job.tools if name not in rt.registry])
+    specs = {name: mcp[name] if name in mcp else rt.registry.get(name) for name in job.tools}
     for raw in job.inline_tools:
         spec = ToolSpec.from_openai(raw)
         specs[spec.name] = spec
@@ -137,10 +143,16 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
     job.calls = calls  # the record as updated carries no calls; the earlier steps' calls are the journal
     request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
                             tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls)
+    early = _EarlyDispatch(rt, job, specs, dispatch)
     try:
-        decision = decide_checked(decider, request, first_output=first, max_reasks=job.max_reasks)
+        decision = decide_checked(decider, request, first_output=first, max_reasks=job.max_reasks, on_call=early)
     except DeciderPermanentError as exc:
+        early.ended = time.time()
+        early.settle([])
         return _end_step(rt, job, "failed", error={"type": type(exc).__name__, "message": str(exc), "details": {}})
+    early.ended = time.time()
+    if decision.status != "calls":
+        early.settle([])  # review, failure or a text answer: whatever was queued early is no step's call
     attempts = [a.to_dict() for a in decision.attempts]
     if decision.status == "needs_review":
         error = dict(decision.error or {})
@@ -150,7 +162,80 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
         return _end_step(rt, job, "needs_review", attempts=attempts, error=error)
     if decision.status == "failed":
         return _end_step(rt, job, "failed", attempts=attempts, error=decision.error)
-    return _start_calls(rt, job, specs, decision, attempts, dispatch, next_step)
+    return _start_calls(rt, job, specs, decision, attempts, dispatch, next_step, early=early)
+
+
+class _EarlyDispatch:
+    """Dispatch while decoding: a call the decoder just closed, checked alone, is queued at once when its tool is
+    read-only, runnable and needs no approval (``TOOLRAIL_DISPATCH_WHILE_DECODING``). Side-effecting calls wait
+    for the whole decision: a later call could change what they mean.
+
+    The decision stays the truth: :meth:`settle` keeps the early calls it makes (same id, name and arguments),
+    moves the others to the job's ``discarded_calls`` (their outcome is still recorded), and journals, for each
+    early call, how long before the decision's end it was queued.
+    """
+
+    def __init__(self, rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], dispatch: Dispatch) -> None:
+        self.rt, self.job, self.specs, self.dispatch = rt, job, specs, dispatch
+        self.enabled = bool(getattr(rt.settings, "dispatch_while_decoding", True))
+        #: Early calls by id, as stored (dispatched_at set); ``ended``: when the decision ended.
+        self.sent: dict[str, CallRecord] = {}
+        self.ended: float | None = None
+
+    def __call__(self, attempt: int, checked: CallCheck) -> None:
+        spec = self.specs.get(checked.name)
+        if not self.enabled or spec is None or spec.side_effects or spec.entrypoint is None:
+            return
+        job, settings = self.job, self.rt.settings
+        if runs.needs_approval(spec, job, settings):
+            return
+        so_far = [(c.name, c.arguments) for c in self.sent.values()] + [(checked.name, checked.arguments)]
+        if runs.guard_new_calls(job, so_far, settings) is not None:
+            return  # the decision's own guard check decides what happens to this step
+        call = CallRecord(id=call_id(job.request_id, checked.index, attempt=attempt, step=job.step), index=checked.index,
+                          step=job.step, name=checked.name, arguments=checked.arguments, repairs=list(checked.repairs),
+                          queue=spec.queue_name, dispatched_at=time.time())
+        try:
+            existing = self.rt.store.add_call(job.job_id, call)  # a redone decision finds its earlier record
+            if existing is not None and existing.status in TERMINAL_CALL:
+                self.sent[call.id] = existing
+                return
+            self.dispatch(job, call)
+        except Exception as exc:  # noqa: BLE001 - early is an optimization: the decision's end queues it anyway
+            log.warning("call.early_dispatch_failed", job_id=job.job_id, call_id=call.id, error=f"{type(exc).__name__}: {exc}")
+            return
+        self.sent[call.id] = existing or call
+        log.info("call.dispatched_early", job_id=job.job_id, call_id=call.id, tool=call.name, attempt=attempt)
+
+    def match(self, calls: list[CallRecord]) -> set[str]:
+        """The ids of ``calls`` already queued early with the same name and arguments; a decided call whose id was
+        queued early with other arguments gets an id of its own (the early one is discarded)."""
+        kept = set()
+        for call in calls:
+            early = self.sent.get(call.id)
+            if early is None:
+                continue
+            if (early.name, early.arguments) == (call.name, call.arguments):
+                call.dispatched_at, call.status = early.dispatched_at, early.status
+                kept.add(call.id)
+            else:
+                call.id = f"{call.id}_decided"
+        return kept
+
+    def settle(self, calls: list[CallRecord]) -> int | None:
+        """Store the step's decided ``calls`` with what was queued early; None when nothing was (plain path)."""
+        if not self.sent:
+            return None
+        kept = {c.id for c in calls} & set(self.sent)
+        specs = self.specs
+        pending = self.rt.store.settle_calls(self.job.job_id, calls, step=self.job.step, discard=set(self.sent) - kept,
+                                             keep_stale=lambda c: c.name in specs and not specs[c.name].side_effects)
+        ended = self.ended or time.time()
+        journal = {"decision_ended_at": ended, "early_dispatch": [
+            {"id": cid, "name": c.name, "dispatched_before_end_s": round(ended - (c.dispatched_at or ended), 6),
+             "kept": cid in kept} for cid, c in self.sent.items()]}
+        self.rt.store.update(self.job.job_id, lambda j: runs.open_step(j, tool_choice=runs.step_tool_choice(j)).update(journal))
+        return pending
 
 
 def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
@@ -265,11 +350,14 @@ def _stop(rt: Runtime, job: JobRecord, trip: runs.GuardTrip) -> JobRecord:
 
 
 def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decision: CheckedDecision,
-                 attempts: list[dict[str, Any]], dispatch: Dispatch, next_step: NextStep | None) -> JobRecord:
+                 attempts: list[dict[str, Any]], dispatch: Dispatch, next_step: NextStep | None, *,
+                 early: _EarlyDispatch | None = None) -> JobRecord:
     if not decision.calls:  # the model answered in text: the run is done
         return _end_step(rt, job, "succeeded", attempts=attempts, content=decision.content or "")
     trip = runs.guard_new_calls(job, [(c.name, c.arguments) for c in decision.calls], rt.settings)
     if trip is not None:
+        if early is not None:
+            early.settle([])
         def record(j: JobRecord) -> None:
             _record_decision(j, attempts, decision.content, "failed")
             runs.open_step(j, tool_choice=runs.step_tool_choice(j))["calls_not_run"] = [
@@ -277,18 +365,23 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
         rt.store.update(job.job_id, record)
         return _stop(rt, job, trip)
     calls = _call_records(rt, job, specs, decision)
+    queued = early.match(calls) if early is not None else set()  # already on their tool queues
     now = time.time()
     waiting = any(c.status == "awaiting_approval" for c in calls)
     for call in calls:
-        if call.status == "pending" and not waiting:
+        if call.status == "pending" and not waiting and call.id not in queued:
             call.dispatched_at = now
-    rt.store.set_calls(job.job_id, calls, step=job.step)
-    to_run = [] if waiting else [c for c in calls if c.status == "pending"]
-    status = "awaiting_approval" if waiting else "running" if to_run else "succeeded"
+    if early is None or early.settle(calls) is None:
+        rt.store.set_calls(job.job_id, calls, step=job.step)
+    to_run = [] if waiting else [c for c in calls if c.status == "pending" and c.id not in queued]
+    status = "awaiting_approval" if waiting else "running" if to_run or queued else "succeeded"
     deadline = time.time() + (job.approval_timeout_s or rt.settings.approval_timeout_s) if waiting else None
+    ended = early.ended if early is not None else None
 
     def mutate(j: JobRecord) -> None:
         _record_decision(j, attempts, decision.content, status)
+        if ended is not None:
+            runs.open_step(j, tool_choice=runs.step_tool_choice(j))["decision_ended_at"] = ended
         if status == "succeeded":
             runs.close_step(j, status=status)
 
@@ -299,7 +392,9 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
     for call in to_run:
         dispatch(job, call)
     log.info("job.calls_dispatched", job_id=job.job_id, step=job.step, calls=len(calls), dispatched=len(to_run),
-             awaiting_approval=sum(c.status == "awaiting_approval" for c in calls))
+             dispatched_early=len(queued), awaiting_approval=sum(c.status == "awaiting_approval" for c in calls))
+    if queued and status == "running":  # early calls may all have ended before the job was running: advance now
+        _maybe_advance(rt, job.job_id, next_step)
     return job
 
 
@@ -309,6 +404,10 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
     job = rt.store.get(job_id)
     call = next((c for c in job.calls if c.id == call_id_), None)
     if call is None:
+        dropped = next((c for c in job.discarded_calls if c.id == call_id_), None)
+        if dropped is not None:  # queued while decoding, then left out of the decision: it no longer runs
+            log.info("call.discarded", job_id=job_id, call_id=call_id_, status=dropped.status)
+            return dropped
         raise UnknownToolError(f"call {call_id_} not in job {job_id}")
     if call.status in TERMINAL_CALL or job.status in TERMINAL_JOB:
         _maybe_advance(rt, job_id, next_step)

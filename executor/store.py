@@ -94,6 +94,9 @@ class JobRecord(BaseModel):
     webhook_url: str | None = None
     #: W3C trace context of the job's root span (``traceparent``, ``tracestate``, ``baggage``).
     trace_context: dict[str, str] = Field(default_factory=dict)
+    #: Calls queued while their step was still being decoded that the final decision did not make (a re-ask,
+    #: review, a changed call): they belong to no step; what came of them is kept here (read from the store).
+    discarded_calls: list[CallRecord] = Field(default_factory=list)
 
     def public(self) -> dict[str, Any]:
         """What the API returns: the record, every call (by step, then index) and each step with its own calls."""
@@ -121,14 +124,20 @@ class JobStore(Protocol):
 
 
 _FINISH_CALL = """
+local target = KEYS[1]
 local current = redis.call('HGET', KEYS[1], ARGV[1])
+if not current then
+  current = redis.call('HGET', KEYS[4], ARGV[1])
+  if current then target = KEYS[4] end  -- a discarded early call: its outcome is kept, no step waits on it
+end
 if current then
   local status = cjson.decode(current)['status']
   if status == 'succeeded' or status == 'failed' or status == 'validated' or status == 'rejected' then return -1 end
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', target, ARGV[1], ARGV[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', 1000, '*', 'data', ARGV[3])
-local remaining = redis.call('DECR', KEYS[2])
+local remaining = -2
+if target == KEYS[1] then remaining = redis.call('DECR', KEYS[2]) end
 local i = 4
 while i <= #ARGV do  -- the outcome's metrics (see _Commands), counted in the same step that made it final
   local n = tonumber(ARGV[i])
@@ -149,6 +158,60 @@ while i <= #ARGV do
   i = i + n + 1
 end
 return 1
+"""
+
+
+#: Write a call where it lives (its step's hash, or the discarded hash once the decision dropped it) + its event.
+_PUT_CALL = """
+local target = KEYS[1]
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then target = KEYS[3] end
+redis.call('HSET', target, ARGV[1], ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'data', ARGV[3])
+"""
+
+#: Queue-time record of a call dispatched while its step is still decoding: written once (HSETNX).
+#: Returns nil when written, else the record already there.
+_ADD_CALL = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'data', ARGV[3])
+  return false
+end
+return redis.call('HGET', KEYS[1], ARGV[1])
+"""
+
+#: Settle a step whose calls were partly queued early, atomically with every finish_call: calls already there
+#: keep their record (running or done), the others are written; early calls the decision dropped move to the
+#: discarded hash, stale ones are deleted; the pending counter is set to the step's calls not yet terminal.
+#: ARGV: ttl, n, n × (id, record, open), then "d" id ... (discard) and "x" id ... (delete).
+_SETTLE_CALLS = """
+local function open(status)
+  return not (status == 'succeeded' or status == 'failed' or status == 'validated' or status == 'rejected')
+end
+local ttl, n, pending = tonumber(ARGV[1]), tonumber(ARGV[2]), 0
+for i = 0, n - 1 do
+  local id, record, fresh = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
+  local current = redis.call('HGET', KEYS[1], id)
+  if current then
+    if open(cjson.decode(current)['status']) then pending = pending + 1 end
+  else
+    redis.call('HSET', KEYS[1], id, record)
+    if fresh == '1' then pending = pending + 1 end
+  end
+end
+local j = 3 + 3 * n
+while j < #ARGV do
+  local current = redis.call('HGET', KEYS[1], ARGV[j + 1])
+  if current then
+    if ARGV[j] == 'd' then redis.call('HSET', KEYS[3], ARGV[j + 1], current) end
+    redis.call('HDEL', KEYS[1], ARGV[j + 1])
+  end
+  j = j + 2
+end
+redis.call('EXPIRE', KEYS[1], ttl)
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('EXPIRE', KEYS[3], ttl) end
+redis.call('SET', KEYS[2], pending, 'EX', ttl)
+return pending
 """
 
 
@@ -200,6 +263,9 @@ class RedisJobStore:
         self._ttl = ttl_s
         self._finish = client.register_script(_FINISH_CALL)
         self._cas = client.register_script(_CAS)
+        self._put_call = client.register_script(_PUT_CALL)
+        self._add_call = client.register_script(_ADD_CALL)
+        self._settle = client.register_script(_SETTLE_CALLS)
         self._metrics = metrics.metrics_key(prefix)
         #: Non-terminal jobs scored by their last status change: what the reconciler watches.
         self._active = f"{prefix}:active"
@@ -233,7 +299,7 @@ class RedisJobStore:
                         time.sleep(0.02)
                 raise JobNotFoundError("job for this Idempotency-Key is not readable yet", job_id=existing.get("job_id"))
         pipe = self.redis.pipeline()
-        pipe.set(self._k(job.job_id), job.model_dump_json(exclude={"calls"}), ex=self._ttl)
+        pipe.set(self._k(job.job_id), job.model_dump_json(exclude={"calls", "discarded_calls"}), ex=self._ttl)
         pipe.zadd(f"{self._p}:tenant:{job.tenant}:jobs", {job.job_id: job.created_at})
         if job.status not in TERMINAL_JOB:
             pipe.zadd(self._active, {job.job_id: job.updated_at})
@@ -268,13 +334,15 @@ class RedisJobStore:
         pipe = self.redis.pipeline()
         pipe.get(self._k(job_id))
         pipe.hvals(self._k(job_id, ":calls"))
-        raw, calls = pipe.execute()
+        pipe.hvals(self._k(job_id, ":discarded"))
+        raw, calls, discarded = pipe.execute()
         if raw is None:
             raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
         job = JobRecord.model_validate_json(raw)
         if tenant is not None and job.tenant != tenant:
             raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
         job.calls = sorted((CallRecord.model_validate_json(c) for c in calls), key=lambda c: (c.step, c.index))
+        job.discarded_calls = sorted((CallRecord.model_validate_json(c) for c in discarded), key=lambda c: (c.step, c.index))
         return job
 
     @_guard
@@ -292,7 +360,7 @@ class RedisJobStore:
             job.updated_at = time.time()
             decided = _time_decision(job, before)
             pipe = _Commands()
-            pipe.command("SET", key, job.model_dump_json(exclude={"calls"}), "KEEPTTL")
+            pipe.command("SET", key, job.model_dump_json(exclude={"calls", "discarded_calls"}), "KEEPTTL")
             if decided:
                 metrics.record_decision(pipe, self._metrics, outcome=job.status, seconds=job.decision_s,
                                         reasks=max(0, len(job.attempts) - 1))
@@ -349,24 +417,62 @@ class RedisJobStore:
 
     @_guard
     def put_call(self, job_id: str, call: CallRecord) -> None:
-        """Overwrite a non-terminal call (e.g. mark it running) and emit an event."""
-        pipe = self.redis.pipeline()
-        pipe.hset(self._k(job_id, ":calls"), call.id, call.model_dump_json())
-        pipe.xadd(self._k(job_id, ":events"), {"data": json.dumps({"type": "call", "call_id": call.id, "index": call.index,
-                                                                    "name": call.name, "status": call.status})}, maxlen=1000)
-        pipe.execute()
+        """Overwrite a non-terminal call (e.g. mark it running) and emit an event (a discarded call stays discarded)."""
+        event = json.dumps({"type": "call", "call_id": call.id, "index": call.index, "name": call.name, "status": call.status})
+        self._put_call(keys=[self._k(job_id, ":calls"), self._k(job_id, ":events"), self._k(job_id, ":discarded")],
+                       args=[call.id, call.model_dump_json(), event])
+
+    @_guard
+    def add_call(self, job_id: str, call: CallRecord) -> CallRecord | None:
+        """Store a call queued before its step's decision ended; None when stored, else the record already there."""
+        event = json.dumps({"type": "call", "call_id": call.id, "index": call.index, "name": call.name,
+                            "status": call.status, "early": True})
+        existing = self._add_call(keys=[self._k(job_id, ":calls"), self._k(job_id, ":events")],
+                                  args=[call.id, call.model_dump_json(), event, self._ttl])
+        return CallRecord.model_validate_json(existing) if existing else None
+
+    @_guard
+    def settle_calls(self, job_id: str, calls: list[CallRecord], *, step: int, discard: set[str],
+                     keep_stale: Callable[[CallRecord], bool] = lambda call: False) -> int:
+        """Store a decided step's calls where some were queued early (``add_call``); returns calls still pending.
+
+        Calls already stored keep their record; ``discard`` (early calls the decision did not make) move to the
+        job's discarded calls; other calls of the step from an earlier decision are dropped, or discarded when
+        ``keep_stale`` says so (a read-only call that may have run). One script: atomic with every ``finish_call``.
+        """
+        new_ids = {c.id for c in calls}
+        stale = [CallRecord.model_validate_json(raw) for cid, raw in self.redis.hgetall(self._k(job_id, ":calls")).items()
+                 if cid.decode() not in new_ids and cid.decode() not in discard]
+        args: list[str | int] = [self._ttl, len(calls)]
+        for call in calls:
+            args += [call.id, call.model_dump_json(), int(call.status not in TERMINAL_CALL)]
+        for cid in sorted(discard - new_ids):
+            args += ["d", cid]
+        for call in stale:
+            if call.step == step:
+                args += ["d" if keep_stale(call) else "x", call.id]
+        pending = int(self._settle(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"),
+                                         self._k(job_id, ":discarded")], args=args))
+        validated = [c for c in calls if c.status == "validated"]
+        if validated:
+            pipe = self.redis.pipeline(transaction=False)
+            for _ in validated:
+                metrics.record_call(pipe, self._metrics, tool=metrics.NOT_RUN_TOOL, outcome="validated", seconds=None)
+            pipe.execute()
+        return pending
 
     @_guard
     def finish_call(self, job_id: str, call: CallRecord) -> int:
-        """Record a terminal call once. Returns calls still pending, or -1 if it was already terminal."""
+        """Record a terminal call once. Returns calls still pending, -1 if it was already terminal, -2 for a
+        discarded call (outcome recorded, no step waits on it)."""
         event = json.dumps({"type": "call", "call_id": call.id, "index": call.index, "name": call.name,
                             "status": call.status, **({"error": call.error} if call.error else {})},
                            ensure_ascii=False, default=str)
         counts = _Commands()  # applied by the script only when this process makes the call final: counted once
         metrics.record_call(counts, self._metrics, tool=call.name if call.queue else metrics.NOT_RUN_TOOL,
                             outcome=call.status, seconds=call.duration_s)
-        return int(self._finish(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"), self._k(job_id, ":events")],
-                                args=[call.id, call.model_dump_json(), event, *counts.args]))
+        return int(self._finish(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"), self._k(job_id, ":events"),
+                                      self._k(job_id, ":discarded")], args=[call.id, call.model_dump_json(), event, *counts.args]))
 
     @_guard
     def stale_jobs(self, *, older_than_s: float, limit: int = 100) -> list[str]:

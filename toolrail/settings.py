@@ -156,6 +156,12 @@ class Settings(BaseSettings):
     sandbox_network: bool = False
     """Give tools that declare `networked` network access in the sandbox."""
 
+    # ------------------------------------------------------------------ throughput
+    dispatch_while_decoding: bool = True
+    """Queue a decided call of a read-only tool (no side effects, no approval) the moment the decoder closes
+    its JSON and its arguments pass their check, while the model still writes the next calls. Calls of
+    side-effecting tools always wait for the whole decision."""
+
     # ------------------------------------------------------------------ tracing (docs/observability.md)
     otlp_endpoint: str | None = Field(default=None, validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_ENDPOINT"))
     """OpenTelemetry's own variable: set, every process exports its spans over OTLP/HTTP to this collector

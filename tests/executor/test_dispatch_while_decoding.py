@@ -1,0 +1,123 @@
+"""Dispatch while decoding: a read-only call runs while the model still writes the next one.
+
+Real Redis (a database of its own), a real Celery worker pool, the real API; the decider is the
+streaming scripted double of tests/executor/streaming_decider.py (calls go through the real
+stream parser and the real check path; the double only decides what text comes, and how slowly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from executor.stack import start_worker, stop_process, wait_for_workers
+
+PAUSE_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def db_url() -> str:
+    url = f"{os.environ['REDIS_URL'].rsplit('/', 1)[0]}/6"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture(scope="module")
+def stream_worker(db_url: str) -> Iterator[object]:
+    from tools.registry import default_registry
+
+    env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": "tests.executor.streaming_decider:make",
+           "TOOLRAIL_TOOL_MODULES": "tests.executor.tools_for_tests", "TOOLRAIL_LOG_JSON": "1"}
+    log = Path(tempfile.mkdtemp(prefix="toolrail-early-")) / "worker.log"
+    proc = start_worker(db_url, queues=["decide", *default_registry().queues()], concurrency=2, env=env, log_file=log,
+                        hostname="toolrail-early@%h")
+    try:
+        wait_for_workers(db_url, count=1, timeout_s=90)
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def client(db_url: str, stream_worker) -> Iterator[httpx.Client]:
+    from celery import Celery
+
+    from executor.api import create_app
+    from executor.runtime import Runtime
+    from executor.stack import serve_in_thread
+    from toolrail.settings import Settings
+
+    settings = Settings(decider="custom", reconcile_interval_s=0)
+    publisher = Celery("early-test", broker=db_url)
+    app = create_app(settings, Runtime.from_settings(settings, redis_url=db_url), mount_openai=False, ping_workers=lambda: 1,
+                     enqueue=lambda job: publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide"),
+                     rerun=lambda job, call: publisher.send_task("toolrail.run_call", args=[job.job_id, call.id],
+                                                                 queue=call.queue))
+    server, thread, base = serve_in_thread(app)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        yield http
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _calls(*cities: str) -> str:
+    return json.dumps([{"name": "get_weather", "arguments": {"city": c, "date": "tomorrow"}} for c in cities])
+
+
+def _run(client: httpx.Client, attempts: list[dict]) -> dict:
+    script = {"steps": [{"attempts": attempts}, {"text": "done"}]}
+    body = {"messages": [{"role": "user", "content": "Weather tomorrow in Beijing and Shanghai? STREAM"},
+                         {"role": "user", "content": "STREAM " + json.dumps(script)}],
+            "tools": ["get_weather"], "max_steps": 2}
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    job_id = response.json()["job_id"]
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in {"succeeded", "failed", "needs_review", "cancelled", "expired"}:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not end: {job}")
+
+
+def test_read_only_calls_run_while_the_decision_is_still_decoding(client: httpx.Client) -> None:
+    job = _run(client, [{"output": _calls("Beijing", "Shanghai"), "pause_s": PAUSE_S}])
+    assert job["status"] == "succeeded", job
+    step = job["steps"][0]
+    ended = step["decision_ended_at"]
+    first, second = step["calls"]
+    assert [c["arguments"]["city"] for c in (first, second)] == ["Beijing", "Shanghai"]
+    assert all(c["status"] == "succeeded" for c in (first, second))
+    # the first call was queued as soon as its JSON closed, two pauses before the decision ended, and ran meanwhile
+    assert ended - first["dispatched_at"] >= PAUSE_S
+    assert first["started_at"] < ended
+    assert [(e["id"], e["kept"]) for e in step["early_dispatch"]] == [(first["id"], True), (second["id"], True)]
+    assert step["early_dispatch"][0]["dispatched_before_end_s"] >= PAUSE_S
+    assert job["discarded_calls"] == []
+    assert job["steps"][1]["content"] == "done"  # the results went back to the model: the run went on
+
+
+def test_an_early_call_the_decision_drops_is_recorded_not_lost(client: httpx.Client) -> None:
+    # attempt 0: Beijing is valid (queued early), the second call is not: re-asked; attempt 1's calls run
+    bad = json.dumps([{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}},
+                      {"name": "get_weather", "arguments": {"city": "Shanghai", "date": "next year"}}])
+    job = _run(client, [{"output": bad, "pause_s": PAUSE_S}, {"output": _calls("Beijing", "Shanghai"), "pause_s": 0.2}])
+    assert job["status"] == "succeeded", job
+    step = job["steps"][0]
+    kept = [c["id"] for c in step["calls"]]
+    assert all(cid.endswith("_a1") for cid in kept) and len(kept) == 2
+    (dropped,) = job["discarded_calls"]
+    assert not dropped["id"].endswith("_a1") and dropped["arguments"]["city"] == "Beijing"
+    assert dropped["status"] in {"succeeded", "pending"}  # it ran during the re-ask, or was left unrun
+    journal = {e["id"]: e["kept"] for e in step["early_dispatch"]}
+    assert journal[dropped["id"]] is False and all(journal.get(cid) for cid in kept)
+    assert all(c["id"] != dropped["id"] for c in job["calls"])  # no step counts it; the model never saw its result
