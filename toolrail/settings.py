@@ -166,9 +166,10 @@ class Settings(BaseSettings):
     otlp_endpoint: str | None = Field(default=None, validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_ENDPOINT"))
     """OpenTelemetry's own variable: set, every process exports its spans over OTLP/HTTP to this collector
     (the other `OTEL_EXPORTER_OTLP_*` variables apply). Unset: nothing is exported."""
-    trace_store: Literal["none", "redis"] = "none"
+    trace_store: Literal["none", "redis", "memory"] = "none"
     """`redis`: finished spans are also written to Redis (`tr:trace:<trace id>`, one hash per trace), where
-    `toolrail run --trace` and `GET /v1/jobs/{id}/trace` read them without a collector."""
+    `toolrail run --trace` and `GET /v1/jobs/{id}/trace` read them without a collector. `memory`: kept in each
+    process's memory only (the last 10,000; `bench/tracing.py` measures tracing's own cost with it)."""
     trace_store_ttl_s: int = Field(default=24 * 3600, ge=1)
     """Seconds a trace is kept in Redis (`trace_store=redis`)."""
     trace_store_max_spans: int = Field(default=2000, ge=1)

@@ -48,6 +48,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 __all__ = [
+    "BoundedMemoryExporter",
     "CONTENT_ENV",
     "ChildRecorder",
     "MAX_CHILD_SPANS",
@@ -125,6 +126,8 @@ def setup(kind: str, *, settings: Any = None, memory: bool = False, redis_client
         endpoint = getattr(settings, "otlp_endpoint", None) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         if endpoint and kind != "sandbox":
             wanted.append(("otlp", _otlp_processor))
+        if getattr(settings, "trace_store", "none") == "memory" and kind != "sandbox":
+            wanted.append(("bounded", lambda: BatchSpanProcessor(BoundedMemoryExporter())))
         if getattr(settings, "trace_store", "none") == "redis" and kind != "sandbox":
             def redis_processor() -> SpanProcessor:
                 client = redis_client if redis_client is not None else _redis_of(settings)
@@ -564,6 +567,25 @@ class RedisSpanExporter(SpanExporter):
             pipe.execute()
         except Exception:  # noqa: BLE001 - a trace sink never fails the work it watches
             return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+class BoundedMemoryExporter(SpanExporter):
+    """The last ``max_spans`` finished spans in this process's memory (``TOOLRAIL_TRACE_STORE=memory``:
+    benchmarks measure tracing's own cost with it, no sink's I/O included)."""
+
+    def __init__(self, max_spans: int = 10_000) -> None:
+        import collections  # noqa: PLC0415
+
+        self.spans: collections.deque[ReadableSpan] = collections.deque(maxlen=max_spans)
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans.extend(spans)
+        self.exported += len(spans)
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
