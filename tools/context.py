@@ -64,35 +64,35 @@ class _ProgressWriter:
         self._fd = fd
         self._lock = threading.Lock()  # a tool may report from its own threads
         self._last = -math.inf
-        self._pending: bytes | None = None
+        self._pending: dict | None = None
         self._written = 0
         try:
             os.set_blocking(fd, False)  # a full pipe drops a report; it never stalls the tool
         except OSError:
             self._fd = -1
 
-    def report(self, line: bytes) -> None:
+    def report(self, report: dict) -> None:
         with self._lock:
             now = time.monotonic()
             if now - self._last >= 1.0 / PROGRESS_MAX_PER_S:
                 self._pending = None
-                self._write(line, now)
+                self._write(report, now)
             else:
-                self._pending = line
+                self._pending = report  # encoded only if it is ever written: a held-back report costs little
 
     def flush(self) -> None:
         with self._lock:
             if self._pending is not None:
-                line, self._pending = self._pending, None
-                self._write(line, time.monotonic(), final=True)
+                report, self._pending = self._pending, None
+                self._write(report, time.monotonic(), final=True)
 
-    def _write(self, line: bytes, now: float, *, final: bool = False) -> None:
+    def _write(self, report: dict, now: float, *, final: bool = False) -> None:
         if self._fd < 0 or (self._written >= PROGRESS_MAX_REPORTS and not final):
             return
         self._last = now
         self._written += 1
         try:
-            os.write(self._fd, line)
+            os.write(self._fd, json.dumps(report, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
         except BlockingIOError:
             pass  # the worker reads slower than we report: this one is dropped
         except OSError:
@@ -117,8 +117,7 @@ def _number(name: str, value: object) -> float:
     return value
 
 
-def encode_progress(progress: float, total: float | None = None, message: str | None = None) -> bytes:
-    """One progress report as the JSON line the worker reads; ``TypeError``/``ValueError`` for bad arguments."""
+def _checked(progress: float, total: float | None, message: str | None) -> dict:
     report = {"progress": _number("progress", progress)}
     if total is not None:
         if _number("total", total) < 0:
@@ -128,15 +127,20 @@ def encode_progress(progress: float, total: float | None = None, message: str | 
         if not isinstance(message, str):
             raise TypeError(f"report_progress: message must be a string, not {type(message).__name__}")
         report["message"] = message[:MAX_PROGRESS_MESSAGE_CHARS]
-    return json.dumps(report, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    return report
+
+
+def encode_progress(progress: float, total: float | None = None, message: str | None = None) -> bytes:
+    """One progress report as the JSON line the worker reads; ``TypeError``/``ValueError`` for bad arguments."""
+    return json.dumps(_checked(progress, total, message), ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
 def report_progress(progress: float, total: float | None = None, message: str | None = None) -> None:
     """Report the running call's progress (e.g. ``report_progress(3, 10, "page 3 of 10")``); a no-op outside a tool run."""
-    line = encode_progress(progress, total, message)
+    report = _checked(progress, total, message)
     writer = _writer
     if writer is not None:
-        writer.report(line)
+        writer.report(report)
 
 
 def flush_progress() -> None:
