@@ -318,6 +318,7 @@ def _finish(rt: Runtime, job_id: str, slug: str, *, state: str, outcome: str, re
     if not rt.redis.set(final_key, outcome, nx=True, ex=rt.settings.job_ttl_s):
         return
     record = _load(rt, job_id, slug) or {}
+    record.pop("body", None)  # no attempt follows: only the record stays
     record.update({"state": state, "outcome": outcome, "finished_at": time.time(),
                    **({"reason": reason} if reason else {})})
     pipe = rt.redis.pipeline()

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from conftest import WEBHOOK_SECRET
+from conftest import WEBHOOK_SECRET, wait_terminal
 
 from executor.errors import WebhookUrlError
 from executor.metrics import OutcomeCollector
@@ -278,6 +278,30 @@ def test_tenant_secret_and_default_url_from_settings(local_rt, receiver: Receive
     (request,) = receiver.seen(path)
     assert spec_signature_ok(secret, request["headers"], request["body"])
     assert not spec_signature_ok(WEBHOOK_SECRET, request["headers"], request["body"])
+
+
+def test_a_job_with_a_webhook_url_announces_its_end_through_the_api(client, receiver: Receiver) -> None:
+    path = receiver.path()
+    created = client.post("/v1/jobs", json={"tool_calls": [{"name": "get_weather", "arguments": {"city": "Beijing",
+                                                                                                 "date": "today"}}],
+                                            "webhook_url": receiver.url(path)})
+    assert created.status_code == 202, created.text
+    job = wait_terminal(client, created.json()["job_id"])
+    assert job["status"] == "succeeded", job
+    (request,) = wait_for(lambda: receiver.seen(path))
+    assert spec_signature_ok(WEBHOOK_SECRET, request["headers"], request["body"])
+    payload = json.loads(request["body"])
+    assert payload["type"] == "job.succeeded" and payload["data"]["job_id"] == job["job_id"]
+    assert payload["data"]["status"] == "succeeded"
+    assert payload["data"]["calls"][0]["result"] == job["calls"][0]["result"]
+
+
+def test_a_refused_webhook_url_is_a_422_and_makes_no_job(client) -> None:
+    response = client.post("/v1/jobs", json={"tool_calls": [{"name": "get_weather", "arguments": {"city": "Beijing",
+                                                                                                  "date": "today"}}],
+                                             "webhook_url": "ftp://example.com/hook"})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["type"] == "webhook_url_not_allowed"
 
 
 # ----------------------------------------------------------------- URL validation and signatures, no worker
