@@ -34,6 +34,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from toolrail import tracing
+from toolrail.trace_sinks import read_trace
 from toolrail.logging import get_logger
 
 __all__ = ["PUBLISHED_AT_HEADER", "StepScope", "execute_tool", "in_job_trace", "instrument_api", "instrument_celery",
@@ -226,7 +227,7 @@ def trace_router(runtime: Any, tenant: Any) -> Any:
             raise JobNotFoundError(f"job {job_id[:100]!r} not found")
         job = runtime.store.get(job_id, tenant=tenant_name)
         trace_id = tracing.trace_id_of(job.trace_context)
-        spans = tracing.read_trace(runtime.redis, trace_id) if trace_id else []
+        spans = read_trace(runtime.redis, trace_id) if trace_id else []
         return {"job_id": job.job_id, "request_id": job.request_id, "trace_id": trace_id,
                 "store": runtime.settings.trace_store, "spans": spans}
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decider"))
 from triton_double import TritonProtocolDouble, serve_double  # noqa: E402 - the Triton wire double
 
 from toolrail import tracing  # noqa: E402
+from toolrail.trace_sinks import span_to_dict  # noqa: E402
 
 TRACE_DB = 7
 CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
@@ -215,6 +216,12 @@ def _spans(client: httpx.Client, job_id: str, *, until: Any, timeout_s: float = 
         time.sleep(0.2)
 
 
+def _whole(spans: list[dict[str, Any]]) -> bool:
+    """Every span's parent has arrived (only the root may name a parent from outside: an incoming traceparent)."""
+    ids = {s["span_id"] for s in spans}
+    return sum(1 for s in spans if s.get("parent_span_id") and s["parent_span_id"] not in ids) <= 1
+
+
 def _named(spans: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
     return [s for s in spans if s["name"].startswith(prefix)]
 
@@ -238,7 +245,7 @@ def test_one_job_with_a_reasked_decision_and_two_calls_is_one_trace(tclient: htt
     calls = sorted(job["calls"], key=lambda c: c["index"])
     assert [c["arguments"]["city"] for c in calls] == ["Beijing", "Shanghai"]  # the tool's aliases normalized them
     spans = _spans(tclient, job["job_id"], until=lambda s: len(_named(s, "sandbox ")) >= 2 and _named(s, "job")
-                   and len(_named(s, "step ")) >= 2)
+                   and len(_named(s, "step ")) >= 2 and _whole(s))
 
     assert len({s["trace_id"] for s in spans}) == 1, sorted({s["trace_id"] for s in spans})
     (job_span,) = _named(spans, "job")
@@ -277,6 +284,13 @@ def test_one_job_with_a_reasked_decision_and_two_calls_is_one_trace(tclient: htt
     assert _named(spans, "queue wait decide") and _named(spans, "queue wait tool.get_weather")
     # content is opt-in: nothing of the conversation, the arguments or the results by default
     assert not [k for s in spans for k in s["attributes"] if k in CONTENT_KEYS]
+    # what `toolrail run --trace` prints: the tree, each span under its parent, with its process
+    from executor.trace_view import render_tree
+
+    tree = render_tree(tclient.get(f"/v1/jobs/{job['job_id']}/trace").json()).splitlines()
+    assert tree[1].startswith("POST /v1/jobs") and tree[2].startswith("└─ job  [succeeded]")
+    assert any("execute_tool get_weather  [succeeded]" in line and "toolrail-worker[" in line for line in tree)
+    assert any("sandbox get_weather" in line and "toolrail-sandbox[" in line for line in tree)
     # the API process's own exporter holds its spans of the same trace
     memory = tracing.memory_exporter()
     assert memory is not None
@@ -290,7 +304,7 @@ def test_an_incoming_traceparent_is_honoured_and_polls_link_to_the_job(tclient: 
                                                                    "arguments": {"city": "Beijing", "date": "today"}}]},
                headers={"traceparent": f"00-{trace_id}-{parent}-01", "X-Request-ID": "trace-incoming-1"})
     assert job["status"] == "succeeded"
-    spans = _spans(tclient, job["job_id"], until=lambda s: _named(s, "sandbox ") and _named(s, "job"))
+    spans = _spans(tclient, job["job_id"], until=lambda s: _named(s, "sandbox ") and _named(s, "job") and _whole(s))
     assert {s["trace_id"] for s in spans} == {trace_id}
     (post,) = [s for s in spans if s["name"] == "POST /v1/jobs"]
     assert post["parent_span_id"] == parent
@@ -326,7 +340,7 @@ def test_a_job_resumed_after_a_worker_sigkill_stays_in_its_trace(tclient: httpx.
     job = wait_for_job(tclient, job_id, timeout_s=90)
     assert job["status"] == "succeeded", json.dumps(job)[:2000]
     assert job["calls"][0]["attempts"] == 2
-    spans = _spans(tclient, job_id, until=lambda s: _named(s, "execute_tool ") and _named(s, "job"))
+    spans = _spans(tclient, job_id, until=lambda s: _named(s, "execute_tool ") and _named(s, "job") and _whole(s))
     assert len({s["trace_id"] for s in spans}) == 1
     (tool,) = _named(spans, "execute_tool ")  # the killed run never ended its span; the rerun did
     assert "job" in _ancestors(tool, spans)
@@ -373,4 +387,4 @@ def test_a_sandbox_child_cannot_put_spans_into_another_trace() -> None:
     foreign = {**good, "trace_id": "f" * 32, "span_id": "3" * 16}
     assert tracing.adopt_spans([good, foreign, {"junk": True}, "x"], trace_context=carrier) == 1
     (kept,) = exporter.get_finished_spans()
-    assert tracing.span_to_dict(kept)["trace_id"] == own and kept.name == "sandbox t"
+    assert span_to_dict(kept)["trace_id"] == own and kept.name == "sandbox t"

@@ -1,0 +1,128 @@
+"""Where finished spans go without a collector, and spans as plain data.
+
+- :func:`span_to_dict` / :func:`span_from_dict` — a span as JSON-able data: the sandbox child's
+  result frame carries its spans this way, and the Redis sink stores them so.
+- :class:`RedisSpanExporter` — one Redis hash per trace (``tr:trace:<trace_id>``: span id → JSON),
+  bounded, with a TTL; :func:`read_trace` reads one back (``GET /v1/jobs/{id}/trace``,
+  ``toolrail run --trace``).
+- :class:`BoundedMemoryExporter` — the last spans in the process's memory (benchmarks).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+__all__ = ["BoundedMemoryExporter", "RedisSpanExporter", "read_trace", "span_from_dict", "span_to_dict", "trace_key"]
+
+SCOPE = "toolrail"
+
+
+def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
+    """A finished span as plain JSON-able data (the sandbox frame and the Redis sink use it)."""
+    ctx = span.get_span_context()
+    parent = span.parent
+    return {
+        "name": span.name, "trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x"),
+        "parent_span_id": format(parent.span_id, "016x") if parent is not None else None,
+        "kind": span.kind.name, "start_ns": span.start_time, "end_ns": span.end_time,
+        "status": span.status.status_code.name, "status_description": span.status.description,
+        "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in (span.attributes or {}).items()},
+        "events": [{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events],
+        "links": [{"trace_id": format(link.context.trace_id, "032x"), "span_id": format(link.context.span_id, "016x")}
+                  for link in span.links],
+        "resource": {k: v for k, v in span.resource.attributes.items() if isinstance(v, (str, int, float, bool))},
+        "scope": span.instrumentation_scope.name if span.instrumentation_scope else SCOPE,
+    }
+
+
+def span_from_dict(data: Mapping[str, Any]) -> ReadableSpan:
+    """The inverse of :func:`span_to_dict` (raises ``ValueError``/``KeyError``/``TypeError`` on bad data)."""
+    trace_id, span_id = int(str(data["trace_id"]), 16), int(str(data["span_id"]), 16)
+    parent = data.get("parent_span_id")
+    attributes = {str(k): v for k, v in dict(data.get("attributes") or {}).items()
+                  if isinstance(v, (str, int, float, bool, list))}
+    return ReadableSpan(
+        name=str(data["name"])[:200], context=SpanContext(trace_id, span_id, is_remote=False,
+                                                          trace_flags=TraceFlags(TraceFlags.SAMPLED)),
+        parent=SpanContext(trace_id, int(str(parent), 16), is_remote=True) if parent else None,
+        resource=Resource(dict(data.get("resource") or {})), attributes=attributes,
+        kind=SpanKind[str(data.get("kind", "INTERNAL"))],
+        status=Status(StatusCode[str(data.get("status", "UNSET"))], data.get("status_description")),
+        start_time=int(data["start_ns"]), end_time=int(data["end_ns"]),
+        instrumentation_scope=InstrumentationScope(str(data.get("scope") or SCOPE)))
+
+
+class RedisSpanExporter(SpanExporter):
+    """Finished spans to Redis, one hash per trace (``tr:trace:<trace_id>``: span id → JSON), bounded, with a TTL.
+
+    What ``toolrail run --trace`` and ``GET /v1/jobs/{id}/trace`` read without a collector.
+    """
+
+    _PUT = """
+    if redis.call('HLEN', KEYS[1]) < tonumber(ARGV[3]) or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+      redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+    end
+    redis.call('EXPIRE', KEYS[1], ARGV[4])
+    return 1
+    """
+
+    def __init__(self, client: Any, *, ttl_s: int = 86400, max_spans: int = 2000, prefix: str = "tr") -> None:
+        self._redis, self._ttl_s, self._max = client, ttl_s, max_spans
+        self._prefix = prefix
+        self._put = client.register_script(self._PUT)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for span in spans:
+                data = span_to_dict(span)
+                self._put(keys=[trace_key(data["trace_id"], self._prefix)],
+                          args=[data["span_id"], json.dumps(data, default=str), self._max, self._ttl_s], client=pipe)
+            pipe.execute()
+        except Exception:  # noqa: BLE001 - a trace sink never fails the work it watches
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+class BoundedMemoryExporter(SpanExporter):
+    """The last ``max_spans`` finished spans in this process's memory (``TOOLRAIL_TRACE_STORE=memory``:
+    benchmarks measure tracing's own cost with it, no sink's I/O included)."""
+
+    def __init__(self, max_spans: int = 10_000) -> None:
+        self.spans: collections.deque[ReadableSpan] = collections.deque(maxlen=max_spans)
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans.extend(spans)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def trace_key(trace_id: str, prefix: str = "tr") -> str:
+    return f"{prefix}:trace:{trace_id}"
+
+
+def read_trace(client: Any, trace_id: str, *, prefix: str = "tr") -> list[dict[str, Any]]:
+    """The spans the Redis sink holds for one trace, by start time."""
+    raw = client.hgetall(trace_key(trace_id, prefix))
+    spans = []
+    for value in raw.values():
+        with contextlib.suppress(ValueError):
+            spans.append(json.loads(value))
+    return sorted(spans, key=lambda s: (s.get("start_ns") or 0, s.get("name", "")))
