@@ -1,0 +1,195 @@
+"""The API's MCP routes: ``/mcp`` (toolrail as an MCP server) and ``/v1/mcp-servers`` (providers).
+
+    POST   /v1/mcp-servers                 register {name, url | command, ...}: fetched, checked, stored → 201
+    GET    /v1/mcp-servers                 the tenant's servers with their tools and refusals
+    GET    /v1/mcp-servers/{name}          one server
+    POST   /v1/mcp-servers/{name}/refresh  fetch its tools again
+    DELETE /v1/mcp-servers/{name}          forget it (its tools leave ``GET /v1/tools``)
+    POST   /mcp                            MCP streamable HTTP, stateless
+
+``mount(app, ...)`` adds both and returns a :class:`McpBridge`, whose ``running()`` the app's lifespan
+enters (the SDK's session manager, and the periodic refresh of every server's tools).
+
+Who may register what (docs/mcp.md): a stdio server runs a command on the workers, so it is accepted
+only when ``TOOLRAIL_MCP_ALLOW_STDIO`` says so (default: only without API keys, a one-user install);
+a URL that resolves to a loopback, private or link-local address only when
+``TOOLRAIL_MCP_ALLOW_PRIVATE_URLS`` says so (same default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.routing import Route
+
+from executor.api import ApiError, tenant_of
+from executor.ratelimit import rate_limited
+from mcpbridge import providers
+from mcpbridge.errors import McpServerRejectedError
+from mcpbridge.server import McpEndpoint, McpService, build_server
+from executor.errors import SandboxError
+from toolrail.logging import get_logger
+
+__all__ = ["McpBridge", "McpServerCreate", "mount"]
+
+log = get_logger("toolrail.mcp.api")
+
+Tenant = Annotated[str, Depends(rate_limited(tenant_of))]
+
+
+class McpServerCreate(BaseModel):
+    """A server to register: ``url`` (streamable HTTP) or ``command`` (stdio argv), limits and operator flags."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,19}$", description="1-20 of a-z 0-9 _ -; tools become mcp__<name>__<tool>")
+    url: str | None = Field(default=None, max_length=2000, pattern=r"^https?://")
+    command: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    network: bool = Field(default=False, description="stdio only: the server may use the network")
+    side_effects: list[str] = Field(default_factory=list, max_length=256,
+                                    description="remote tool names to treat as side-effecting (idempotency key, grounding)")
+    requires_approval: list[str] = Field(default_factory=list, max_length=256)
+    timeout_s: float = Field(default=30.0, gt=0, le=600, description="hard cap of one call")
+    idle_timeout_s: float = Field(default=10.0, gt=0, le=600, description="give up after this long without progress")
+    memory_mb: int = Field(default=1024, ge=64, le=16384, description="stdio only: address-space limit")
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> "McpServerCreate":
+        if bool(self.url) == bool(self.command):
+            raise ValueError("give exactly one of url (streamable HTTP) or command (stdio)")
+        if self.command and any(len(part) > 4000 or "\x00" in part for part in self.command):
+            raise ValueError("command parts must be at most 4000 characters, without NUL")
+        return self
+
+
+def _private(url: str) -> str | None:
+    """The address ``url``'s host resolves to when that is loopback, private or link-local."""
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return None  # unresolvable: the fetch fails with its own error
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0])
+        if address.is_loopback or address.is_private or address.is_link_local or address.is_reserved:
+            return str(address)
+    return None
+
+
+class McpBridge:
+    """What ``mount`` built: the ``/mcp`` endpoint and the periodic refresh."""
+
+    def __init__(self, endpoint: McpEndpoint, runtime: Any, settings: Any) -> None:
+        self.endpoint, self.runtime, self.settings = endpoint, runtime, settings
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The SDK's session manager and the refresh loop, for the app's lifespan."""
+        async with self.endpoint.running():
+            task = None
+            interval = float(getattr(self.settings, "mcp_refresh_interval_s", 0) or 0)
+            if interval > 0:
+                task = asyncio.create_task(self._refresh_loop(interval))
+            try:
+                yield
+            finally:
+                if task is not None:
+                    task.cancel()
+
+    async def _refresh_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.to_thread(providers.refresh_all, self.runtime)
+            except Exception as exc:  # noqa: BLE001 - the loop outlives one bad round
+                log.warning("mcp.refresh_round_failed", error=str(exc))
+
+
+def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., None],
+          subscribe: Callable[[str], int] = providers.subscribe_workers) -> McpBridge:
+    """Add ``/mcp`` and ``/v1/mcp-servers`` to ``app``; enter the returned bridge's ``running()`` in the lifespan."""
+    tenants = settings.tenants_by_key()
+    service = McpService(runtime, settings, enqueue)
+    endpoint = McpEndpoint(build_server(service), tenants=tenants, rate_limiter=getattr(app.state, "rate_limiter", None))
+    app.router.routes.append(Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
+    allow_stdio = settings.mcp_allow_stdio if settings.mcp_allow_stdio is not None else not tenants
+    allow_private = settings.mcp_allow_private_urls if settings.mcp_allow_private_urls is not None else not tenants
+    router = APIRouter(prefix="/v1/mcp-servers", tags=["mcp"])
+
+    def public(record: dict[str, Any]) -> dict[str, Any]:
+        keep = ("name", "url", "command", "network", "side_effects", "requires_approval", "timeout_s", "idle_timeout_s",
+                "memory_mb", "queue", "refused", "fetched_at")
+        return {**{k: record.get(k) for k in keep}, "tools": [
+            {"name": t["name"], "remote_name": t["remote_name"], "description": t["description"],
+             "side_effects": t["side_effects"], "requires_approval": t["requires_approval"],
+             "parameters": t["parameters"], "output_schema": t.get("output_schema")} for t in record.get("tools", [])]}
+
+    def fetch(config: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return providers.fetch_and_check(config, registry=runtime.registry, settings=settings)
+        except SandboxError as exc:  # unreachable, not starting, not speaking MCP
+            raise ApiError(422, "mcp_server_unavailable", str(exc), **exc.details) from None
+
+    @router.post("", status_code=201)
+    async def register(body: McpServerCreate, tenant: Tenant) -> JSONResponse:
+        if body.command and not allow_stdio:
+            raise ApiError(403, "mcp_stdio_not_allowed", "stdio MCP servers run a command on the workers; this "
+                           "deployment does not allow tenants to register them (TOOLRAIL_MCP_ALLOW_STDIO)")
+        if body.url and not allow_private:
+            address = await asyncio.to_thread(_private, body.url)
+            if address:
+                raise ApiError(403, "mcp_url_not_allowed", f"{body.url} resolves to {address}, a loopback, private "
+                               "or link-local address (TOOLRAIL_MCP_ALLOW_PRIVATE_URLS)", address=address)
+        try:
+            config = providers.ServerConfig.build(tenant, **body.model_dump())
+        except McpServerRejectedError as exc:
+            raise ApiError(422, exc.type, str(exc), **exc.details) from None
+        existed = await asyncio.to_thread(providers.get_server, runtime.redis, tenant, body.name) is not None
+        record = await asyncio.to_thread(fetch, dict(config))
+        await asyncio.to_thread(providers.save_server, runtime.redis, record)
+        workers = await asyncio.to_thread(subscribe, record["queue"])
+        log.info("mcp.server_registered", tenant=tenant, server=body.name, tools=len(record["tools"]),
+                 refused=len(record["refused"]), workers=workers)
+        return JSONResponse({**public(record), "workers_subscribed": workers}, status_code=200 if existed else 201)
+
+    @router.get("")
+    def list_servers(tenant: Tenant) -> dict[str, Any]:
+        return {"servers": [public(r) for r in providers.list_servers(runtime.redis, tenant)]}
+
+    def _one(tenant: str, name: str) -> dict[str, Any]:
+        record = providers.get_server(runtime.redis, tenant, name)
+        if record is None:
+            raise ApiError(404, "not_found", f"no MCP server {name[:40]!r} is registered", server=name[:40])
+        return record
+
+    @router.get("/{name}")
+    def get_server(name: str, tenant: Tenant) -> dict[str, Any]:
+        return public(_one(tenant, name))
+
+    @router.post("/{name}/refresh")
+    async def refresh(name: str, tenant: Tenant) -> dict[str, Any]:
+        record = await asyncio.to_thread(_one, tenant, name)
+        config = {k: v for k, v in record.items() if k not in {"tools", "refused", "fetched_at"}}
+        fresh = await asyncio.to_thread(fetch, config)
+        await asyncio.to_thread(providers.save_server, runtime.redis, fresh)
+        return public(fresh)
+
+    @router.delete("/{name}")
+    def delete(name: str, tenant: Tenant) -> dict[str, Any]:
+        if not providers.delete_server(runtime.redis, tenant, name):
+            raise ApiError(404, "not_found", f"no MCP server {name[:40]!r} is registered", server=name[:40])
+        return {"name": name, "deleted": True}
+
+    app.include_router(router)
+    bridge = McpBridge(endpoint, runtime, settings)
+    app.state.mcp_bridge = bridge
+    return bridge

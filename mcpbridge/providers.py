@@ -1,0 +1,202 @@
+"""MCP servers as tool providers: per-tenant records in Redis, their checked tools, refresh.
+
+    tr:mcp:servers:<tenant>   hash: server name → JSON record (endpoint, limits, operator flags,
+                              the checked tools, the refused ones with their reasons, fetched_at)
+    tr:mcp:queues             set: the worker queue of every registered server (``mcp.<tenant>.<server>``)
+
+A record is written only after the server answered ``tools/list`` and its tools were checked
+(:func:`mcpbridge.spec.check_listed_tool`); a tool that fails is kept out, with its path and reason
+in ``refused``. ``specs_for`` turns a tenant's records back into :class:`~mcpbridge.spec.McpToolSpec`s
+for the job path (``executor.jobs.job_specs``) and ``GET /v1/tools``. ``refresh_server`` re-fetches
+one server (after a ``notifications/tools/list_changed``, on ``POST /v1/mcp-servers/{name}/refresh``
+and periodically from the API process); a server that cannot be reached keeps its last good list.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import anyio
+import redis
+
+from mcpbridge.client import Endpoint, list_tools
+from mcpbridge.errors import McpServerRejectedError, McpToolRejectedError
+from mcpbridge.spec import SERVER_NAME, McpToolSpec, check_listed_tool
+from toolrail.logging import get_logger
+from tools.errors import UnknownToolError
+
+__all__ = [
+    "QUEUES_KEY",
+    "ServerConfig",
+    "delete_server",
+    "fetch_and_check",
+    "get_server",
+    "known_queues",
+    "list_servers",
+    "queue_for",
+    "refresh_all",
+    "refresh_server",
+    "save_server",
+    "specs_for",
+    "subscribe_workers",
+]
+
+log = get_logger("toolrail.mcp.providers")
+
+QUEUES_KEY = "tr:mcp:queues"
+
+
+def _servers_key(tenant: str) -> str:
+    return f"tr:mcp:servers:{tenant}"
+
+
+def queue_for(tenant: str, server: str) -> str:
+    """The worker queue of one tenant's server: a slow server holds only its own workers."""
+    return f"mcp.{tenant}.{server}"
+
+
+class ServerConfig(dict):
+    """A server record before its tools are fetched: name, url | command, limits and operator flags."""
+
+    @classmethod
+    def build(cls, tenant: str, *, name: str, url: str | None = None, command: list[str] | None = None,
+              network: bool = False, side_effects: list[str] = (), requires_approval: list[str] = (),
+              timeout_s: float = 30.0, idle_timeout_s: float = 10.0, memory_mb: int = 1024) -> "ServerConfig":
+        if not SERVER_NAME.match(name or ""):
+            raise McpServerRejectedError(f"server name {name!r} must be 1-20 of a-z 0-9 _ - (starting with a letter)",
+                                         server=name, reason="invalid_name")
+        if bool(url) == bool(command):
+            raise McpServerRejectedError(f"MCP server {name!r}: give exactly one of url or command", server=name,
+                                         reason="url_or_command")
+        return cls(name=name, tenant=tenant, url=url, command=list(command) if command else None,
+                   network=bool(network) if command else True, side_effects=sorted(set(side_effects)),
+                   requires_approval=sorted(set(requires_approval)), timeout_s=float(timeout_s),
+                   idle_timeout_s=float(idle_timeout_s), memory_mb=int(memory_mb), queue=queue_for(tenant, name))
+
+    def endpoint(self) -> Endpoint:
+        raw = {"url": self["url"]} if self.get("url") else {"command": self["command"], "network": self["network"]}
+        return Endpoint.of(self["name"], raw, memory_mb=int(self.get("memory_mb", 1024)),
+                           cpu_s=int(self.get("timeout_s", 30)) + 30)
+
+
+def fetch_and_check(config: dict[str, Any], *, registry: Any, settings: Any) -> dict[str, Any]:
+    """``tools/list`` of the server, every tool checked: the full record (``tools`` and ``refused``)."""
+    server = config["name"]
+    endpoint = ServerConfig(config).endpoint()
+    listed = anyio.run(lambda: list_tools(endpoint, timeout_s=float(getattr(settings, "mcp_connect_timeout_s", 10.0))))
+    limit = int(getattr(settings, "mcp_max_tools_per_server", 128))
+    tools, refused, seen = [], [], set()
+    for index, raw in enumerate(listed):
+        if index >= limit:
+            refused.append({"type": "mcp_tool_rejected", "message": f"MCP server {server!r} lists more than {limit} "
+                            "tools; the rest are ignored", "details": {"server": server, "path": f"/tools/{index}",
+                                                                       "reason": "too_many_tools"}})
+            break
+        try:
+            tool = check_listed_tool(server, index, raw, registry=registry, side_effects=set(config["side_effects"]),
+                                     approval=set(config["requires_approval"]),
+                                     max_description_chars=int(getattr(settings, "mcp_max_description_chars", 1024)),
+                                     max_schema_bytes=int(getattr(settings, "max_schema_bytes", 64 * 1024)),
+                                     max_schema_depth=int(getattr(settings, "max_schema_depth", 24)))
+            if tool["name"] in seen:
+                raise McpToolRejectedError(f"MCP server {server!r} lists tool {tool['remote_name']!r} twice",
+                                           server=server, tool=tool["remote_name"], path=f"/tools/{index}/name",
+                                           reason="duplicate")
+        except McpToolRejectedError as exc:
+            refused.append(exc.to_dict())
+            log.warning("mcp.tool_refused", server=server, **{k: v for k, v in exc.details.items() if k != "server"})
+            continue
+        seen.add(tool["name"])
+        tools.append(tool)
+    return {**config, "tools": tools, "refused": refused, "fetched_at": time.time()}
+
+
+def save_server(client: redis.Redis, record: dict[str, Any]) -> None:
+    pipe = client.pipeline()
+    pipe.hset(_servers_key(record["tenant"]), record["name"], json.dumps(record, ensure_ascii=False))
+    pipe.sadd(QUEUES_KEY, record["queue"])
+    pipe.execute()
+
+
+def get_server(client: redis.Redis, tenant: str, name: str) -> dict[str, Any] | None:
+    raw = client.hget(_servers_key(tenant), name)
+    return json.loads(raw) if raw else None
+
+
+def list_servers(client: redis.Redis, tenant: str) -> list[dict[str, Any]]:
+    return [json.loads(v) for _, v in sorted(client.hgetall(_servers_key(tenant)).items())]
+
+
+def delete_server(client: redis.Redis, tenant: str, name: str) -> bool:
+    record = get_server(client, tenant, name)
+    if record is None:
+        return False
+    pipe = client.pipeline()
+    pipe.hdel(_servers_key(tenant), name)
+    pipe.srem(QUEUES_KEY, record["queue"])
+    pipe.execute()
+    return True
+
+
+def known_queues(client: redis.Redis) -> list[str]:
+    """Every registered server's queue (what a worker started now should consume)."""
+    return sorted(q.decode() if isinstance(q, bytes) else q for q in client.smembers(QUEUES_KEY))
+
+
+def subscribe_workers(queue: str) -> int:
+    """Ask every running worker to consume ``queue`` (Celery's ``add_consumer`` broadcast); replies counted."""
+    from executor.celery import app as celery_app  # noqa: PLC0415 - the broker only where workers are told
+
+    try:
+        replies = celery_app.control.add_consumer(queue, reply=True, timeout=1.0) or []
+    except Exception as exc:  # noqa: BLE001 - no broker: workers started later pick the queue up from Redis
+        log.warning("mcp.subscribe_failed", queue=queue, error=str(exc))
+        return 0
+    return len(replies)
+
+
+def specs_for(client: redis.Redis, tenant: str, names: list[str] | None = None) -> dict[str, McpToolSpec]:
+    """The tenant's MCP tools as specs (all, or ``names``; an unknown name is ``UnknownToolError``)."""
+    specs: dict[str, McpToolSpec] = {}
+    for record in list_servers(client, tenant):
+        for tool in record.get("tools", []):
+            if names is None or tool["name"] in names:
+                specs[tool["name"]] = McpToolSpec.from_record(tenant, record, tool)
+    if names is not None:
+        missing = [n for n in names if n not in specs]
+        if missing:
+            raise UnknownToolError(f"unknown tool {missing[0]!r}", tool=missing[0], known=sorted(specs))
+    return specs
+
+
+def refresh_server(rt: Any, tenant: str, name: str) -> dict[str, Any] | None:
+    """Re-fetch and re-check one server's tools; the record as stored (None if the server is gone)."""
+    record = get_server(rt.redis, tenant, name)
+    if record is None:
+        return None
+    config = {k: v for k, v in record.items() if k not in {"tools", "refused", "fetched_at"}}
+    fresh = fetch_and_check(config, registry=rt.registry, settings=rt.settings)
+    if get_server(rt.redis, tenant, name) is None:  # deleted while fetching
+        return None
+    save_server(rt.redis, fresh)
+    before = {t["name"] for t in record.get("tools", [])}
+    after = {t["name"] for t in fresh["tools"]}
+    log.info("mcp.refreshed", tenant=tenant, server=name, added=sorted(after - before), removed=sorted(before - after))
+    return fresh
+
+
+def refresh_all(rt: Any) -> int:
+    """Refresh every tenant's servers (the API's periodic refresh); a server that fails keeps its last list."""
+    done = 0
+    for key in rt.redis.scan_iter(match=_servers_key("*"), count=100):
+        tenant = (key.decode() if isinstance(key, bytes) else key).split(":", 3)[3]
+        for name in list(rt.redis.hkeys(key)):
+            name = name.decode() if isinstance(name, bytes) else name
+            try:
+                refresh_server(rt, tenant, name)
+                done += 1
+            except Exception as exc:  # noqa: BLE001 - one server down must not stop the others' refresh
+                log.warning("mcp.refresh_failed", tenant=tenant, server=name, error=str(exc))
+    return done

@@ -1,0 +1,241 @@
+"""toolrail as an MCP server: ``tools/list`` from the registry, ``tools/call`` through the job path.
+
+    MCP client ──POST /mcp (streamable HTTP, stateless)──▶ McpEndpoint (API key → tenant, or loopback
+        only without keys; the tenant's rate limit) ──▶ SDK session manager ──▶ handlers below
+    tools/call ──▶ a job with ``tool_calls`` (the store and enqueue of ``POST /v1/jobs``) ──▶ decide task:
+        validate → clean → contracts ──▶ the tool's queue: sandbox (or its MCP server), breakers apply
+        ◀── the job's event stream: ``progress`` events → ``notifications/progress``; terminal status
+    ◀── CallToolResult: ``structuredContent`` (the result), or ``isError: true`` with the typed error
+        (validation errors included: the model reads them and tries again); ``_meta`` carries the job id
+        and the request id.
+
+Stateless: no MCP session lives in one API process, so any replica answers any request. The wait for
+a job is bounded (``TOOLRAIL_MCP_CALL_TIMEOUT_S``); past it the result is ``isError`` with the job id,
+and the job goes on (``GET /v1/jobs/{id}``). ``toolrail mcp stdio`` serves the same handlers on
+stdin/stdout for local hosts (tenant ``default``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from executor.sse import AsyncRedisFactory
+from executor.store import TERMINAL_JOB, JobRecord
+from mcpbridge.client import META_PREFIX
+from toolrail.context import sanitize_request_id
+from toolrail.logging import get_logger
+from tools.errors import UnknownToolError
+
+__all__ = ["TENANT_SCOPE_KEY", "McpService", "build_server"]
+
+log = get_logger("toolrail.mcp.server")
+
+#: Where the authenticated tenant and the request id travel in the ASGI scope (set by ``McpEndpoint``).
+TENANT_SCOPE_KEY = "toolrail.tenant"
+REQUEST_ID_SCOPE_KEY = "toolrail.request_id"
+#: Statuses after which a ``tools/call`` stops waiting although the job is not terminal.
+_PAUSED = frozenset({"awaiting_approval"})
+
+
+class McpService:
+    """The MCP face of one API process: tool listing and calls for a tenant, over the job store and queue."""
+
+    def __init__(self, runtime: Any, settings: Any, enqueue: Callable[[JobRecord], None]) -> None:
+        self.runtime, self.settings, self.enqueue = runtime, settings, enqueue
+        self._events = AsyncRedisFactory(runtime.redis, block_s=1.0)
+
+    def specs(self, tenant: str) -> list[Any]:
+        """The tools a tenant sees: the registry's, then its MCP servers' (``mcp__<server>__<tool>``)."""
+        from mcpbridge.providers import specs_for  # noqa: PLC0415
+
+        return [*self.runtime.registry.specs(), *specs_for(self.runtime.redis, tenant).values()]
+
+    async def list_tools(self, tenant: str) -> types.ListToolsResult:
+        specs = await asyncio.to_thread(self.specs, tenant)
+        tools = []
+        for spec in specs:
+            output = getattr(spec, "output_schema", None)
+            annotations = types.ToolAnnotations(destructive_hint=spec.side_effects,
+                                                read_only_hint=False if spec.side_effects else None)
+            tools.append(types.Tool(name=spec.name, description=spec.description or None, input_schema=spec.parameters,
+                                    output_schema=output, annotations=annotations))
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(self, tenant: str, request_id: str, name: str, arguments: Any,
+                        report: Callable[[float, float | None, str | None], Any] | None = None) -> types.CallToolResult:
+        """Run ``name`` as a one-call job and map its outcome to a ``CallToolResult``."""
+        known = {spec.name for spec in await asyncio.to_thread(self.specs, tenant)}
+        if name not in known:
+            return _error_result({"type": "unknown_tool", "message": f"unknown tool {name!r}",
+                                  "details": {"tool": name, "known": sorted(known)[:50]}}, request_id=request_id)
+        job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant, tools=[name],
+                        max_reasks=0, client_output={"tool_calls": [{"name": name, "arguments": arguments
+                                                                     if arguments is not None else {}}]})
+        store = self.runtime.store
+        job, _ = await asyncio.to_thread(store.create, job)
+        try:
+            await asyncio.to_thread(self.enqueue, job)
+        except Exception as exc:  # noqa: BLE001 - the broker is down: say so, as POST /v1/jobs does
+            return _error_result({"type": "enqueue_failed", "message": f"could not queue the call: {type(exc).__name__}",
+                                  "details": {}}, job_id=job.job_id, request_id=request_id)
+        log.info("mcp.call", job_id=job.job_id, tool=name, tenant=tenant)
+        status = await self._wait(job.job_id, report=report)
+        record = await asyncio.to_thread(store.get, job.job_id)
+        if status is None:
+            return _error_result({"type": "timeout", "message": f"the call did not finish within "
+                                  f"{self.settings.mcp_call_timeout_s:g} s; it goes on as job {job.job_id}",
+                                  "details": {"status": record.status}}, job_id=job.job_id, request_id=request_id)
+        return _result_of(record, request_id=request_id)
+
+    async def _wait(self, job_id: str, *, report: Callable[..., Any] | None) -> str | None:
+        """Read the job's event stream until a terminal (or paused) status; progress events are reported."""
+        client = self._events.client()
+        key = self.runtime.store.events_key(job_id)
+        deadline = time.monotonic() + float(self.settings.mcp_call_timeout_s)
+        last = "0"
+        while (left := deadline - time.monotonic()) > 0:
+            chunk = await client.xread({key: last}, count=100, block=max(1, int(min(left, 1.0) * 1000)))
+            for _stream, entries in chunk or []:
+                for entry_id, fields in entries:
+                    last = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    event = json.loads(fields[b"data"])
+                    if event.get("type") == "progress" and report is not None:
+                        try:
+                            await report(float(event.get("progress") or 0), event.get("total"), event.get("message"))
+                        except Exception:  # noqa: BLE001 - a client gone away does not stop the job
+                            report = None
+                    elif event.get("type") == "status" and (event.get("status") in TERMINAL_JOB
+                                                             or event.get("status") in _PAUSED):
+                        return event["status"]
+        return None
+
+
+def _meta(job_id: str | None, request_id: str) -> dict[str, Any]:
+    meta = {f"{META_PREFIX}request_id": request_id}
+    if job_id:
+        meta[f"{META_PREFIX}job_id"] = job_id
+    return meta
+
+
+def _error_result(error: dict[str, Any], *, request_id: str, job_id: str | None = None) -> types.CallToolResult:
+    text = f"{error.get('type')}: {error.get('message')}"
+    details = error.get("details") or {}
+    if details:
+        text += "\n" + json.dumps(details, ensure_ascii=False, default=str)[:4000]
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True,
+                                _meta={**_meta(job_id, request_id), f"{META_PREFIX}error": error})
+
+
+def _result_of(job: JobRecord, *, request_id: str) -> types.CallToolResult:
+    """A finished (or paused) job → the MCP result of its one call."""
+    call = job.calls[-1] if job.calls else None
+    if job.status == "succeeded" and call is not None and call.status == "succeeded":
+        value = call.result if isinstance(call.result, dict) else {"result": call.result}
+        return types.CallToolResult(content=[types.TextContent(text=json.dumps(value, ensure_ascii=False, default=str))],
+                                    structured_content=value, _meta=_meta(job.job_id, request_id))
+    if job.status == "succeeded" and call is not None and call.status == "validated":  # a tool without a body
+        value = {"validated": True, "arguments": call.arguments}
+        return types.CallToolResult(content=[types.TextContent(text=json.dumps(value, ensure_ascii=False))],
+                                    structured_content=value, _meta=_meta(job.job_id, request_id))
+    if job.status == "awaiting_approval":
+        return _error_result({"type": "awaiting_approval", "message": "the call waits for a person's approval; "
+                              f"follow job {job.job_id}", "details": {}}, job_id=job.job_id, request_id=request_id)
+    if call is not None and call.error:
+        return _error_result(call.error, job_id=job.job_id, request_id=request_id)
+    error = job.error or {"type": job.status, "message": f"the job ended {job.status}", "details": {}}
+    return _error_result(error, job_id=job.job_id, request_id=request_id)
+
+
+def build_server(service: McpService, *, tenant_of: Callable[[Any], str] | None = None,
+                 request_id_of: Callable[[Any], str] | None = None) -> Server:
+    """The low-level SDK server over ``service``; ``tenant_of(ctx)`` names the caller's tenant."""
+
+    def tenant(ctx: Any) -> str:
+        if tenant_of is not None:
+            return tenant_of(ctx)
+        scope = getattr(getattr(ctx, "request", None), "scope", None) or {}
+        return scope.get(TENANT_SCOPE_KEY, "default")
+
+    def request_id(ctx: Any) -> str:
+        if request_id_of is not None:
+            return request_id_of(ctx)
+        scope = getattr(getattr(ctx, "request", None), "scope", None) or {}
+        return scope.get(REQUEST_ID_SCOPE_KEY) or sanitize_request_id(None)
+
+    async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return await service.list_tools(tenant(ctx))
+
+    async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        async def report(progress: float, total: float | None, message: str | None) -> None:
+            await ctx.session.report_progress(progress, total, message)
+
+        try:
+            return await service.call_tool(tenant(ctx), request_id(ctx), params.name, params.arguments, report=report)
+        except UnknownToolError as exc:  # a server-provided tool gone between listing and call
+            return _error_result(exc.to_dict(), request_id=request_id(ctx))
+
+    return Server("toolrail", version="0.1.0", instructions="Tools run by toolrail: every call is validated, "
+                  "cleaned and executed once in a sandbox; errors come back as isError results to act on.",
+                  on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+
+
+class McpEndpoint:
+    """The ASGI app at ``/mcp``: authentication, the tenant's rate limit, then the SDK's session manager."""
+
+    def __init__(self, server: Server, *, tenants: dict[str, str], rate_limiter: Any = None) -> None:
+        self.manager = StreamableHTTPSessionManager(app=server, stateless=True, json_response=False,
+                                                    security_settings=TransportSecuritySettings(
+                                                        enable_dns_rebinding_protection=False))
+        self._asgi = StreamableHTTPASGIApp(self.manager)
+        self._tenants, self._limiter = tenants, rate_limiter
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with self.manager.run():
+            yield
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self._tenants:
+            auth = headers.get("authorization", "")
+            key = auth[7:].strip() if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
+            tenant = self._tenants.get(key)
+            if tenant is None:
+                await _reply(send, 401, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)",
+                             extra=[(b"www-authenticate", b"Bearer")])
+                return
+        else:
+            host = (scope.get("client") or ("", 0))[0]
+            if host not in {"127.0.0.1", "::1", "localhost"} and not str(host).startswith("127."):
+                await _reply(send, 403, "forbidden", "without API keys, /mcp answers loopback clients only")
+                return
+            tenant = "default"
+        if self._limiter is not None:
+            decision = await asyncio.to_thread(self._limiter.acquire, tenant)
+            if not decision.allowed:
+                await _reply(send, 429, "rate_limited", f"rate limit exceeded; retry in {decision.retry_after_s:.2f} s",
+                             extra=[(b"retry-after", str(max(1, int(decision.retry_after_s + 0.999))).encode())])
+                return
+        state = scope.get("state") or {}
+        scope[TENANT_SCOPE_KEY] = tenant
+        scope[REQUEST_ID_SCOPE_KEY] = state.get("request_id") or sanitize_request_id(headers.get("x-request-id"))
+        await self._asgi(scope, receive, send)
+
+
+async def _reply(send: Callable, status: int, type_: str, message: str, *, extra: list | None = None) -> None:
+    body = json.dumps({"error": {"type": type_, "message": message, "details": {}}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})

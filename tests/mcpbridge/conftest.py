@@ -1,0 +1,62 @@
+"""MCP fixtures: the executor's real Redis, workers and API (imported from tests/executor/conftest.py),
+an API with two tenants' keys, and small SDK-written MCP servers over streamable HTTP."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.executor.conftest import (  # noqa: F401 - fixtures reused as they are
+    _executor_env,
+    api,
+    client,
+    ledger,
+    redis_client,
+    redis_url,
+    runtime,
+    wait_terminal,
+    worker,
+    worker_env,
+    worker_log,
+)
+
+HERE = Path(__file__).parent
+KEYS = {"alpha": "key-alpha", "beta": "key-beta"}
+
+
+def stdio_command(kind: str = "good") -> list[str]:
+    """The argv of the SDK-written test server on stdio."""
+    return [sys.executable, str(HERE / "mcp_servers.py"), "stdio", kind]
+
+
+@pytest.fixture(scope="session")
+def keyed_api(runtime, worker) -> Iterator[str]:  # noqa: F811 - the imported fixtures
+    """A second API over the same Redis and workers, with API keys for tenants alpha and beta."""
+    from executor.api import create_app
+    from executor.stack import serve_in_thread
+    from toolrail.settings import Settings
+
+    settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), mcp_allow_stdio=True,
+                        mcp_allow_private_urls=True, decider="none", mcp_refresh_interval_s=0)
+    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False))
+    yield base
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def http_server() -> Iterator[str]:
+    """The ``good`` test server on stateless streamable HTTP."""
+    from tests.mcpbridge.mcp_servers import serve_http
+
+    url, stop = serve_http("good")
+    yield url
+    stop()
+
+
+def tenant_client(base: str, tenant: str) -> httpx.Client:
+    return httpx.Client(base_url=base, timeout=60, headers={"Authorization": f"Bearer {KEYS[tenant]}"})
