@@ -437,7 +437,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
             reconciler = Reconciler(runtime, interval_s=settings.reconcile_interval_s,
                                     stale_after_s=settings.visibility_timeout_s + limit,
                                     redecide=enqueue, rerun=rerun).start()
-        yield
+        async with _.state.mcp_bridge.running():  # /mcp's session manager, the MCP tools' refresh (mcpbridge)
+            yield
         if reconciler is not None:
             reconciler.stop()
 
@@ -547,7 +548,10 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
 
     @app.get("/v1/tools", tags=["tools"])
     def list_tools(tenant: Tenant) -> dict[str, Any]:
-        return {"tools": [spec.public() for spec in runtime.registry.specs()]}
+        from mcpbridge.providers import specs_for  # noqa: PLC0415 - the tenant's MCP tools, with their source
+
+        mcp = [spec.public() for spec in specs_for(runtime.redis, tenant).values()]
+        return {"tools": [spec.public() for spec in runtime.registry.specs()] + mcp}
 
     @app.get("/v1/models", tags=["models"])
     def list_models(tenant: Tenant) -> dict[str, Any]:
@@ -565,7 +569,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     def create_job(body: JobCreate, request: Request, tenant: Tenant,
                    idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
         request_id = request.state.request_id
-        names, inline = _resolve_tools(runtime, body, settings)
+        names, inline = _resolve_tools(runtime, body, settings, tenant=tenant)
         if not body.messages and body.tool_calls is None and body.raw_output is None:
             raise ApiError(422, "validation_error", "give messages to decide on, or tool_calls / raw_output to validate")
         if body.tool_calls is not None and body.raw_output is not None:
@@ -694,6 +698,9 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                                              dependencies=[Depends(rate_limited(tenant_of))]), prefix="/v1")
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
+    from mcpbridge.api import mount as mount_mcp  # noqa: PLC0415 - imports this module
+
+    mount_mcp(app, settings=settings, runtime=runtime, enqueue=enqueue, dispatch=rerun)  # /mcp, /v1/mcp-servers
     return app
 
 
@@ -747,14 +754,19 @@ def _valid_stream_id(value: str) -> bool:
     return left.isdigit() and (right.isdigit() or right == "")
 
 
-def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings) -> tuple[list[str], list[dict[str, Any]]]:
+def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
+                   tenant: str = "default") -> tuple[list[str], list[dict[str, Any]]]:
+    from mcpbridge.providers import specs_for  # noqa: PLC0415 - the tenant's MCP tools count as registered
+
+    mcp = sorted(specs_for(runtime.redis, tenant))
     if body.tools is None:
-        return runtime.registry.names(), []
+        return runtime.registry.names() + mcp, []
     names, inline = [], []
     for index, item in enumerate(body.tools):
         if isinstance(item, str):
             try:
-                runtime.registry.get(item)
+                if item not in mcp:
+                    runtime.registry.get(item)
             except UnknownToolError:
                 raise ApiError(422, "unknown_tool", f"unknown tool {item!r}", tool=item, known=runtime.registry.names()) from None
             names.append(item)

@@ -23,6 +23,7 @@ worst state, how many tenants have it open, and the opens summed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -164,17 +165,23 @@ def breaker_for(rt: Any) -> CircuitBreaker:
 def guarded_run(rt: Any, spec: ToolSpec, call: CallRun, *, tenant: str = DEFAULT_TENANT) -> SandboxResult:
     """``rt.sandbox.run`` behind the circuit breaker of (``tenant``, tool)."""
     breaker = breaker_for(rt)
-    admission = breaker.admit(spec.name, tenant=tenant, probe_ttl_s=spec.timeout_s + 5)
+    key = getattr(spec, "breaker_name", spec.name)  # an MCP-provided tool: one breaker per (tenant, server)
+    admission = breaker.admit(key, tenant=tenant, probe_ttl_s=spec.timeout_s + 5)
     if admission.state == "open":
-        raise CircuitOpenError(f"{spec.name} failed {breaker.failures} times in a row for this tenant; its circuit is "
+        raise CircuitOpenError(f"{key} failed {breaker.failures} times in a row for this tenant; its circuit is "
                                f"open, retry in {admission.retry_in_s:.1f} s", tool=spec.name,
                                retry_in_s=round(admission.retry_in_s, 2))
+    run = rt.sandbox.run
+    if getattr(spec, "server", None) is not None:  # an MCP-provided tool: its server's client, not the sandbox
+        from mcpbridge.client import run_call  # noqa: PLC0415
+
+        run = functools.partial(run_call, rt)
     try:
-        result = rt.sandbox.run(spec, call)
+        result = run(spec, call)
     except SandboxError as exc:
-        breaker.record(spec.name, tenant=tenant, ok=not is_health_failure(exc))
+        breaker.record(key, tenant=tenant, ok=not is_health_failure(exc))
         raise
-    breaker.record(spec.name, tenant=tenant, ok=True)
+    breaker.record(key, tenant=tenant, ok=True)
     return result
 
 

@@ -199,6 +199,28 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = Field(default=600.0, gt=0)
     """Webhook retries: the longest wait between two attempts (kept below the broker's visibility timeout)."""
 
+    # ------------------------------------------------------------------ MCP (docs/mcp.md)
+    mcp_call_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """How long a `tools/call` on `/mcp` waits for its job; past it the result is `isError` naming the job,
+    which goes on (`GET /v1/jobs/{id}`)."""
+    mcp_connect_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    """Seconds to connect to an MCP server and finish the handshake (a stdio server: to start it), and to
+    fetch its `tools/list`."""
+    mcp_max_tools_per_server: int = Field(default=128, ge=1, le=4096)
+    """Tools kept of one MCP server's `tools/list`; the rest are refused."""
+    mcp_max_description_chars: int = Field(default=1024, ge=64, le=65536)
+    """Characters kept of an MCP tool's description (untrusted text; always shown behind a marker naming
+    its server)."""
+    mcp_allow_stdio: bool | None = None
+    """Whether tenants may register stdio MCP servers (a command run, confined, on the workers). Unset:
+    allowed only when no API keys are configured (a one-user install)."""
+    mcp_allow_private_urls: bool | None = None
+    """Whether an MCP server URL may resolve to a loopback, private or link-local address. Unset: allowed
+    only when no API keys are configured."""
+    mcp_refresh_interval_s: float = Field(default=300.0, ge=0)
+    """Seconds between refreshes of every registered MCP server's tools by each API process; 0: off
+    (`notifications/tools/list_changed` and `POST /v1/mcp-servers/{name}/refresh` still refresh)."""
+
     # ------------------------------------------------------------------ logs
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto", validation_alias=AliasChoices("TOOLRAIL_LOG_FORMAT", "TOOLRAIL_LOG_JSON"))
