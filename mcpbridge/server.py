@@ -30,9 +30,11 @@ from mcp.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from executor import jobs
 from executor.sse import AsyncRedisFactory
 from executor.store import TERMINAL_JOB, JobRecord
 from mcpbridge.client import META_PREFIX
+from toolrail import tracing
 from toolrail.context import sanitize_request_id
 from toolrail.logging import get_logger
 from tools.errors import UnknownToolError
@@ -51,8 +53,9 @@ _PAUSED = frozenset({"awaiting_approval"})
 class McpService:
     """The MCP face of one API process: tool listing and calls for a tenant, over the job store and queue."""
 
-    def __init__(self, runtime: Any, settings: Any, enqueue: Callable[[JobRecord], None]) -> None:
-        self.runtime, self.settings, self.enqueue = runtime, settings, enqueue
+    def __init__(self, runtime: Any, settings: Any, enqueue: Callable[[JobRecord], None],
+                 dispatch: Callable[..., None] | None = None) -> None:
+        self.runtime, self.settings, self.enqueue, self.dispatch = runtime, settings, enqueue, dispatch
         self._events = AsyncRedisFactory(runtime.redis, block_s=1.0)
 
     def specs(self, tenant: str) -> list[Any]:
@@ -81,11 +84,11 @@ class McpService:
                                   "details": {"tool": name, "known": sorted(known)[:50]}}, request_id=request_id)
         job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant, tools=[name],
                         max_reasks=0, client_output={"tool_calls": [{"name": name, "arguments": arguments
-                                                                     if arguments is not None else {}}]})
+                                                                     if arguments is not None else {}}]},
+                        trace_context=tracing.new_job_context(request_id))
         store = self.runtime.store
-        job, _ = await asyncio.to_thread(store.create, job)
         try:
-            await asyncio.to_thread(self.enqueue, job)
+            await asyncio.to_thread(self._submit, job)
         except Exception as exc:  # noqa: BLE001 - the broker is down: say so, as POST /v1/jobs does
             return _error_result({"type": "enqueue_failed", "message": f"could not queue the call: {type(exc).__name__}",
                                   "details": {}}, job_id=job.job_id, request_id=request_id)
@@ -97,6 +100,16 @@ class McpService:
                                   f"{self.settings.mcp_call_timeout_s:g} s; it goes on as job {job.job_id}",
                                   "details": {"status": record.status}}, job_id=job.job_id, request_id=request_id)
         return _result_of(record, request_id=request_id)
+
+    def _submit(self, job: JobRecord) -> None:
+        """What ``POST /v1/jobs`` does with client calls: checked here and stored decided, the calls queued straight
+        to their tool queues (``executor.jobs.check_client_output``); or stored and the decide task queued."""
+        checked = jobs.check_client_output(self.runtime, job) if self.dispatch is not None else None
+        job, _ = self.runtime.store.create(checked or job)
+        if checked is None:
+            self.enqueue(job)
+        else:
+            jobs.start_checked(self.runtime, job, self.dispatch)
 
     async def _wait(self, job_id: str, *, report: Callable[..., Any] | None) -> str | None:
         """Read the job's event stream until a terminal (or paused) status; progress events are reported."""
