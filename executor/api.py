@@ -598,7 +598,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                         trace_context=tracing.new_job_context(request_id))
         run = _run_fields(runtime, body, settings, client_output=client_output, names=names, inline=inline)
         job = job.model_copy(update=run)
-        body_hash = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+        body_hash = hashlib.sha256(body.model_dump_json().encode()).hexdigest() if idempotency_key else None
         # The client's own calls are checked here and stored decided, their calls queued straight to the tool
         # queues: no decide task (unless the check needs a decider's re-ask).
         checked = jobs.check_client_output(runtime, job) if client_output is not None and rerun is not None else None

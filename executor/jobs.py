@@ -478,7 +478,7 @@ def advance(rt: Runtime, job_id: str, next_step: NextStep | None = None) -> JobR
     if isinstance(verdict, runs.GuardTrip):
         return _stop(rt, job, verdict)
     if verdict is not None:
-        return finalize_job(rt, job_id)
+        return finalize_job(rt, job_id, job=job)
     moved: dict[str, bool] = {}
 
     def mutate(j: JobRecord) -> dict[str, Any] | None:
@@ -501,9 +501,10 @@ def advance(rt: Runtime, job_id: str, next_step: NextStep | None = None) -> JobR
     return job
 
 
-def finalize_job(rt: Runtime, job_id: str) -> JobRecord:
-    """End a run after its last step's calls, as a single round: failed if a call failed, else succeeded."""
-    job = rt.store.get(job_id)
+def finalize_job(rt: Runtime, job_id: str, *, job: JobRecord | None = None) -> JobRecord:
+    """End a run after its last step's calls, as a single round: failed if a call failed, else succeeded
+    (``job``: the record as just read, with its calls, when the caller has it)."""
+    job = job if job is not None else rt.store.get(job_id)
     calls = job.step_calls()
     failed = [c for c in calls if c.status in {"failed", "rejected"}]
     if failed:
