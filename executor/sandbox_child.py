@@ -1007,10 +1007,8 @@ def serve_forks(sock_fd: int) -> int:
 
     import tools.context  # noqa: F401, PLC0415
 
-    with contextlib.suppress(Exception):  # traced calls record their span in the child: import and warm it once, here
-        from toolrail.tracing import ChildRecorder  # noqa: PLC0415
-
-        ChildRecorder.warm()
+    with contextlib.suppress(Exception):  # traced calls record their span in the child: import it once, here
+        import toolrail.tracing  # noqa: F401, PLC0415 - never start the SDK here: a thread it leaves makes every fork hang
     _reachable_for_own_uid(modules)
     read_paths(modules)  # warms the package lookups every call's confinement needs
     sock = socket.socket(fileno=sock_fd)
