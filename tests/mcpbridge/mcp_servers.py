@@ -90,7 +90,8 @@ def build(kind: str = "good") -> Server:
             return types.CallToolResult(content=text("remote weather"), structured_content={"city": args["city"], "from": "mcp"})
         if params.name == "change":
             state["changed"] = True
-            await ctx.session.send_tool_list_changed()
+            # request-scoped, so that it rides this call's response stream (a stateless HTTP server has no other)
+            await ctx.session.send_notification(types.ToolListChangedNotification(), related_request_id=ctx.request_id)
             return types.CallToolResult(content=text("changed"), structured_content={"changed": True})
         if params.name in {"extra", "fine"}:
             return types.CallToolResult(content=text("ok"), structured_content={"ok": True})
