@@ -146,7 +146,9 @@ class LocalStack:
         if self.with_worker:
             from tools.registry import default_registry  # noqa: PLC0415
 
-            queues = ["decide", "webhooks", *default_registry().queues()]
+            from mcpbridge.providers import known_queues  # noqa: PLC0415 - registered MCP servers' queues
+
+            queues = ["decide", "webhooks", *default_registry().queues(), *known_queues(redis.Redis.from_url(url))]
             self._worker = start_worker(url, queues=queues, concurrency=self.concurrency, env=self.worker_env,
                                         log_file=self.log_file)
         self._start_api()

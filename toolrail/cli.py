@@ -17,7 +17,7 @@ from toolrail import __version__
 __all__ = ["build_parser", "main"]
 
 #: Modules that contribute subcommands, in the order they appear in ``--help``.
-COMMAND_MODULES = ("executor.cli", "executor.tools_cli", "decider.cli", "decider.model_cli", "engine_build.cli", "toolrail.config_cli")
+COMMAND_MODULES = ("executor.cli", "executor.tools_cli", "mcpbridge.cli", "decider.cli", "decider.model_cli", "engine_build.cli", "toolrail.config_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,53 @@
+"""``toolrail tools add-mcp`` against the real API, and ``toolrail mcp stdio`` driven by the SDK's stdio client."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import anyio
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from conftest import stdio_command
+
+TOOLRAIL = [sys.executable, "-m", "toolrail.cli"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TOOLRAIL_API_KEY"}
+    return subprocess.run([*TOOLRAIL, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_add_mcp_over_the_api(api: str, http_server: str) -> None:
+    done = _run("tools", "add-mcp", "clicalc", "--url", http_server, "--api", api, "--side-effects", "add")
+    assert done.returncode == 0, done.stderr
+    assert "registered clicalc" in done.stdout and "mcp__clicalc__add" in done.stdout and "side-effects" in done.stdout
+    local = _run("tools", "add-mcp", "clilocal", "--api", api, "--timeout", "20", "--command", *stdio_command("good"))
+    assert local.returncode == 0, local.stderr
+    assert "mcp__clilocal__crash" in local.stdout
+    listed = _run("tools", "list-mcp", "--api", api)
+    assert listed.returncode == 0 and "clicalc" in listed.stdout and "clilocal" in listed.stdout
+    refused = _run("tools", "add-mcp", "Bad!", "--url", http_server, "--api", api)
+    assert refused.returncode == 1 and refused.stderr.startswith("toolrail tools add-mcp: validation_error")
+    assert len(refused.stderr.strip().splitlines()) == 1
+    gone = _run("tools", "remove-mcp", "clicalc", "--api", api)
+    assert gone.returncode == 0 and _run("tools", "remove-mcp", "clicalc", "--api", api).returncode == 1
+
+
+def test_mcp_stdio_serves_the_registry(worker, redis_url: str) -> None:  # noqa: ANN001 - the worker fixture
+    env = {"REDIS_URL": redis_url, "TOOLRAIL_TOOL_MODULES": "tests.executor.tools_for_tests", "TOOLRAIL_DECIDER": "none",
+           "PYTHONPATH": os.getcwd()}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "toolrail.cli", "mcp", "stdio"], env=env,
+                                   cwd=os.getcwd())
+
+    async def main() -> None:
+        async with Client(params, cache=None) as mcp:
+            names = {t.name for t in (await mcp.list_tools()).tools}
+            assert {"get_weather", "slow_echo", "transfer"} <= names
+            bad = await mcp.call_tool("get_weather", {"city": "Paris", "date": "yesterday"})
+            assert bad.is_error and bad.meta["toolrail.dev/error"]["type"] == "invalid_tool_calls"
+            assert bad.meta["toolrail.dev/job_id"].startswith("job_")
+
+    anyio.run(main)
