@@ -645,7 +645,14 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
     def get_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
-        return runtime.store.get(_checked_id(job_id), tenant=tenant).public()
+        """The record: status, each step with its calls and results, the answer; webhook deliveries when it has any."""
+        job = runtime.store.get(_checked_id(job_id), tenant=tenant)
+        data = job.public()
+        if job.webhook_url or settings.webhook_urls:
+            from executor.webhooks import deliveries  # noqa: PLC0415
+
+            data["webhooks"] = deliveries(runtime, job.job_id)
+        return data
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
     def cancel_job(job_id: str, tenant: Tenant) -> JSONResponse:

@@ -34,6 +34,9 @@ class ScriptedDecider:
             if marker_dir:
                 Path(marker_dir, f"deciding-{request.request_id}-{step}").write_text(str(os.getpid()))
             time.sleep(float(item["sleep_s"]))
+        if "calls" in item and request.tool_choice == "none":  # the platform offered the answer only
+            text = "answer only: " + str(item.get("then", ""))
+            return Decision(request_id=request.request_id, raw_output=text, content=text, backend="scripted")
         if "calls" in item:
             raw = json.dumps([{"name": c["name"], "arguments": c.get("arguments", {})} for c in item["calls"]],
                              ensure_ascii=False)

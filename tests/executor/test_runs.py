@@ -7,8 +7,13 @@ of tests/executor/scripted_decider.py (the real model's runs are in tests/e2e).
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import http.server
 import json
 import os
+import threading
 import signal
 import tempfile
 import time
@@ -23,6 +28,7 @@ from executor.stack import start_worker, stop_process, wait_for_workers
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "runs:ledger"
+WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"runs-test-webhook-key-0123456789").decode()
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
 
 
@@ -46,8 +52,9 @@ def run_worker(db_url: str, marker_dir: Path) -> Iterator[object]:
     env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": "tests.executor.scripted_decider:make",
            "TOOLRAIL_TOOL_MODULES": "tests.executor.tools_for_tests", "TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX,
            "TOOLRAIL_TEST_MARKER_DIR": str(marker_dir), "TOOLRAIL_LOG_JSON": "1", "TOOLRAIL_RUN_MAX_IDENTICAL_CALLS": "2",
-           "TOOLRAIL_API_KEYS": ",".join(f"{k}:{t}" for t, k in KEYS.items())}
-    queues = ["decide", *default_registry().queues()]
+           "TOOLRAIL_API_KEYS": ",".join(f"{k}:{t}" for t, k in KEYS.items()), "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1",
+           "TOOLRAIL_WEBHOOK_SECRETS": f"alice:{WEBHOOK_SECRET}", "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2"}
+    queues = ["decide", "webhooks", *default_registry().queues()]
     log = marker_dir / "worker.log"
     proc = start_worker(db_url, queues=queues, concurrency=2, env=env, log_file=log, hostname="toolrail-runs@%h")
     try:
@@ -74,7 +81,8 @@ def api(runtime, run_worker, db_url: str) -> Iterator[str]:
     from toolrail.settings import Settings
 
     publisher = Celery("runs-test", broker=db_url)
-    settings = Settings(decider="custom", api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), reconcile_interval_s=0)
+    settings = Settings(decider="custom", api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), reconcile_interval_s=0,
+                        webhook_allow_private=True)
     app = create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
                      enqueue=lambda job: publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide"),
                      rerun=lambda job, call: publisher.send_task("toolrail.run_call", args=[job.job_id, call.id],
@@ -168,15 +176,25 @@ def test_a_tool_error_is_a_result_the_model_sees(client: httpx.Client) -> None:
 
 
 def test_identical_calls_trip_the_loop_guard(client: httpx.Client, api: str) -> None:
-    same = {"calls": [{"name": "get_weather", "arguments": {"city": "Paris", "date": "today"}}]}
-    job_id = _submit(client, [same, same, same, same, {"text": "never"}], tools=["get_weather"], max_steps=8)
+    same = {"calls": [{"name": "poll_ticket", "arguments": {"ticket": "T-1"}}]}  # a repeatable poll
+    job_id = _submit(client, [same, same, same, same, {"text": "never"}], tools=["poll_ticket"], max_steps=8)
     job = _wait(client, job_id, ENDED)
     assert job["status"] == "failed"
     assert job["error"]["type"] == "loop_detected", job["error"]
     assert len(job["calls"]) == 2  # the third identical call never ran (limit 2 in this module)
-    assert job["steps"][-1]["calls_not_run"][0]["name"] == "get_weather"
+    assert job["steps"][-1]["calls_not_run"][0]["name"] == "poll_ticket"
     scrape = httpx.get(f"{api}/metrics").text
     assert 'toolrail_run_guard_trips_total{guard="identical_calls"}' in scrape
+
+
+def test_a_repeat_of_an_answered_call_is_reasked_for_the_answer(client: httpx.Client) -> None:
+    same = {"calls": [{"name": "get_weather", "arguments": {"city": "Paris", "date": "today"}}], "then": "sunny"}
+    job = _wait(client, _submit(client, [same, same], tools=["get_weather"]), ENDED)
+    assert job["status"] == "succeeded", json.dumps(job)[:3000]
+    assert job["content"] == "answer only: sunny" and len(job["calls"]) == 1  # the repeat never ran
+    attempts = job["steps"][1]["attempts"]
+    assert attempts[0]["errors"][0]["validator"] == "repeated_call"
+    assert attempts[1]["platform"]["reask_tool_choice"] == "none"  # what the platform did is on the record
 
 
 def test_max_steps_ends_a_run_that_never_answers(client: httpx.Client) -> None:
@@ -354,3 +372,43 @@ def test_a_lost_advance_is_found_by_the_reconciler(client: httpx.Client, runtime
     after = client.get(f"/v1/jobs/{job_id}").json()
     assert after["status"] == "deciding" and after["step"] == 1
     assert job_id in queued and job["calls"][0]["id"] not in queued  # the next decision queued, the call not re-run
+
+
+def test_webhooks_tell_the_receiver_about_approval_and_the_end(client: httpx.Client) -> None:
+    received: list[tuple[dict, bytes]] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers["content-length"]))
+            received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/hook"
+        job_id = _submit(client, [{"calls": [_transfer(0.25)]}, {"text": "ok"}], tools=["slow_transfer"],
+                         require_approval="side_effects", webhook_url=url)
+        call = _wait(client, job_id, {"awaiting_approval", *ENDED})["calls"][0]
+        deadline = time.monotonic() + 30
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.1)
+        client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve")
+        assert _wait(client, job_id, ENDED)["status"] == "succeeded"
+        while len(received) < 2 and time.monotonic() < deadline + 30:
+            time.sleep(0.1)
+    finally:
+        server.shutdown()
+    events = [json.loads(body)["type"] for _, body in received]
+    assert events == ["job.awaiting_approval", "job.succeeded"], events
+    key = base64.b64decode(WEBHOOK_SECRET.removeprefix("whsec_"))
+    for headers, body in received:  # Standard Webhooks: v1,base64(HMAC-SHA256(key, id.timestamp.body))
+        signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+        expected = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+        assert expected in headers["webhook-signature"].split()
+    record = client.get(f"/v1/jobs/{job_id}").json()
+    assert [d["event"] for d in record["webhooks"]] == ["job.awaiting_approval", "job.succeeded"]

@@ -94,9 +94,22 @@ def progress_reporter(args: ProgressArgs) -> dict[str, Any]:
     return {"steps": args.steps, "flood": args.flood}
 
 
+class PollArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ticket: str = Field(max_length=64)
+
+
+def poll_ticket(args: PollArgs) -> dict[str, Any]:
+    """A status poll: the same call may answer differently each time (declared ``repeatable``)."""
+    return {"ticket": args.ticket, "state": "pending", "at": time.time()}
+
+
 def register(registry) -> None:  # noqa: ANN001 - the registry plug-in hook
     registry.add(ToolSpec.from_model("progress_reporter", ProgressArgs,
                                      entrypoint="tests.executor.tools_for_tests:progress_reporter", timeout_s=15))
+    registry.add(ToolSpec.from_model("poll_ticket", PollArgs, entrypoint="tests.executor.tools_for_tests:poll_ticket",
+                                     timeout_s=10, repeatable=True))
     registry.add(ToolSpec.from_model("slow_echo", EchoArgs, entrypoint="tests.executor.tools_for_tests:slow_echo",
                                      timeout_s=15))
     registry.add(ToolSpec.from_model("inspect_sandbox", InspectArgs, entrypoint="tests.executor.tools_for_tests:inspect_sandbox",
