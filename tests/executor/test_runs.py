@@ -314,19 +314,22 @@ def _kill_pool_process(pid: int) -> None:
     raise AssertionError("no Celery pool process above the marker's pid")
 
 
-def test_worker_killed_during_a_later_decision_resumes_the_run(client: httpx.Client, ledger: Ledger,
-                                                                 marker_dir: Path) -> None:
-    request_id = f"kill-decide-{time.time_ns()}"
+@pytest.mark.parametrize("step", [0, 1], ids=["before-the-call", "during-the-next-decision"])
+def test_worker_killed_while_deciding_resumes_the_run(client: httpx.Client, ledger: Ledger, marker_dir: Path,
+                                                       step: int) -> None:
+    request_id = f"kill-decide-{step}-{time.time_ns()}"
+    first: dict = {"calls": [_transfer(0.75)], **({"sleep_s": 3} if step == 0 else {})}
+    second: dict = {"text": "{results}", **({"sleep_s": 3} if step == 1 else {})}
     response = client.post("/v1/jobs", headers={"X-Request-ID": request_id}, json={
-        "messages": [{"role": "user", "content": "RUN " + json.dumps({"steps": [
-            {"calls": [_transfer(0.75)]}, {"text": "{results}", "sleep_s": 3}]})}], "tools": ["slow_transfer"]})
+        "messages": [{"role": "user", "content": "RUN " + json.dumps({"steps": [first, second]})}],
+        "tools": ["slow_transfer"]})
     job_id = response.json()["job_id"]
-    marker = marker_dir / f"deciding-{request_id}-1"
+    marker = marker_dir / f"deciding-{request_id}-{step}"
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert marker.exists(), "the second decision never started"
-    _kill_pool_process(int(marker.read_text()))  # the pool process deciding step 1 dies
+    assert marker.exists(), "the decision never started"
+    _kill_pool_process(int(marker.read_text()))  # the pool process deciding the step dies
     job = _wait(client, job_id, ENDED, timeout_s=120)
     assert job["status"] == "succeeded", json.dumps(job)[:3000]
     assert len(_applied(ledger, job_id)) == 1  # the step-0 transfer was not run again
