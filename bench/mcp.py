@@ -1,0 +1,221 @@
+"""MCP benchmark: what toolrail adds, side by side in one run, at client concurrency 1 and 16.
+
+Rows (calls/s, p50 and p99 of one call, measured by the client):
+
+- ``jobs-validate``         POST /v1/jobs with an inline tool's call → validated and stored (no run)
+- ``jobs-sandboxed``        POST /v1/jobs with a get_weather call → validated, run in the sandbox, stored
+- ``mcp-sandboxed``         tools/call get_weather on toolrail's /mcp (the official SDK's client, one
+                            session per concurrent caller) → the same job path
+- ``direct-mcp``            tools/call ``add`` on a small MCP server (the SDK, stateless streamable HTTP)
+                            straight from the SDK's client: the floor
+- ``jobs-mcp-provided``     POST /v1/jobs with a call of that server's ``add`` (``mcp__bench__add``): validated,
+                            queued on ``mcp.default.bench``, called by a worker (a new MCP connection per call)
+- ``mcp-mcp-provided``      tools/call ``mcp__bench__add`` on toolrail's /mcp
+
+Ratios: mcp-sandboxed / jobs-sandboxed (what the MCP face costs over the job API), and
+jobs-mcp-provided / direct-mcp (what running an MCP tool through toolrail costs over calling it).
+A job's latency is submit → terminal state (a blocking read of the job's event stream).
+One stack: embedded Redis, ``--workers`` Celery processes, the API in-process. This machine is
+shared: the load average before and after is printed with the table.
+Usage: ``python bench/mcp.py [--quick] [--workers 2] [--out bench/results/mcp.md]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import httpx
+import redis
+import redis.asyncio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import mcp_types as types  # noqa: E402
+from mcp import Client  # noqa: E402
+from mcp.server import Server  # noqa: E402
+
+from executor.stack import LocalStack  # noqa: E402
+from executor.store import TERMINAL_JOB  # noqa: E402
+
+INLINE_TOOL = {"type": "function", "function": {"name": "echo_city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {"city": "Shanghai", "date": "tomorrow"}
+
+
+def _add_server() -> Server:
+    async def list_tools(ctx, params):  # noqa: ANN001, ANN202
+        return types.ListToolsResult(tools=[types.Tool(
+            name="add", description="Add two integers.", input_schema={"type": "object", "properties": {
+                "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},
+            output_schema={"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]})])
+
+    async def call_tool(ctx, params):  # noqa: ANN001, ANN202
+        args = params.arguments or {}
+        return types.CallToolResult(content=[types.TextContent(text="sum")], structured_content={"sum": args["a"] + args["b"]})
+
+    return Server("bench", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _serve_add() -> tuple[str, Callable[[], None]]:
+    import uvicorn  # noqa: PLC0415
+
+    app = _add_server().streamable_http_app(stateless_http=True)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not (server.started and server.servers):
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return f"http://127.0.0.1:{port}/mcp", lambda: (setattr(server, "should_exit", True), thread.join(10))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+async def _level(make_caller: Callable[[], Awaitable[tuple[Callable[[int], Awaitable[bool]], Callable[[], Awaitable[None]]]]],
+                 *, concurrency: int, calls: int) -> dict[str, float]:
+    """``calls`` calls from ``concurrency`` callers, each with its own caller (session/connection)."""
+    latencies: list[float] = []
+    errors = 0
+    counter = iter(range(calls))
+
+    async def one_caller() -> None:
+        nonlocal errors
+        call, close = await make_caller()
+        try:
+            for index in counter:
+                started = time.perf_counter()
+                ok = await call(index)
+                latencies.append(time.perf_counter() - started)
+                errors += 0 if ok else 1
+        finally:
+            await close()
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as group:
+        for _ in range(concurrency):
+            group.start_soon(one_caller)
+    wall = time.perf_counter() - started
+    return {"calls_per_s": len(latencies) / wall, "p50_ms": percentile(latencies, 0.5) * 1000,
+            "p99_ms": percentile(latencies, 0.99) * 1000, "errors": errors, "n": len(latencies)}
+
+
+def _mcp_caller(url: str, tool: str, arguments: Callable[[int], dict]) -> Callable:
+    async def make():  # noqa: ANN202
+        client = Client(url, cache=None)
+        await client.__aenter__()
+
+        async def call(index: int) -> bool:
+            result = await client.call_tool(tool, arguments(index))
+            return not result.is_error
+
+        return call, lambda: client.__aexit__(None, None, None)
+
+    return make
+
+
+def _job_caller(api: str, redis_url: str, body: Callable[[int], dict]) -> Callable:
+    async def make():  # noqa: ANN202
+        http = httpx.AsyncClient(base_url=api, timeout=120)
+        events = redis.asyncio.Redis.from_url(redis_url)
+
+        async def call(index: int) -> bool:
+            job_id = (await http.post("/v1/jobs", json=body(index))).json()["job_id"]
+            last, deadline = "0", time.monotonic() + 120
+            while time.monotonic() < deadline:
+                chunk = await events.xread({f"tr:job:{job_id}:events": last}, block=5000, count=100)
+                for _key, entries in chunk or []:
+                    for entry_id, fields in entries:
+                        last = entry_id
+                        data = json.loads(fields[b"data"])
+                        if data.get("type") == "status" and data.get("status") in TERMINAL_JOB:
+                            return data["status"] == "succeeded"
+            return False
+
+        async def close() -> None:
+            await http.aclose()
+            await events.aclose()
+
+        return call, close
+
+    return make
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "mcp.md"))
+    args = parser.parse_args()
+    sizes = {1: 10 if args.quick else 30, 16: 48 if args.quick else 160}
+    load_before = os.getloadavg()
+    add_url, stop_add = _serve_add()
+    results: dict[tuple[str, int], dict[str, float]] = {}
+    with LocalStack(concurrency=args.workers, worker_env={"TOOLRAIL_DECIDER": "none", "TOOLRAIL_LOG_LEVEL": "WARNING"}) as stack:
+        with httpx.Client(base_url=stack.url, timeout=60) as client:
+            client.post("/v1/mcp-servers", json={"name": "bench", "url": add_url}).raise_for_status()
+            time.sleep(1.0)  # the workers' add_consumer for mcp.default.bench
+        rows = {
+            "jobs-validate": _job_caller(stack.url, stack.redis_url, lambda i: {
+                "tools": [INLINE_TOOL], "tool_calls": [{"name": "echo_city", "arguments": {"city": f"c{i}"}}]}),
+            "jobs-sandboxed": _job_caller(stack.url, stack.redis_url, lambda i: {
+                "tools": ["get_weather"], "tool_calls": [{"name": "get_weather", "arguments": WEATHER}]}),
+            "mcp-sandboxed": _mcp_caller(f"{stack.url}/mcp", "get_weather", lambda i: WEATHER),
+            "direct-mcp": _mcp_caller(add_url, "add", lambda i: {"a": i, "b": 1}),
+            "jobs-mcp-provided": _job_caller(stack.url, stack.redis_url, lambda i: {
+                "tools": ["mcp__bench__add"], "tool_calls": [{"name": "mcp__bench__add", "arguments": {"a": i, "b": 1}}]}),
+            "mcp-mcp-provided": _mcp_caller(f"{stack.url}/mcp", "mcp__bench__add", lambda i: {"a": i, "b": 1}),
+        }
+        for level in (1, 16):
+            for name, make in rows.items():  # interleaved: every row of a level runs under the same load
+                results[(name, level)] = anyio.run(lambda m=make, c=level: _level(m, concurrency=c, calls=sizes[c]))
+                r = results[(name, level)]
+                print(f"{name:<20} c={level:<3} {r['calls_per_s']:7.1f}/s  p50 {r['p50_ms']:8.1f} ms  "
+                      f"p99 {r['p99_ms']:8.1f} ms  errors {r['errors']}", flush=True)
+    stop_add()
+    load_after = os.getloadavg()
+    _write(Path(args.out), results, sizes=sizes, workers=args.workers, load=(load_before, load_after))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _ratio(results: dict, a: str, b: str, level: int, key: str) -> str:
+    x, y = results[(a, level)][key], results[(b, level)][key]
+    return f"{x / y:.2f}×" if y else "n/a"
+
+
+def _write(path: Path, results: dict, *, sizes: dict, workers: int, load: tuple) -> None:
+    lines = ["# MCP: toolrail's overhead, side by side (bench/mcp.py)", "",
+             f"One run, {workers} Celery worker processes, embedded Redis, API in-process; calls per row: "
+             f"{sizes[1]} at c=1, {sizes[16]} at c=16. Load average before {load[0][0]:.2f} / after {load[1][0]:.2f} "
+             f"on {os.cpu_count()} cores (a shared, noisy machine: compare rows of one run, not runs).", "",
+             "| row | c | calls/s | p50 ms | p99 ms | errors |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for (name, level), r in results.items():
+        lines.append(f"| {name} | {level} | {r['calls_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                     f"{r['errors']} |")
+    lines += ["", "| ratio | c=1 p50 | c=1 calls/s | c=16 p50 | c=16 calls/s |", "| --- | ---: | ---: | ---: | ---: |"]
+    for label, a, b in (("mcp-sandboxed / jobs-sandboxed", "mcp-sandboxed", "jobs-sandboxed"),
+                        ("jobs-sandboxed / jobs-validate", "jobs-sandboxed", "jobs-validate"),
+                        ("jobs-mcp-provided / direct-mcp", "jobs-mcp-provided", "direct-mcp"),
+                        ("mcp-mcp-provided / direct-mcp", "mcp-mcp-provided", "direct-mcp")):
+        lines.append(f"| {label} | {_ratio(results, a, b, 1, 'p50_ms')} | {_ratio(results, a, b, 1, 'calls_per_s')} | "
+                     f"{_ratio(results, a, b, 16, 'p50_ms')} | {_ratio(results, a, b, 16, 'calls_per_s')} |")
+    lines += ["", "direct-mcp reuses one SDK session per caller; a worker opens a new MCP connection (handshake "
+              "included) for every call, which is most of what jobs-mcp-provided adds besides the job path.", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
