@@ -6,6 +6,7 @@
   bounded, with a TTL; :func:`read_trace` reads one back (``GET /v1/jobs/{id}/trace``,
   ``toolrail run --trace``).
 - :class:`BoundedMemoryExporter` — the last spans in the process's memory (benchmarks).
+- :class:`ChildRecorder` — the sandbox child's span, recorded as data without a tracer provider.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -22,7 +26,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-__all__ = ["BoundedMemoryExporter", "RedisSpanExporter", "read_trace", "span_from_dict", "span_to_dict", "trace_key"]
+__all__ = ["BoundedMemoryExporter", "ChildRecorder", "RedisSpanExporter", "read_trace", "span_from_dict", "span_to_dict",
+           "trace_key"]
 
 SCOPE = "toolrail"
 
@@ -126,3 +131,61 @@ def read_trace(client: Any, trace_id: str, *, prefix: str = "tr") -> list[dict[s
         with contextlib.suppress(ValueError):
             spans.append(json.loads(value))
     return sorted(spans, key=lambda s: (s.get("start_ns") or 0, s.get("name", "")))
+
+
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+
+
+class _DataSpan:
+    """One span being recorded as data (``set_attribute`` as on an SDK span)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.data["attributes"][key] = value
+        if key == "error.type":
+            self.data["status"], self.data["status_description"] = "ERROR", str(value)
+
+
+class ChildRecorder:
+    """The sandbox child's spans, recorded as data under the call's W3C context and returned in its frame.
+
+    No tracer provider here, on purpose: a live ``TracerProvider`` registers an at-fork handler that
+    re-detects the process's resource in every forked process, and the monitor forks the call's init
+    and tool processes inside new namespaces, where an untraced call hung on it (a futex wait in the
+    init process, with the fork server holding a warmed provider). One span needs W3C ids, two
+    timestamps and its attributes; the worker turns it into an SDK span (``span_from_dict``).
+    """
+
+    def __init__(self, trace_context: Mapping[str, str] | None) -> None:
+        match = _TRACEPARENT.match(str((trace_context or {}).get("traceparent", "")))
+        self.trace_id, self.parent_id = (match.group(1), match.group(2)) if match else (None, None)
+        self.spans: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def span(self, name: str, **attributes: Any) -> Iterator[_DataSpan | None]:
+        if self.trace_id is None:
+            yield None
+            return
+        pid = attributes.get("process.pid", os.getpid())
+        data = {"name": name, "trace_id": self.trace_id, "span_id": os.urandom(8).hex(), "parent_span_id": self.parent_id,
+                "kind": "INTERNAL", "start_ns": time.time_ns(), "end_ns": None, "status": "UNSET",
+                "status_description": None, "attributes": {k: v for k, v in attributes.items() if v is not None},
+                "events": [], "links": [], "scope": SCOPE,
+                "resource": {"service.name": "toolrail-sandbox", "service.namespace": "toolrail", "process.pid": pid,
+                             "toolrail.process.kind": "sandbox"}}
+        try:
+            yield _DataSpan(data)
+        finally:
+            data["end_ns"] = time.time_ns()
+            self.spans.append(data)
+
+    @staticmethod
+    def warm() -> None:
+        """Nothing to warm (kept for the fork server's call): recording a span is plain data."""
+
+    def finished(self) -> list[dict[str, Any]]:
+        spans, self.spans = self.spans, []
+        return spans
+

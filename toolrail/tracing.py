@@ -1,6 +1,6 @@
 """One trace per job: OpenTelemetry setup per process kind, the job's spans, W3C context in dicts.
 
-Every process calls :func:`setup` once with its kind (``api``, ``worker``, ``sandbox``, ``cli``).
+Every process calls :func:`setup` once with its kind (``api``, ``worker``, ``cli``).
 The SDK's tracer provider is always installed (so a ``traceparent`` is generated when a request
 brings none), but nothing leaves the process unless a sink is configured:
 
@@ -11,8 +11,9 @@ brings none), but nothing leaves the process unless a sink is configured:
 - ``TOOLRAIL_TRACE_STORE=memory``: the last spans in each process's memory (benchmarks);
 - ``memory=True`` (tests, benchmarks): the SDK's in-memory exporter.
 
-The sandbox child has no network: it records its spans in memory and returns them in its result
-frame (:func:`span_to_dict`); the worker hands them to its own sinks (:func:`adopt_spans`).
+The sandbox child has no network: it records its span as data (:class:`ChildRecorder`, no tracer
+provider there) and returns it in its result frame; the worker hands it to its own sinks
+(:func:`adopt_spans`).
 
 Spans (GenAI semantic conventions where they exist):
 
@@ -48,7 +49,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from toolrail.trace_sinks import BoundedMemoryExporter, RedisSpanExporter, span_from_dict, span_to_dict
+from toolrail.trace_sinks import BoundedMemoryExporter, ChildRecorder, RedisSpanExporter, span_from_dict
 
 __all__ = [
     "CONTENT_ENV",
@@ -121,18 +122,18 @@ def setup(kind: str, *, settings: Any = None, memory: bool = False, redis_client
         provider: TracerProvider = _state["provider"]
         wanted: list[tuple[str, Any]] = []  # (name, processor factory): built only when not there yet
         endpoint = getattr(settings, "otlp_endpoint", None) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        if endpoint and kind != "sandbox":
+        if endpoint:
             wanted.append(("otlp", _otlp_processor))
-        if getattr(settings, "trace_store", "none") == "memory" and kind != "sandbox":
+        if getattr(settings, "trace_store", "none") == "memory":
             wanted.append(("bounded", lambda: BatchSpanProcessor(BoundedMemoryExporter())))
-        if getattr(settings, "trace_store", "none") == "redis" and kind != "sandbox":
+        if getattr(settings, "trace_store", "none") == "redis":
             def redis_processor() -> SpanProcessor:
                 client = redis_client if redis_client is not None else _redis_of(settings)
                 return BatchSpanProcessor(RedisSpanExporter(client, ttl_s=settings.trace_store_ttl_s,
                                                             max_spans=settings.trace_store_max_spans),
                                           schedule_delay_millis=200)
             wanted.append(("redis", redis_processor))
-        if memory or kind == "sandbox":
+        if memory:
             if _state["memory"] is None:
                 _state["memory"] = InMemorySpanExporter()
             wanted.append(("memory", lambda: SimpleSpanProcessor(_state["memory"])))
@@ -155,13 +156,11 @@ def _otlp_processor() -> SpanProcessor:
 
 def _new_provider(kind: str, settings: Any) -> TracerProvider:
     service = os.environ.get("OTEL_SERVICE_NAME") or f"toolrail-{kind}"
-    attributes = {"service.name": service, "service.namespace": "toolrail", "process.pid": os.getpid(),
-                  "toolrail.process.kind": kind, "deployment.environment.name": getattr(settings, "environment", "") or "local"}
-    # the sandbox child is one per call: no resource detectors there (they cost ~8 ms a process)
-    resource = Resource(attributes) if kind == "sandbox" else Resource.create(attributes)
-    provider = TracerProvider(resource=resource, shutdown_on_exit=kind != "sandbox")
-    if kind != "sandbox":  # the sandbox child keeps its own provider: nothing of the worker's is global there
-        trace.set_tracer_provider(provider) if _global_unset() else _ProxySwap.swap(provider)
+    resource = Resource.create({"service.name": service, "service.namespace": "toolrail", "process.pid": os.getpid(),
+                                "toolrail.process.kind": kind,
+                                "deployment.environment.name": getattr(settings, "environment", "") or "local"})
+    provider = TracerProvider(resource=resource)
+    trace.set_tracer_provider(provider) if _global_unset() else _ProxySwap.swap(provider)
     return provider
 
 
@@ -504,45 +503,3 @@ def trace_id_of(trace_context: Mapping[str, str] | None) -> str | None:
     if ctx is None:
         return None
     return format(trace.get_current_span(ctx).get_span_context().trace_id, "032x")
-
-
-# ----------------------------------------------------------------- the sandbox child
-
-
-_CHILD_SETTINGS = type("_ChildSettings", (), {"environment": "", "trace_store": "none", "otlp_endpoint": None})()
-
-
-class ChildRecorder:
-    """The sandbox child's spans: recorded in memory under the call's context, returned in its frame."""
-
-    def __init__(self, trace_context: Mapping[str, str] | None) -> None:
-        self.parent = context_from(trace_context)
-        # no settings in the child (a scrubbed environment, and nothing to export to): memory only
-        self.provider = setup("sandbox", settings=_CHILD_SETTINGS) if self.parent is not None else None
-
-    @contextlib.contextmanager
-    def span(self, name: str, **attributes: Any) -> Iterator[trace.Span | None]:
-        if self.provider is None:
-            yield None
-            return
-        with self.provider.get_tracer(SCOPE).start_as_current_span(name, context=self.parent,
-                                                                   record_exception=False) as span:
-            _set(span, attributes)
-            yield span
-
-    @staticmethod
-    def warm() -> None:
-        """Run one throw-away span in the fork server, so each forked child finds the SDK's lazy imports and
-        caches done (a traced call then costs its child ~2 ms instead of ~5)."""
-        recorder = ChildRecorder({"traceparent": "00-" + "1" * 32 + "-" + "1" * 16 + "-01"})
-        with recorder.span("warm"):
-            pass
-        recorder.finished()
-
-    def finished(self) -> list[dict[str, Any]]:
-        exporter = memory_exporter()
-        if exporter is None:
-            return []
-        spans = [span_to_dict(s) for s in exporter.get_finished_spans()][:MAX_CHILD_SPANS]
-        exporter.clear()
-        return spans
