@@ -277,6 +277,8 @@ def _notify(rt: Runtime, job: JobRecord) -> None:
         return
     slug = _slug(job, event)
     record_key, attempts_key, final_key = _keys(rt, job.job_id, slug)
+    if not job.calls:  # the record ``store.update`` returns carries no calls (they live in a hash of their own)
+        job = job.model_copy(update={"calls": rt.store.get(job.job_id).calls})
     body = json.dumps({"type": event, "timestamp": _rfc3339(job.updated_at), "data": job.public()},
                       ensure_ascii=False, separators=(",", ":"), default=str)
     record = {"id": _delivery_id(job.job_id, slug), "event": event, "slug": slug, "url": url, "tenant": job.tenant,

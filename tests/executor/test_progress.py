@@ -21,7 +21,8 @@ from tools.context import CallContext, encode_progress, flush_progress, report_p
 
 
 def submit(client: httpx.Client, arguments: dict) -> str:
-    response = client.post("/v1/jobs", json={"tool_calls": [{"name": "progress_reporter", "arguments": arguments}]})
+    response = client.post("/v1/jobs", json={"tools": ["progress_reporter"],
+                                             "tool_calls": [{"name": "progress_reporter", "arguments": arguments}]})
     assert response.status_code == 202, response.text
     return response.json()["job_id"]
 
