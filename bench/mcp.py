@@ -37,6 +37,8 @@ import redis
 import redis.asyncio
 
 ROOT = Path(__file__).resolve().parent.parent
+# this file is named mcp.py: its folder must not shadow the SDK's package of the same name
+sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 import mcp_types as types  # noqa: E402
