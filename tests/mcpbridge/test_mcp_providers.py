@@ -165,3 +165,21 @@ def test_stdio_servers_run_confined(client: httpx.Client) -> None:
     error = calls["garbage"]["error"]
     assert error["type"] == "mcp_protocol_error" and "not JSON-RPC" in error["message"], error
     assert calls["garbage"]["duration_s"] < 8  # failed at the bad line, not at the idle timeout
+
+
+def test_operator_flags_side_effects_and_approval(client: httpx.Client, http_server: str) -> None:
+    server = _register(client, name="guarded", url=http_server, side_effects=["add"], requires_approval=["pay"])
+    tools = {t["remote_name"]: t for t in server["tools"]}
+    assert tools["add"]["side_effects"] is True and tools["pay"]["requires_approval"] is True
+    added = _call(client, _submit(client, "mcp__guarded__add", {"a": 1, "b": 2}))
+    assert added["result"] == {"sum": 3}
+    job_id = _submit(client, "mcp__guarded__pay", {"amount": 5})
+    deadline = time.monotonic() + 30
+    while (job := client.get(f"/v1/jobs/{job_id}").json())["status"] != "awaiting_approval":
+        assert time.monotonic() < deadline and job["status"] not in {"succeeded", "failed"}, job
+        time.sleep(0.2)
+    assert job["calls"][0]["status"] == "awaiting_approval"  # nothing was sent to the server
+    approved = client.post(f"/v1/jobs/{job_id}/calls/{job['calls'][0]['id']}/approve")
+    assert approved.status_code == 200, approved.text
+    paid = _call(client, job_id)
+    assert paid["status"] == "succeeded" and paid["result"]["meta"]["toolrail.dev/idempotency_key"].startswith(job_id)
