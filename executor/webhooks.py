@@ -38,6 +38,7 @@ import ipaddress
 import json
 import random
 import socket
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -370,12 +371,16 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-async def _post(url: httpx.URL, address: str, headers: dict[str, str], body: bytes, timeout_s: float) -> httpx.Response:
-    """POST to ``address`` (the checked one) with the URL's host as ``Host`` and TLS server name; no redirects."""
+async def _post(url: httpx.URL, address: str, headers: dict[str, str], body: bytes, timeout_s: float,
+                tls_verify: ssl.SSLContext | bool = True) -> httpx.Response:
+    """POST to ``address`` (the checked one) with the URL's host as ``Host`` and TLS server name; no redirects.
+
+    The certificate is checked against the URL's host (the server name), never against the address.
+    """
     target = url.copy_with(host=address)
     headers = {**headers, "Host": url.netloc.decode("ascii")}
     extensions = {"sni_hostname": url.raw_host.decode("ascii")} if url.scheme == "https" else {}
-    async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False, trust_env=False) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False, trust_env=False, verify=tls_verify) as client:
         request = client.build_request("POST", target, headers=headers, content=body, extensions=extensions)
         response = await client.send(request, stream=True)
         await response.aclose()  # the status is all a webhook needs; the body is never read
@@ -383,8 +388,11 @@ async def _post(url: httpx.URL, address: str, headers: dict[str, str], body: byt
 
 
 def attempt_delivery(rt: Runtime, job_id: str, slug: str, *, settings: Settings | None = None,
-                     resolve: Resolver = resolve_host) -> DeliveryResult:
-    """Make one attempt of a delivery and record it; says whether (and when) to try again."""
+                     resolve: Resolver = resolve_host, tls_verify: ssl.SSLContext | bool = True) -> DeliveryResult:
+    """Make one attempt of a delivery and record it; says whether (and when) to try again.
+
+    ``resolve`` and ``tls_verify`` (httpx's default CA bundle unless given) are for tests and private CAs.
+    """
     settings = settings or rt.settings
     record = _load(rt, job_id, slug)
     if record is None or record.get("state") != "pending":
@@ -415,8 +423,8 @@ def attempt_delivery(rt: Runtime, job_id: str, slug: str, *, settings: Settings 
         headers = {"content-type": "application/json", "user-agent": _USER_AGENT, "webhook-id": record["id"],
                    "webhook-timestamp": str(stamp), "webhook-signature": sign(secret, record["id"], stamp, body)}
         try:
-            response = asyncio.run(asyncio.wait_for(_post(url, addresses[0], headers, body, settings.webhook_timeout_s),
-                                                    timeout=settings.webhook_timeout_s))
+            response = asyncio.run(asyncio.wait_for(_post(url, addresses[0], headers, body, settings.webhook_timeout_s,
+                                                          tls_verify), timeout=settings.webhook_timeout_s))
         except (asyncio.TimeoutError, httpx.TimeoutException):
             entry.update(error={"type": "timeout", "message": f"no answer within {settings.webhook_timeout_s:g} s"},
                          outcome="retry")

@@ -14,6 +14,9 @@ import dataclasses
 import hashlib
 import hmac
 import json
+import shutil
+import ssl
+import subprocess
 import threading
 import time
 import uuid
@@ -42,7 +45,7 @@ def spec_signature_ok(secret: str, headers: dict[str, str], body: bytes) -> bool
 class Receiver:
     """A webhook receiver on loopback: answers each path with its scripted statuses (then 200), records every request."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.requests: list[dict[str, Any]] = []
         self.scripts: dict[str, list[int]] = {}
         self.delays: dict[str, float] = {}
@@ -68,6 +71,8 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -302,6 +307,47 @@ def test_a_refused_webhook_url_is_a_422_and_makes_no_job(client) -> None:
                                              "webhook_url": "ftp://example.com/hook"})
     assert response.status_code == 422, response.text
     assert response.json()["error"]["type"] == "webhook_url_not_allowed"
+
+
+def self_signed(tmp_path, name: str) -> tuple[str, str]:
+    cert, key = str(tmp_path / f"{name}.pem"), str(tmp_path / f"{name}.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+                    "-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}"], check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make a certificate")
+def test_https_connects_to_the_checked_address_and_checks_the_certificate_against_the_host(local_rt, tmp_path) -> None:
+    """TLS to the pinned address: SNI and the certificate check use the URL's host (a DNS double names the address)."""
+    cert, key = self_signed(tmp_path, "hooks.test")
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    tls_receiver = Receiver(tls=server_tls)
+    try:
+        path = tls_receiver.path()
+        allowed = dataclasses.replace(local_rt, settings=local_rt.settings.model_copy(update={"webhook_allow_private": True}))
+        to_loopback = resolves_to("127.0.0.1")
+        job = new_job(local_rt, f"https://hooks.test:{tls_receiver.port}{path}")
+        notify_status(local_rt, job)
+        trusting = ssl.create_default_context(cafile=cert)
+        assert attempt_delivery(allowed, job.job_id, "job.succeeded", resolve=to_loopback,
+                                tls_verify=trusting).outcome == "delivered"
+        (request,) = tls_receiver.seen(path)
+        assert request["headers"]["host"] == f"hooks.test:{tls_receiver.port}"
+        assert spec_signature_ok(WEBHOOK_SECRET, request["headers"], request["body"])
+        # the same receiver under another name: its certificate does not match, nothing is sent
+        other_cert, _ = self_signed(tmp_path, "other.test")
+        job2 = new_job(local_rt, f"https://other.test:{tls_receiver.port}{path}")
+        notify_status(local_rt, job2)
+        result = attempt_delivery(allowed, job2.job_id, "job.succeeded", resolve=to_loopback,
+                                  tls_verify=ssl.create_default_context(cafile=other_cert))
+        assert result.outcome == "retry"
+        (record,) = deliveries(local_rt, job2.job_id)
+        assert record["attempts"][0]["error"]["type"] == "ConnectError"
+        assert "certificate" in record["attempts"][0]["error"]["message"].lower()
+        assert len(tls_receiver.seen(path)) == 1
+    finally:
+        tls_receiver.server.shutdown()
 
 
 # ----------------------------------------------------------------- URL validation and signatures, no worker
