@@ -64,6 +64,8 @@ class Receiver:
                 self.send_response(status)
                 if status in (301, 302):
                     self.send_header("Location", "http://127.0.0.1:1/elsewhere")
+                if status in (429, 503):
+                    self.send_header("Retry-After", "7")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -246,6 +248,15 @@ def test_slow_receiver_is_a_timeout_and_retried(local_rt, receiver: Receiver) ->
     assert result.outcome == "retry" and result.retry_in_s is not None and result.retry_in_s > 0
     (record,) = deliveries(local_rt, job.job_id)
     assert record["state"] == "pending" and record["attempts"][0]["error"]["type"] == "timeout"
+
+
+def test_429_is_retried_no_sooner_than_retry_after_and_no_later_than_the_cap(local_rt, receiver: Receiver) -> None:
+    job = new_job(local_rt, receiver.url(receiver.path([429, 429])))
+    notify_status(local_rt, job)
+    assert attempt_delivery(local_rt, job.job_id, "job.succeeded").retry_in_s == pytest.approx(7, abs=0.01)
+    capped = dataclasses.replace(local_rt, settings=local_rt.settings.model_copy(update={"webhook_backoff_max_s": 2.0}))
+    assert attempt_delivery(capped, job.job_id, "job.succeeded").retry_in_s == 2.0
+    assert [a["status"] for a in deliveries(local_rt, job.job_id)[0]["attempts"]] == [429, 429]
 
 
 @pytest.mark.parametrize("status", [404, 302])
