@@ -236,16 +236,13 @@ async def list_tools(endpoint: Endpoint, *, timeout_s: float = 10.0) -> list[dic
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
 
-async def call_tool(endpoint: Endpoint, remote: str, arguments: dict[str, Any], *, tool_name: str,
-                    timeout_s: float, idle_timeout_s: float, meta: dict[str, Any] | None = None,
-                    output_schema: dict[str, Any] | None = None, on_progress: ProgressFn | None = None,
-                    connect_timeout_s: float = 10.0) -> tuple[dict[str, Any], bool]:
-    """Call ``remote`` on ``endpoint``; returns (the checked result as JSON, whether the tool list changed)."""
-    trouble = _Trouble()
-    started = time.monotonic()
-    names = {"server": endpoint.server, "tool": remote, "tool_name": tool_name}
+async def _invoke(client: Client, trouble: _Trouble, endpoint: Endpoint, remote: str, arguments: dict[str, Any], *,
+                  names: dict[str, str], timeout_s: float, idle_timeout_s: float, meta: dict[str, Any] | None,
+                  on_progress: ProgressFn | None, started: float) -> types.CallToolResult:
+    """One ``tools/call`` on an open session, under the idle and hard limits; typed errors."""
     result: types.CallToolResult | None = None
     limit: str | None = None
+    trouble.activity = time.monotonic()
 
     async def progress(value: float, total: float | None, message: str | None) -> None:
         trouble.activity = time.monotonic()
@@ -253,66 +250,81 @@ async def call_tool(endpoint: Endpoint, remote: str, arguments: dict[str, Any], 
             await on_progress(value, total, message)
 
     try:
-        async with _connect(endpoint, trouble, connect_timeout_s=min(connect_timeout_s, timeout_s)) as client:
-            trouble.activity = time.monotonic()
-            async with anyio.create_task_group() as group:
+        async with anyio.create_task_group() as group:
 
-                async def watchdog() -> None:
-                    nonlocal limit
-                    while True:
-                        now = time.monotonic()
-                        if now - started >= timeout_s:
-                            limit = "hard"
-                        elif now - trouble.activity >= idle_timeout_s:
-                            limit = "idle"
-                        if limit:
-                            group.cancel_scope.cancel()
-                            return
-                        await anyio.sleep(min(0.05, idle_timeout_s / 4))
+            async def watchdog() -> None:
+                nonlocal limit
+                while True:
+                    now = time.monotonic()
+                    if now - started >= timeout_s:
+                        limit = "hard"
+                    elif now - trouble.activity >= idle_timeout_s:
+                        limit = "idle"
+                    if limit:
+                        group.cancel_scope.cancel()
+                        return
+                    await anyio.sleep(min(0.05, idle_timeout_s / 4))
 
-                async def call() -> None:
-                    nonlocal result
-                    request = types.CallToolRequest(params=types.CallToolRequestParams(
-                        name=remote, arguments=arguments, _meta=meta or None))
-                    result = await client.session.send_request(request, types.CallToolResult, progress_callback=progress)
-                    group.cancel_scope.cancel()
+            async def call() -> None:
+                nonlocal result
+                request = types.CallToolRequest(params=types.CallToolRequestParams(
+                    name=remote, arguments=arguments, _meta=meta or None))
+                result = await client.session.send_request(request, types.CallToolResult, progress_callback=progress)
+                group.cancel_scope.cancel()
 
-                group.start_soon(watchdog)
-                group.start_soon(call)
-    except SandboxError as exc:
-        exc.details.update(names)
-        raise
+            group.start_soon(watchdog)
+            group.start_soon(call)
     except BaseException as caught:  # noqa: BLE001 - mapped to the typed errors below
-        exc = _leaf(caught)
-        if isinstance(exc, SandboxError):
-            exc.details.update(names)
-            raise exc from None
-        if trouble.protocol is not None:
-            raise McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: the server sent something that is "
-                                   f"not JSON-RPC: {_short(trouble.protocol)}", **names,
-                                   stderr_tail=trouble.stderr_tail()) from None
-        if isinstance(exc, MCPError) and "closed" in str(exc).lower():
-            raise McpServerExitedError(f"MCP server {endpoint.server!r} exited or hung up during a call of {remote!r}",
-                                       **names, stderr_tail=trouble.stderr_tail()) from None
-        if isinstance(exc, MCPError):
-            raise McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: protocol error {exc.code}: "
-                                   f"{_short(exc)}", **names, code=exc.code) from None
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: {_short(exc)}", **names) from None
+        raise _call_error(caught, trouble, endpoint, remote, names) from None
     if result is None:
         if trouble.protocol is not None:
-            raise McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: the server sent something that is "
-                                   f"not JSON-RPC: {_short(trouble.protocol)}", **names,
-                                   stderr_tail=trouble.stderr_tail())
+            raise McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: the server sent {_short(trouble.protocol)}",
+                                   **names, stderr_tail=trouble.stderr_tail())
         if limit == "hard":
-            raise McpTimeoutError(f"{tool_name} (MCP server {endpoint.server!r}) did not answer within its "
+            raise McpTimeoutError(f"{names['tool_name']} (MCP server {endpoint.server!r}) did not answer within its "
                                   f"{timeout_s:g} s cap", **names, limit="hard", timeout_s=timeout_s)
         if limit == "idle":
-            raise McpTimeoutError(f"{tool_name} (MCP server {endpoint.server!r}) reported no progress for "
+            raise McpTimeoutError(f"{names['tool_name']} (MCP server {endpoint.server!r}) reported no progress for "
                                   f"{idle_timeout_s:g} s", **names, limit="idle", timeout_s=idle_timeout_s)
         raise McpServerExitedError(f"MCP server {endpoint.server!r} ended the call of {remote!r} without a result",
                                    **names, stderr_tail=trouble.stderr_tail())
+    return result
+
+
+def _call_error(caught: BaseException, trouble: _Trouble, endpoint: Endpoint, remote: str,
+                names: dict[str, str]) -> BaseException:
+    exc = _leaf(caught)
+    if isinstance(exc, SandboxError):
+        exc.details.update(names)
+        return exc
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return exc
+    if trouble.protocol is not None:
+        return McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: the server sent {_short(trouble.protocol)}",
+                                **names, stderr_tail=trouble.stderr_tail())
+    if isinstance(exc, MCPError) and "closed" in str(exc).lower():
+        return McpServerExitedError(f"MCP server {endpoint.server!r} exited or hung up during a call of {remote!r}",
+                                    **names, stderr_tail=trouble.stderr_tail())
+    if isinstance(exc, MCPError):
+        return McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: protocol error {exc.code}: "
+                                f"{_short(exc)}", **names, code=exc.code)
+    return McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: {_short(exc)}", **names)
+
+
+async def call_tool(endpoint: Endpoint, remote: str, arguments: dict[str, Any], *, tool_name: str,
+                    timeout_s: float, idle_timeout_s: float, meta: dict[str, Any] | None = None,
+                    output_schema: dict[str, Any] | None = None, on_progress: ProgressFn | None = None,
+                    connect_timeout_s: float = 10.0) -> tuple[dict[str, Any], bool]:
+    """Call ``remote`` on a connection of its own; returns (the checked result as JSON, whether the tool list changed)."""
+    trouble = _Trouble()
+    started = time.monotonic()
+    names = {"server": endpoint.server, "tool": remote, "tool_name": tool_name}
+    try:
+        async with _connect(endpoint, trouble, connect_timeout_s=min(connect_timeout_s, timeout_s)) as client:
+            result = await _invoke(client, trouble, endpoint, remote, arguments, names=names, timeout_s=timeout_s,
+                                   idle_timeout_s=idle_timeout_s, meta=meta, on_progress=on_progress, started=started)
+    except BaseException as caught:  # noqa: BLE001
+        raise _call_error(caught, trouble, endpoint, remote, names) from None
     return _checked(result, names=names, output_schema=output_schema), trouble.list_changed
 
 
@@ -354,7 +366,8 @@ def run_call(rt: Any, spec: Any, call: CallRun) -> SandboxResult:
             f"{META_PREFIX}call_id": call.call_id}
     if spec.side_effects:
         meta[f"{META_PREFIX}idempotency_key"] = call.idempotency_key
-    endpoint = Endpoint.of(spec.server, spec.endpoint, memory_mb=spec.memory_mb, cpu_s=int(spec.timeout_s) + 30)
+    # a stdio server lives as long as its pooled session (mcpbridge.pool.MAX_AGE_S): CPU seconds for that long
+    endpoint = Endpoint.of(spec.server, spec.endpoint, memory_mb=spec.memory_mb, cpu_s=max(int(spec.timeout_s) + 30, 900))
     settings = getattr(rt, "settings", None)
     started = time.monotonic()
     report = getattr(call, "on_progress", None)
@@ -366,10 +379,25 @@ def run_call(rt: Any, spec: Any, call: CallRun) -> SandboxResult:
             except Exception:  # noqa: BLE001
                 pass
 
-    value, changed = anyio.run(lambda: call_tool(
-        endpoint, spec.remote_name, call.arguments, tool_name=spec.name, timeout_s=spec.timeout_s,
-        idle_timeout_s=spec.idle_timeout_s, meta=meta, output_schema=spec.output_schema, on_progress=on_progress,
-        connect_timeout_s=float(getattr(settings, "mcp_connect_timeout_s", 10.0))))
+    from mcpbridge.pool import pool  # noqa: PLC0415 - pool imports this module
+
+    names = {"server": spec.server, "tool": spec.remote_name, "tool_name": spec.name}
+
+    async def invoke(client: Client, trouble: _Trouble) -> tuple[dict[str, Any], bool]:
+        result = await _invoke(client, trouble, endpoint, spec.remote_name, call.arguments, names=names,
+                               timeout_s=spec.timeout_s, idle_timeout_s=spec.idle_timeout_s, meta=meta,
+                               on_progress=on_progress, started=time.monotonic())
+        return _checked(result, names=names, output_schema=spec.output_schema), trouble.list_changed
+
+    key = (spec.tenant, spec.server, json.dumps(spec.endpoint, sort_keys=True), spec.memory_mb)
+    try:
+        value, changed = pool.run(key, endpoint, invoke, deadline_s=spec.timeout_s,
+                                  connect_timeout_s=min(spec.timeout_s, float(getattr(settings, "mcp_connect_timeout_s", 10.0))))
+    except SandboxError as exc:
+        exc.details.update(names)
+        raise
+    except Exception as caught:  # noqa: BLE001 - whatever else ended the call, typed
+        raise _call_error(caught, _Trouble(), endpoint, spec.remote_name, names) from None
     if changed:
         try:
             from mcpbridge.providers import refresh_server  # noqa: PLC0415 - providers imports this module
