@@ -91,8 +91,8 @@ TOOL_CHECK_EXIT = 78
 def _check_tools(sender: object = None, **_: object) -> None:
     """Before any task: every tool module imports inside a real sandbox child, or the worker stops."""
     queues = getattr(getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None), "consume_from", None)
-    if queues is not None and {str(name) for name in queues} <= {"decide"}:
-        return  # a decide-only worker runs no tool
+    if queues is not None and {str(name) for name in queues} <= {"decide", "webhooks"}:
+        return  # a decide/webhooks-only worker runs no tool
     from executor.toolcheck import check_tools  # noqa: PLC0415
     from tools.registry import default_registry  # noqa: PLC0415
 

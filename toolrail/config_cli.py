@@ -18,7 +18,7 @@ from typing import Any, Literal
 __all__ = ["DEFAULT_DOCS_PATH", "register", "render_markdown"]
 
 DEFAULT_DOCS_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
-_SECRET_FIELDS = frozenset({"api_keys", "redis_url"})
+_SECRET_FIELDS = frozenset({"api_keys", "redis_url", "webhook_secret", "webhook_secrets", "metrics_key"})
 
 _HEADER = """\
 # Configuration reference
@@ -112,7 +112,7 @@ def _show(_: argparse.Namespace) -> int:
     values = Settings().model_dump(mode="json")
     for name in _SECRET_FIELDS:
         if values.get(name):
-            values[name] = "***" if name == "api_keys" else _mask_url(values[name])
+            values[name] = _mask_url(values[name]) if name == "redis_url" else "***"
     print(json.dumps(values, indent=2))
     return 0
 
