@@ -1,8 +1,10 @@
 """Calling MCP servers: list their tools, call one with idle and hard timeouts, typed errors.
 
-One connection per operation (the official SDK's ``Client``, handshake-era protocol so that
+A connection is the official SDK's ``Client`` (handshake-era protocol, so that
 ``notifications/tools/list_changed`` arrives unasked): streamable HTTP to a URL, or a stdio child
-started confined by :mod:`mcpbridge.launch` in a scratch directory of its own, removed afterwards.
+started confined by :mod:`mcpbridge.launch` in a scratch directory of its own, removed with the
+connection. ``list_tools`` and ``call_tool`` open one for the operation; a worker's calls
+(:func:`run_call`) reuse the open sessions of :mod:`mcpbridge.pool`.
 
 A call ends in one of:
 
@@ -47,7 +49,7 @@ from mcpbridge.launch import launch_argv
 from toolrail.logging import get_logger
 from tools.patterns import validation_errors
 
-__all__ = ["META_PREFIX", "Endpoint", "call_tool", "list_tools", "run_call"]
+__all__ = ["Endpoint", "META_PREFIX", "call_tool", "list_tools", "run_call"]
 
 log = get_logger("toolrail.mcp.client")
 

@@ -39,7 +39,7 @@ from toolrail.context import sanitize_request_id
 from toolrail.logging import get_logger
 from tools.errors import UnknownToolError
 
-__all__ = ["TENANT_SCOPE_KEY", "McpService", "build_server"]
+__all__ = ["McpEndpoint", "McpService", "TENANT_SCOPE_KEY", "build_server"]
 
 log = get_logger("toolrail.mcp.server")
 

@@ -49,6 +49,7 @@ def _tools(kind: str, state: dict[str, Any]) -> list[types.Tool]:
                    annotations=types.ToolAnnotations(destructive_hint=True)),
         types.Tool(name="get_weather", description="Same name as a local tool.", input_schema=obj({"city": {"type": "string"}}, ["city"])),
         types.Tool(name="change", description="Adds the tool 'extra' and says so.", input_schema=obj({})),
+        types.Tool(name="inspect", description="What the server process sees.", input_schema=obj({})),
     ]
     if state.get("changed"):
         tools.append(types.Tool(name="extra", description="Appeared after a change.", input_schema=obj({})))
@@ -93,6 +94,18 @@ def build(kind: str = "good") -> Server:
             # request-scoped, so that it rides this call's response stream (a stateless HTTP server has no other)
             await ctx.session.send_notification(types.ToolListChangedNotification(), related_request_id=ctx.request_id)
             return types.CallToolResult(content=text("changed"), structured_content={"changed": True})
+        if params.name == "inspect":
+            import resource  # noqa: PLC0415
+            import socket  # noqa: PLC0415
+
+            try:
+                socket.create_connection(("127.0.0.1", 1), timeout=2).close()
+                network = "connected"
+            except OSError as exc:
+                network = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+            return types.CallToolResult(content=text("seen"), structured_content={
+                "cwd": os.getcwd(), "env": sorted(os.environ), "home": os.environ.get("HOME"), "network": network,
+                "rlimit_as": resource.getrlimit(resource.RLIMIT_AS)[0], "pid": os.getpid()})
         if params.name in {"extra", "fine"}:
             return types.CallToolResult(content=text("ok"), structured_content={"ok": True})
         return types.CallToolResult(content=text(f"unknown tool {params.name}"), is_error=True)

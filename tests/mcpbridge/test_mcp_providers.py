@@ -155,11 +155,18 @@ def test_stdio_servers_run_confined(client: httpx.Client) -> None:
     assert "mcp__local__add" in {t["name"] for t in server["tools"]}
     garbage = _register(client, name="garbage", command=HERE_GARBAGE, timeout_s=20, idle_timeout_s=8)
     jobs = {"ok": _submit(client, "mcp__local__add", {"a": 20, "b": 22}),
+            "inspect": _submit(client, "mcp__local__inspect", {}),
             "crash": _submit(client, "mcp__local__crash", {}),
             "garbage": _submit(client, "mcp__garbage__talk", {})}
     assert garbage["tools"][0]["name"] == "mcp__garbage__talk"
     calls = {key: _call(client, job_id) for key, job_id in jobs.items()}
     assert calls["ok"]["result"] == {"sum": 42}
+    seen = calls["inspect"]["result"]
+    # allow-listed (LC_CTYPE: Python's own C-locale coercion in the server process, PEP 538)
+    assert set(seen["env"]) <= {"PATH", "LANG", "LC_ALL", "TZ", "HOME", "TMPDIR", "LC_CTYPE"}, seen["env"]
+    assert seen["cwd"] == seen["home"] and "/mcp-local-" in seen["cwd"]  # a scratch dir of its own
+    assert seen["network"] == "Network is unreachable", seen  # a network namespace without interfaces
+    assert seen["rlimit_as"] == 1024 * 1024 * 1024
     assert calls["crash"]["error"]["type"] == "mcp_server_exited"
     assert calls["crash"]["error"]["details"]["server"] == "local"
     error = calls["garbage"]["error"]
