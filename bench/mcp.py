@@ -9,7 +9,7 @@ Rows (calls/s, p50 and p99 of one call, measured by the client):
 - ``direct-mcp``            tools/call ``add`` on a small MCP server (the SDK, stateless streamable HTTP)
                             straight from the SDK's client: the floor
 - ``jobs-mcp-provided``     POST /v1/jobs with a call of that server's ``add`` (``mcp__bench__add``): validated,
-                            queued on ``mcp.default.bench``, called by a worker (a new MCP connection per call)
+                            queued on ``mcp.default.bench``, called by a worker (on its pooled session)
 - ``mcp-mcp-provided``      tools/call ``mcp__bench__add`` on toolrail's /mcp
 
 Ratios: mcp-sandboxed / jobs-sandboxed (what the MCP face costs over the job API), and
@@ -213,8 +213,9 @@ def _write(path: Path, results: dict, *, sizes: dict, workers: int, load: tuple)
                         ("mcp-mcp-provided / direct-mcp", "mcp-mcp-provided", "direct-mcp")):
         lines.append(f"| {label} | {_ratio(results, a, b, 1, 'p50_ms')} | {_ratio(results, a, b, 1, 'calls_per_s')} | "
                      f"{_ratio(results, a, b, 16, 'p50_ms')} | {_ratio(results, a, b, 16, 'calls_per_s')} |")
-    lines += ["", "direct-mcp reuses one SDK session per caller; a worker opens a new MCP connection (handshake "
-              "included) for every call, which is most of what jobs-mcp-provided adds besides the job path.", ""]
+    lines += ["", "direct-mcp reuses one SDK session per caller; a worker keeps one session per (tenant, server) "
+              "per process (mcpbridge.pool), so what jobs-mcp-provided adds is the job path: submit, check, queue, "
+              "record, and the wait on the job's event stream.", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
 
