@@ -7,8 +7,8 @@
   ``worker_process_init`` (after the prefork fork, so the batch processor's thread lives in the
   pool process); publishing processes (the API) call it at start.
 - :func:`instrument_api` — FastAPI's instrumentation (an incoming ``traceparent`` is honoured, one
-  is generated when absent), and a link from each later request about a job (polls, event
-  streams, the trace itself) to the job's span.
+  is generated when absent), a link from each later request about a job (polls, event streams,
+  the trace itself) to the job's span, and the job span of a job cancelled through the API.
 - :func:`in_job_trace` — wraps ``enqueue(job)``/``dispatch(job, call)`` so what they publish is a
   child of the job's span (the reconciler's requeues included).
 - :func:`step`, :func:`execute_tool` — the ``step {n}`` span of a decide task and the
@@ -201,14 +201,21 @@ def instrument_api(app: Any, runtime: Any, **setup_options: Any) -> None:
 
     @app.middleware("http")
     async def link_to_job(request: Any, call_next: Callable) -> Any:
-        match = _JOB_PATH.match(request.url.path) if request.method == "GET" else None
-        if match is not None and tracing.recording() and trace.get_current_span().is_recording():
+        match = _JOB_PATH.match(request.url.path) if tracing.recording() else None
+        if match is not None and request.method == "GET" and trace.get_current_span().is_recording():
             try:
                 job = await asyncio.to_thread(runtime.store.get, match.group(1))
                 tracing.link_to(job.trace_context)
             except Exception:  # noqa: BLE001 - a missing job is the endpoint's 404 to give, not ours
                 pass
-        return await call_next(request)
+        response = await call_next(request)
+        if match is not None and request.method == "POST" and request.url.path.endswith("/cancel") \
+                and response.status_code == 200:
+            try:  # a cancelled job ends here, not in a worker: its job span is written here
+                tracing.end_job(await asyncio.to_thread(runtime.store.get, match.group(1)))
+            except Exception:  # noqa: BLE001 - tracing never fails the request
+                pass
+        return response
 
 
 def trace_router(runtime: Any, tenant: Any) -> Any:

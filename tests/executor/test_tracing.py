@@ -348,6 +348,20 @@ def test_a_job_resumed_after_a_worker_sigkill_stays_in_its_trace(tclient: httpx.
     assert runs and {r["parent_span_id"] for r in runs} <= {s["span_id"] for s in _named(spans, "apply_async/")}
 
 
+def test_a_cancelled_job_has_its_job_span(tclient: httpx.Client) -> None:
+    from executor.stack import wait_for_job
+
+    response = tclient.post("/v1/jobs", json={"tools": ["slow_echo"], "tool_calls": [
+        {"name": "slow_echo", "arguments": {"value": "never mind", "delay_s": 2.0}}]})
+    job_id = response.json()["job_id"]
+    assert tclient.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+    assert wait_for_job(tclient, job_id, timeout_s=30)["status"] == "cancelled"
+    spans = _spans(tclient, job_id, until=lambda s: _named(s, "job"))
+    (job_span,) = _named(spans, "job")
+    assert job_span["attributes"]["toolrail.job.status"] == "cancelled" and job_span["status"] == "ERROR"
+    assert job_span["parent_span_id"] == next(s["span_id"] for s in spans if s["name"] == "POST /v1/jobs")
+
+
 def _ppid(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
