@@ -4,7 +4,9 @@ Two stacks side by side (``bench/executor.py``'s :func:`start_stack`), the same 
 decider (SmolLM2-135M-Instruct on CPU), one with ``TOOLRAIL_DISPATCH_WHILE_DECODING=1`` and one
 with ``=0``; jobs alternate between them one at a time, so the machine state is the same. Each
 job asks for the weather of two cities with ``get_weather`` only and ``max_steps=1`` (the run ends
-with the calls). From each job's record: the decision's time, the slowest call's run time, the
+with the calls). The 135M model answers such a question with one call, so the workers' decider is
+the embedded one asked for at least two calls (:func:`make`, ``DecideRequest.min_calls=2``, what
+the OpenAI endpoint's ``min_tool_calls`` sets): the decoding is the model's, the count is forced. From each job's record: the decision's time, the slowest call's run time, the
 end-to-end time (decision start → job terminal), each call's dispatch relative to the decision's
 end. Only jobs whose decision made two calls count. Usage:
 ``python bench/dispatch_decoding.py [--jobs 8]``.
@@ -25,11 +27,30 @@ _spec = importlib.util.spec_from_file_location("bench_executor", Path(__file__).
 bench_executor = sys.modules["bench_executor"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_executor)
 
-__all__ = ["job_timing", "main"]
+__all__ = ["AtLeastTwoCalls", "job_timing", "main", "make"]
 
 PROMPTS = ["What's the weather in Beijing and in Shanghai tomorrow?", "Weather today in Paris and in London, please.",
            "How is the weather tomorrow in Tokyo and in Berlin?", "Tell me today's weather in Shanghai and in Beijing."]
 TERMINAL = {"succeeded", "failed", "needs_review", "cancelled", "expired"}
+
+
+class AtLeastTwoCalls:
+    """The embedded decider asked for two calls or more (a tool-call step of a parallel two-call job)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def decide(self, request, *, on_call=None):  # noqa: ANN001, ANN201 - the decider protocol
+        wanted = request.model_copy(update={"min_calls": 2, "tool_choice": "required"}) if request.tools else request
+        return self.inner.decide(wanted, on_call=on_call)
+
+
+def make(settings: object) -> AtLeastTwoCalls:
+    """``TOOLRAIL_DECIDER=custom TOOLRAIL_DECIDER_FACTORY=bench.dispatch_decoding:make``."""
+    from decider.service import get_default_decider  # noqa: PLC0415
+    from toolrail.settings import Settings  # noqa: PLC0415
+
+    return AtLeastTwoCalls(get_default_decider(Settings(decider="embedded")))
 
 
 def job_timing(job: dict) -> dict | None:
@@ -67,7 +88,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=8, help="jobs per mode")
     parser.add_argument("--out", default=str(bench_executor.ROOT / "bench" / "out" / "dispatch_decoding.json"))
     args = parser.parse_args()
-    base = {"TOOLRAIL_DECIDER": "embedded", "TOOLRAIL_LOG_LEVEL": "WARNING"}
+    base = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": "bench.dispatch_decoding:make",
+            "TOOLRAIL_LOG_LEVEL": "WARNING"}
     load_before = os.getloadavg()
     timings: dict[str, list[dict]] = {"early": [], "after": []}
     shapes: dict[str, list[str]] = {"early": [], "after": []}
