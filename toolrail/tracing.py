@@ -58,6 +58,7 @@ __all__ = [
     "PARENT_KEY",
     "REQUEST_ID_BAGGAGE",
     "SCOPE",
+    "SENSITIVE",
     "adopt_spans",
     "capture_content",
     "child_context",
@@ -90,6 +91,8 @@ SCOPE = "toolrail"
 CONTENT_ENV = "TOOLRAIL_TRACE_CONTENT"
 #: ``trace_context`` key holding the span id of the job span's parent (the POST's server span).
 PARENT_KEY = "toolrail_parent_span_id"
+#: Set on every span that carries content (messages, tool arguments or results): filter or redact on it.
+SENSITIVE = "toolrail.sensitive"
 #: Baggage entry carrying the request id across every hop.
 REQUEST_ID_BAGGAGE = "toolrail.request_id"
 #: Most spans a sandbox child may hand back per call (the rest are dropped).
@@ -388,6 +391,7 @@ def start_chat(model: str, *, attempt: int, provider: str = "toolrail",
     _request_attributes(span)
     if messages is not None and capture_content():
         span.set_attribute("gen_ai.input.messages", _clip(json.dumps(list(messages), ensure_ascii=False, default=str)))
+        span.set_attribute(SENSITIVE, True)
     return span
 
 
@@ -424,6 +428,7 @@ def record_decision(span: trace.Span, *, usage: Mapping[str, Any], finish_reason
         span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
     if output is not None and capture_content():
         span.set_attribute("gen_ai.output.messages", _clip(output))
+        span.set_attribute(SENSITIVE, True)
 
 
 @contextlib.contextmanager
@@ -438,6 +443,7 @@ def execute_tool_span(name: str, call_id: str, *, arguments: Any = None, **attri
         _request_attributes(span)
         if arguments is not None and capture_content():  # sensitive: opt-in only
             span.set_attribute("gen_ai.tool.call.arguments", _clip(json.dumps(arguments, ensure_ascii=False, default=str)))
+            span.set_attribute(SENSITIVE, True)
         yield span
 
 
@@ -454,6 +460,7 @@ def record_tool(span: trace.Span, *, status: str, error: Mapping[str, Any] | Non
         span.set_status(Status(StatusCode.ERROR, str(error.get("message", ""))[:200]))
     elif result is not None and capture_content():
         span.set_attribute("gen_ai.tool.call.result", _clip(json.dumps(result, ensure_ascii=False, default=str)))
+        span.set_attribute(SENSITIVE, True)
 
 
 def _set(span: trace.Span, attributes: Mapping[str, Any]) -> None:

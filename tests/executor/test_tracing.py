@@ -387,6 +387,9 @@ def test_content_attributes_only_when_opted_in(monkeypatch: pytest.MonkeyPatch) 
         assert bool(keys & set(CONTENT_KEYS)) is opted_in, keys
         if opted_in:
             assert keys >= set(CONTENT_KEYS)
+            assert all((s.attributes or {}).get(tracing.SENSITIVE) for s in exporter.get_finished_spans())
+        else:
+            assert tracing.SENSITIVE not in keys
 
 
 def test_a_sandbox_child_cannot_put_spans_into_another_trace() -> None:
