@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.routing import Route
 
 from executor.api import ApiError, tenant_of
@@ -62,6 +62,23 @@ class McpServerCreate(BaseModel):
     idle_timeout_s: float = Field(default=10.0, gt=0, le=600, description="give up after this long without progress")
     memory_mb: int = Field(default=1024, ge=64, le=16384, description="stdio only: address-space limit")
 
+    @field_validator("url")
+    @classmethod
+    def _valid_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if any(ch.isspace() or ord(ch) < 32 or ord(ch) > 126 for ch in value):
+            raise ValueError("the URL must be printable ASCII without spaces (IDNA-encode the host)")
+        try:
+            parts = urlsplit(value)
+            if not parts.hostname:
+                raise ValueError("the URL needs a host")
+            parts.hostname.encode("idna")
+            _ = parts.port  # raises on a port that is not a number in range
+        except (UnicodeError, ValueError) as exc:
+            raise ValueError(f"invalid URL: {exc}") from None
+        return value
+
     @model_validator(mode="after")
     def _one_transport(self) -> "McpServerCreate":
         if bool(self.url) == bool(self.command):
@@ -76,7 +93,7 @@ def _private(url: str) -> str | None:
     host = urlsplit(url).hostname or ""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except OSError:
+    except (OSError, UnicodeError, ValueError):
         return None  # unresolvable: the fetch fails with its own error
     for info in infos:
         address = ipaddress.ip_address(info[4][0])

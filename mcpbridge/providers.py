@@ -15,6 +15,7 @@ and periodically from the API process); a server that cannot be reached keeps it
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -85,7 +86,7 @@ def fetch_and_check(config: dict[str, Any], *, registry: Any, settings: Any) -> 
     """``tools/list`` of the server, every tool checked: the full record (``tools`` and ``refused``)."""
     server = config["name"]
     endpoint = ServerConfig(config).endpoint()
-    listed = anyio.run(lambda: list_tools(endpoint, timeout_s=float(getattr(settings, "mcp_connect_timeout_s", 10.0))))
+    listed = _run_isolated(lambda: list_tools(endpoint, timeout_s=float(getattr(settings, "mcp_connect_timeout_s", 10.0))))
     limit = int(getattr(settings, "mcp_max_tools_per_server", 128))
     tools, refused, seen = [], [], set()
     for index, raw in enumerate(listed):
@@ -111,6 +112,25 @@ def fetch_and_check(config: dict[str, Any], *, registry: Any, settings: Any) -> 
         seen.add(tool["name"])
         tools.append(tool)
     return {**config, "tools": tools, "refused": refused, "fetched_at": time.time()}
+
+
+def _run_isolated(fn: Any) -> Any:
+    """``anyio.run(fn)`` on a thread of its own: callers may be threads that carry an event loop's context
+    (``asyncio.to_thread`` copies it, and anyio would refuse to start a second loop there)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = anyio.run(fn)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="toolrail-mcp-fetch", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def save_server(client: redis.Redis, record: dict[str, Any]) -> None:

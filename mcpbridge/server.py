@@ -207,16 +207,21 @@ class McpEndpoint:
     """The ASGI app at ``/mcp``: authentication, the tenant's rate limit, then the SDK's session manager."""
 
     def __init__(self, server: Server, *, tenants: dict[str, str], rate_limiter: Any = None) -> None:
-        self.manager = StreamableHTTPSessionManager(app=server, stateless=True, json_response=False,
-                                                    security_settings=TransportSecuritySettings(
-                                                        enable_dns_rebinding_protection=False))
-        self._asgi = StreamableHTTPASGIApp(self.manager)
-        self._tenants, self._limiter = tenants, rate_limiter
+        self._server, self._tenants, self._limiter = server, tenants, rate_limiter
+        self._asgi: StreamableHTTPASGIApp | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        async with self.manager.run():
-            yield
+        """The SDK's session manager for one run of the app's lifespan (a manager runs once: a new one each time)."""
+        manager = StreamableHTTPSessionManager(app=self._server, stateless=True, json_response=False,
+                                               security_settings=TransportSecuritySettings(
+                                                   enable_dns_rebinding_protection=False))
+        async with manager.run():
+            self._asgi = StreamableHTTPASGIApp(manager)
+            try:
+                yield
+            finally:
+                self._asgi = None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
@@ -240,6 +245,9 @@ class McpEndpoint:
                 await _reply(send, 429, "rate_limited", f"rate limit exceeded; retry in {decision.retry_after_s:.2f} s",
                              extra=[(b"retry-after", str(max(1, int(decision.retry_after_s + 0.999))).encode())])
                 return
+        if self._asgi is None:  # the app's lifespan has not started it (or has ended)
+            await _reply(send, 503, "unavailable", "the MCP endpoint is not running")
+            return
         state = scope.get("state") or {}
         scope[TENANT_SCOPE_KEY] = tenant
         scope[REQUEST_ID_SCOPE_KEY] = state.get("request_id") or sanitize_request_id(headers.get("x-request-id"))
