@@ -21,6 +21,8 @@ import redis
 from executor.stack import start_worker, stop_process, wait_for_workers
 
 PAUSE_S = 1.5
+#: Job ids the API queued a decide task for.
+DECIDE_TASKS: list[str] = []
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +59,13 @@ def client(db_url: str, stream_worker) -> Iterator[httpx.Client]:
 
     settings = Settings(decider="custom", reconcile_interval_s=0)
     publisher = Celery("early-test", broker=db_url)
+
+    def enqueue(job) -> None:  # noqa: ANN001
+        DECIDE_TASKS.append(job.job_id)
+        publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide")
+
     app = create_app(settings, Runtime.from_settings(settings, redis_url=db_url), mount_openai=False, ping_workers=lambda: 1,
-                     enqueue=lambda job: publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide"),
+                     enqueue=enqueue,
                      rerun=lambda job, call: publisher.send_task("toolrail.run_call", args=[job.job_id, call.id],
                                                                  queue=call.queue))
     server, thread, base = serve_in_thread(app)
@@ -121,3 +128,39 @@ def test_an_early_call_the_decision_drops_is_recorded_not_lost(client: httpx.Cli
     journal = {e["id"]: e["kept"] for e in step["early_dispatch"]}
     assert journal[dropped["id"]] is False and all(journal.get(cid) for cid in kept)
     assert all(c["id"] != dropped["id"] for c in job["calls"])  # no step counts it; the model never saw its result
+
+
+def test_client_calls_skip_the_decide_task_unless_a_reask_is_needed(client: httpx.Client) -> None:
+    good = client.post("/v1/jobs", json={"tools": ["get_weather"], "tool_calls": [
+        {"name": "get_weather", "arguments": {"city": "Paris", "date": "today"}}]}).json()
+    inline = client.post("/v1/jobs", json={"tools": [{"type": "function", "function": {"name": "echo_city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+        "tool_calls": [{"name": "echo_city", "arguments": {"city": "Paris"}}]}).json()
+    assert inline["status"] == "succeeded"  # validate-only: decided and ended in the API
+    script = {"steps": [{"attempts": [{"output": _calls("Beijing")}]}, {"text": "done"}]}
+    bad = client.post("/v1/jobs", json={"tools": ["get_weather"], "max_steps": 2, "messages": [
+        {"role": "user", "content": "Weather tomorrow in Beijing?"}, {"role": "user", "content": "STREAM " + json.dumps(script)}],
+        "tool_calls": [{"name": "get_weather", "arguments": {"city": "Beijing", "date": "someday"}}]}).json()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        jobs = [client.get(f"/v1/jobs/{j['job_id']}").json() for j in (good, bad)]
+        if all(j["status"] in {"succeeded", "failed", "needs_review"} for j in jobs):
+            break
+        time.sleep(0.2)
+    assert [j["status"] for j in jobs] == ["succeeded", "succeeded"], jobs
+    events = [s for _, s in _statuses(client, good["job_id"])]
+    assert events[:3] == ["queued", "validating", "running"] and events[-1] == "succeeded"
+    assert good["job_id"] not in DECIDE_TASKS and inline["job_id"] not in DECIDE_TASKS
+    assert bad["job_id"] in DECIDE_TASKS  # the client's call failed its check: the decider re-asked
+    assert [a["source"] for a in jobs[1]["steps"][0]["attempts"]] == ["client", "decider"]
+
+
+def _statuses(client: httpx.Client, job_id: str) -> list[tuple[str, str]]:
+    out = []
+    with client.stream("GET", f"/v1/jobs/{job_id}/events", params={"timeout_s": 5}) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                if event["type"] == "status":
+                    out.append((event["type"], event["status"]))
+    return out
