@@ -258,6 +258,7 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
     request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
                             tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls)
     decision = decide_checked(None, request, first_output=first, max_reasks=job.max_reasks)
+    ended = time.time()
     attempts = [a.to_dict() for a in decision.attempts]
     if decision.status == "needs_review" and job.messages and _decider_configured(rt):
         return None  # the decider re-asks: that is the decide task's work
@@ -275,12 +276,13 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
         if waiting:
             job.approval_deadline_at = time.time() + (job.approval_timeout_s or rt.settings.approval_timeout_s)
         for call in calls:
-            call.dispatched_at = started if call.status == "pending" and not waiting else None
+            call.dispatched_at = ended if call.status == "pending" and not waiting else None  # queued once stored
     else:  # a text answer ends the run
         status = "succeeded"
     job.status, job.attempts, job.error = status, attempts, error  # type: ignore[assignment]
     job.content = decision.content if decision.status == "calls" else (decision.content or "") if status == "succeeded" else None
     _record_decision(job, attempts, job.content, status)
+    runs.open_step(job, tool_choice=tool_choice)["decision_ended_at"] = ended
     if status in TERMINAL_JOB:
         runs.close_step(job, status=status)
     job.decision_started_at, job.updated_at = started, time.time()
