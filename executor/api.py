@@ -412,7 +412,8 @@ class Correlate:
         async def send_with_id(message: dict) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                message = {**message, "headers": [*message.get("headers", []), (_REQUEST_ID_KEY, request_id.encode())]}
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != _REQUEST_ID_KEY]  # ours wins
+                message = {**message, "headers": [*headers, (_REQUEST_ID_KEY, request_id.encode())]}
             await send(message)
 
         try:
@@ -658,6 +659,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     def _resolve(job_id: str, call_id: str, tenant: str, decision: Literal["approve", "reject"], **answer: Any) -> dict[str, Any]:
         from executor.approvals import resolve  # noqa: PLC0415
 
+        runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 first: unknown jobs, other tenants
         if rerun is None:
             raise ApiError(503, "unavailable", "this API process does not queue work")
         outcome = resolve(runtime, _checked_id(job_id), call_id[:300], tenant=tenant, decision=decision,
