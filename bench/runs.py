@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# run as a script, bench/ is sys.path[0]: its modules must never shadow packages (bench/mcp.py vs the mcp SDK)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 CITIES = ["Beijing", "Paris", "Lima", "Oslo", "Rome", "Kyiv", "Cairo", "Quito"]
