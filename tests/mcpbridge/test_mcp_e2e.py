@@ -16,8 +16,7 @@ import httpx
 import pytest
 import redis
 
-from executor.stack import LocalStack, serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
-from executor.store import TERMINAL_JOB
+from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +74,37 @@ def test_scripted_decider_picks_the_mcp_tool(scripted_api: str, http_server: str
 
 @pytest.mark.model
 def test_real_model_picks_the_mcp_tool(http_server: str) -> None:
-    with LocalStack(redis_url=os.environ["REDIS_URL"], concurrency=1,
-                    worker_env={"TOOLRAIL_DECIDER": "embedded", "TOOLRAIL_LOG_JSON": "1"}) as stack, \
-            httpx.Client(base_url=stack.url, timeout=60) as client:
-        client.post("/v1/mcp-servers", json={"name": "model", "url": http_server}).raise_for_status()
-        created = client.post("/v1/jobs", json={"messages": [{"role": "user", "content": "What is 17 plus 25?"}],
-                                                "tools": ["mcp__model__add"], "tool_choice": "required",
-                                                "max_steps": 1}).json()
-        job = wait_for_job(client, created["job_id"], timeout_s=600, poll_s=0.5)
-    assert job["status"] in TERMINAL_JOB and job["status"] == "succeeded", json.dumps(job)[:3000]
-    (call,) = job["calls"]
+    """The embedded model, offered only the MCP tool, decides; the check path and the MCP client run its call.
+
+    Decide and run are called in this process (``executor.jobs``, what the tasks call), on a Redis database
+    of its own: the session's workers, which have no decider, must not take this job's decide task.
+    """
+    import uuid
+
+    from executor import jobs
+    from executor.runtime import Runtime
+    from executor.store import JobRecord
+    from mcpbridge import providers
+    from toolrail.settings import Settings
+    from tools.registry import default_registry
+
+    url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/7"
+    redis.Redis.from_url(url).flushdb()
+    settings = Settings(decider="embedded")
+    rt = Runtime.from_settings(settings, redis_url=url)
+    config = providers.ServerConfig.build("default", name="model", url=http_server)
+    providers.save_server(rt.redis, providers.fetch_and_check(dict(config), registry=default_registry(), settings=settings))
+    job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=uuid.uuid4().hex, tenant="default",
+                    messages=[{"role": "user", "content": "What is 17 plus 25?"}], tools=["mcp__model__add"],
+                    tool_choice="required", max_reasks=2)
+    rt.store.create(job)
+    queued = []
+    jobs.decide_job(rt, job.job_id, lambda _job, call: queued.append(call), next_step=lambda _job: None)
+    assert [c.queue for c in queued] == ["mcp.default.model"], rt.store.get(job.job_id).public()
+    for call in queued:
+        jobs.run_call(rt, job.job_id, call.id, next_step=lambda _job: None)
+    done = rt.store.get(job.job_id).public()
+    assert done["status"] == "succeeded", json.dumps(done)[:3000]
+    (call,) = done["calls"]
     assert call["name"] == "mcp__model__add" and call["arguments"] == {"a": 17, "b": 25}
     assert call["result"] == {"sum": 42}
