@@ -116,3 +116,37 @@ def test_job_api_sees_the_tenants_mcp_tools(keyed_api: str, http_server: str, te
         refused = c.post("/v1/jobs", json={"tool_calls": [{"name": "mcp__calc__add", "arguments": {"a": 1, "b": 2}}],
                                            "tools": ["mcp__calc__add"]})
         assert refused.status_code == 422 and refused.json()["error"]["type"] == "unknown_tool"
+
+
+def test_rate_limit_and_loopback_rule(runtime) -> None:  # noqa: ANN001 - the session runtime
+    from executor.api import create_app
+    from executor.stack import serve_in_thread
+    from toolrail.settings import Settings
+
+    settings = Settings(api_keys="key-rl:rl", rate_limit_per_s=0.01, rate_limit_burst=2, mcp_refresh_interval_s=0)
+    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, enqueue=lambda job: None,
+                                                      ping_workers=lambda: 1))
+    try:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+        headers = {"Authorization": "Bearer key-rl", "Accept": "application/json, text/event-stream",
+                   "MCP-Protocol-Version": "2025-11-25"}
+        codes = [httpx.post(f"{base}/mcp", json=body, headers=headers, timeout=30).status_code for _ in range(3)]
+        assert codes[-1] == 429 and 429 not in codes[:1], codes  # the tenant's bucket: burst 2, then refused
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    # without keys, a client that is not on loopback is refused before any MCP handling
+    from mcpbridge.server import McpEndpoint, McpService, build_server
+
+    endpoint = McpEndpoint(build_server(McpService(runtime, Settings(), lambda job: None)), tenants={})
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    anyio.run(endpoint, {"type": "http", "method": "POST", "path": "/mcp", "headers": [], "client": ("10.1.2.3", 5555)},
+              receive, send)
+    assert sent[0]["status"] == 403
