@@ -49,12 +49,15 @@ from mcpbridge.launch import launch_argv
 from toolrail.logging import get_logger
 from tools.patterns import validation_errors
 
-__all__ = ["Endpoint", "META_PREFIX", "call_tool", "list_tools", "run_call"]
+__all__ = ["Endpoint", "MAX_LISTING_BYTES", "META_PREFIX", "call_tool", "list_tools", "run_call"]
 
 log = get_logger("toolrail.mcp.client")
 
 #: Namespace of the keys toolrail puts in ``_meta`` (idempotency key, job, call and request ids).
 META_PREFIX = "toolrail.dev/"
+#: The largest ``tools/list`` page taken from an HTTP server (descriptions are cut after; a call's result keeps
+#: the SDK's 1 MiB limit).
+MAX_LISTING_BYTES = 16 * 1024 * 1024
 #: Bytes of a stdio server's stderr kept for error messages.
 _STDERR_TAIL = 2000
 
@@ -126,8 +129,12 @@ async def _watched(transport: Any, trouble: _Trouble) -> AsyncIterator[Any]:
 
 
 @asynccontextmanager
-async def _connect(endpoint: Endpoint, trouble: _Trouble, *, connect_timeout_s: float) -> AsyncIterator[Client]:
-    """A handshaken client session to ``endpoint``; typed errors when it cannot be had."""
+async def _connect(endpoint: Endpoint, trouble: _Trouble, *, connect_timeout_s: float,
+                   max_event_bytes: int | None = None) -> AsyncIterator[Client]:
+    """A handshaken client session to ``endpoint``; typed errors when it cannot be had.
+
+    ``max_event_bytes``: the largest SSE event accepted from an HTTP server (the SDK's default, 1 MiB, if None).
+    """
     scratch: str | None = None
     stderr = None
 
@@ -138,7 +145,8 @@ async def _connect(endpoint: Endpoint, trouble: _Trouble, *, connect_timeout_s: 
 
     try:
         if endpoint.url:
-            transport = streamable_http_client(endpoint.url)
+            limit = {"max_sse_event_size": max_event_bytes} if max_event_bytes else {}
+            transport = streamable_http_client(endpoint.url, **limit)
         else:
             scratch = tempfile.mkdtemp(prefix=f"mcp-{endpoint.server}-", dir=prepare_scratch_root(default_scratch_root()))
             stderr = open(os.path.join(scratch, ".stderr"), "w+")  # noqa: SIM115 - closed in finally
@@ -218,7 +226,7 @@ async def list_tools(endpoint: Endpoint, *, timeout_s: float = 10.0) -> list[dic
     trouble = _Trouble()
     tools: list[dict[str, Any]] = []
     try:
-        async with _connect(endpoint, trouble, connect_timeout_s=timeout_s) as client:
+        async with _connect(endpoint, trouble, connect_timeout_s=timeout_s, max_event_bytes=MAX_LISTING_BYTES) as client:
             with anyio.fail_after(timeout_s):
                 cursor = None
                 for _ in range(50):
