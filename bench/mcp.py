@@ -22,23 +22,33 @@ Usage: ``python bench/mcp.py [--quick] [--workers 2] [--out bench/results/mcp.md
 
 from __future__ import annotations
 
-import argparse
-import json
+import importlib
 import os
 import sys
-import threading
-import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 
-import anyio
-import httpx
-import redis
-import redis.asyncio
+if __name__ == "mcp":  # pragma: no cover - imported by mistake as the SDK (bench/ on sys.path): hand over to it
+    _here, _saved = os.path.dirname(os.path.abspath(__file__)), sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != _here]
+    try:
+        del sys.modules["mcp"]
+        _real = importlib.import_module("mcp")
+    finally:
+        sys.path[:] = _saved
+    sys.modules["mcp"] = _real  # what the importer gets (the import system returns sys.modules["mcp"]): the SDK
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Awaitable, Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import anyio  # noqa: E402
+import httpx  # noqa: E402
+import redis  # noqa: E402
+import redis.asyncio  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-# this file is named mcp.py: its folder must not shadow the SDK's package of the same name
-sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 import mcp_types as types  # noqa: E402
