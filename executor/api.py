@@ -406,9 +406,11 @@ def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
                    tenant: str = "default") -> tuple[list[str], list[dict[str, Any]]]:
     from mcpbridge.providers import specs_for  # noqa: PLC0415 - the tenant's MCP tools count as registered
 
-    mcp = sorted(specs_for(runtime.redis, tenant))
     if body.tools is None:
-        return runtime.registry.names() + mcp, []
+        return runtime.registry.names() + sorted(specs_for(runtime.redis, tenant)), []
+    # the tenant's MCP tools are read only when a name is not a registered tool (no Redis read otherwise)
+    unknown = any(isinstance(item, str) and item not in runtime.registry for item in body.tools)
+    mcp = sorted(specs_for(runtime.redis, tenant)) if unknown else []
     names, inline = [], []
     for index, item in enumerate(body.tools):
         if isinstance(item, str):
