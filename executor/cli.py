@@ -32,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     worker = subparsers.add_parser("worker", help="run a Celery worker (same as: celery -A executor.celery worker)",
                                    description="Run a Celery worker for the given queues.")
-    worker.add_argument("-Q", "--queues", default=None, help="comma-separated queues (default: decide and every tool queue)")
+    worker.add_argument("-Q", "--queues", default=None,
+                        help="comma-separated queues (default: decide, webhooks, every tool queue and every registered "
+                             "MCP server's queue)")
     worker.add_argument("-c", "--concurrency", type=int, default=None,
                         help="worker processes (default: TOOLRAIL_WORKER_CONCURRENCY, 2)")
     worker.add_argument("--loglevel", default="INFO")
@@ -127,11 +129,28 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _mcp_queues() -> list[str]:
+    """The registered MCP servers' queues, when a Redis is configured and answers (else none: a worker still
+    picks them up from the broadcast sent when a server is registered)."""
+    import redis  # noqa: PLC0415
+
+    from mcpbridge.providers import known_queues  # noqa: PLC0415
+    from toolrail.settings import get_settings  # noqa: PLC0415
+
+    url = get_settings().redis_url
+    if not url:
+        return []
+    try:
+        return known_queues(redis.Redis.from_url(url, socket_connect_timeout=2))
+    except redis.RedisError:
+        return []
+
+
 def _worker(args: argparse.Namespace) -> int:
     from toolrail.settings import get_settings  # noqa: PLC0415
     from tools.registry import default_registry  # noqa: PLC0415
 
-    queues = args.queues or ",".join(["decide", *default_registry().queues()])
+    queues = args.queues or ",".join(["decide", "webhooks", *default_registry().queues(), *_mcp_queues()])
     concurrency = args.concurrency or get_settings().worker_concurrency
     argv = [sys.executable, "-m", "celery", "-A", "executor.celery", "worker", "-Q", queues, "-c", str(concurrency),
             "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"]
