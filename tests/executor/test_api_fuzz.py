@@ -54,7 +54,10 @@ def _call_and_check(case, headers: dict[str, str]) -> None:
     SEEN["requests"] += 1
     SEEN["5xx"] += response.status_code >= 500
     assert response.status_code < 500, (response.status_code, response.text[:300])
-    case.validate_response(response, checks=CHECKS)
+    # 413 (body over the limit, refused before parsing) is a rejection too; schemathesis's list of rejection codes
+    # does not have it, so that one check is left out for it
+    checks = CHECKS if response.status_code != 413 else [c for c in CHECKS if c is not negative_data_rejection]
+    case.validate_response(response, checks=checks)
     if response.status_code >= 400:
         body = response.json()
         assert set(body) == {"error"} and {"type", "message", "details"} <= set(body["error"])
