@@ -181,6 +181,8 @@ class _EarlyDispatch:
         #: Early calls by id, as stored (dispatched_at set); ``ended``: when the decision ended.
         self.sent: dict[str, CallRecord] = {}
         self.ended: float | None = None
+        #: What :meth:`settle` journals on the step (decision end, each early call's lead).
+        self.journal: dict[str, Any] = {}
 
     def __call__(self, attempt: int, checked: CallCheck) -> None:
         spec = self.specs.get(checked.name)
@@ -222,8 +224,10 @@ class _EarlyDispatch:
                 call.id = f"{call.id}_decided"
         return kept
 
-    def settle(self, calls: list[CallRecord]) -> int | None:
-        """Store the step's decided ``calls`` with what was queued early; None when nothing was (plain path)."""
+    def settle(self, calls: list[CallRecord], *, record: bool = True) -> int | None:
+        """Store the step's decided ``calls`` with what was queued early; None when nothing was (plain path).
+
+        ``record=False``: the caller writes :attr:`journal` into the step in its own update (one write less)."""
         if not self.sent:
             return None
         kept = {c.id for c in calls} & set(self.sent)
@@ -231,10 +235,12 @@ class _EarlyDispatch:
         pending = self.rt.store.settle_calls(self.job.job_id, calls, step=self.job.step, discard=set(self.sent) - kept,
                                              keep_stale=lambda c: c.name in specs and not specs[c.name].side_effects)
         ended = self.ended or time.time()
-        journal = {"decision_ended_at": ended, "early_dispatch": [
+        self.journal = journal = {"decision_ended_at": ended, "early_dispatch": [
             {"id": cid, "name": c.name, "dispatched_before_end_s": round(ended - (c.dispatched_at or ended), 6),
              "kept": cid in kept} for cid, c in self.sent.items()]}
-        self.rt.store.update(self.job.job_id, lambda j: runs.open_step(j, tool_choice=runs.step_tool_choice(j)).update(journal))
+        if record:
+            self.rt.store.update(self.job.job_id,
+                                 lambda j: runs.open_step(j, tool_choice=runs.step_tool_choice(j)).update(journal))
         return pending
 
 
@@ -373,7 +379,7 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
     for call in calls:
         if call.status == "pending" and not waiting and call.id not in queued:
             call.dispatched_at = now
-    if early is None or early.settle(calls) is None:
+    if early is None or early.settle(calls, record=False) is None:
         rt.store.set_calls(job.job_id, calls, step=job.step)
     to_run = [] if waiting else [c for c in calls if c.status == "pending" and c.id not in queued]
     status = "awaiting_approval" if waiting else "running" if to_run or queued else "succeeded"
@@ -384,6 +390,8 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
         _record_decision(j, attempts, decision.content, status)
         if ended is not None:
             runs.open_step(j, tool_choice=runs.step_tool_choice(j))["decision_ended_at"] = ended
+        if early is not None and early.journal:
+            runs.open_step(j, tool_choice=runs.step_tool_choice(j)).update(early.journal)
         if status == "succeeded":
             runs.close_step(j, status=status)
 
