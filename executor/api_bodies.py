@@ -247,12 +247,10 @@ def run_fields(runtime: Runtime, body: JobCreate, settings: Settings, *, client_
                            tools=unknown)
     webhook_url = None
     if body.webhook_url is not None:
+        from executor.webhooks import validate_webhook_url  # noqa: PLC0415 - resolves the host: only when one is given
+
         try:
-            from executor.webhooks import validate_webhook_url  # noqa: PLC0415
-        except ImportError:
-            raise ApiError(422, "webhooks_unavailable", "this deployment does not send webhooks") from None
-        try:
-            webhook_url = validate_webhook_url(body.webhook_url, allow_private=getattr(settings, "webhook_allow_private", False))
+            webhook_url = validate_webhook_url(body.webhook_url, allow_private=settings.webhook_allow_private)
         except ExecutorError as exc:
             raise ApiError(422, exc.type, str(exc), **exc.details) from None
     return {"max_steps": body.max_steps or default_steps, "require_approval": body.require_approval,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from executor.errors import ApprovalConflictError, InvalidApprovalError, JobNotFoundError
+from executor.runs import close_step
 from executor.store import TERMINAL_CALL, CallRecord, JobRecord
 from toolrail.logging import get_logger
 from tools.validation import validate
@@ -55,9 +56,7 @@ def _expire(rt: Runtime, job_id: str) -> JobRecord:
     def mutate(job: JobRecord) -> None:
         if job.status != "awaiting_approval":
             raise _NotWaiting
-        for record in job.steps:
-            if record.get("index") == job.step:
-                record["status"], record["finished_at"] = "expired", time.time()
+        close_step(job, status="expired")
 
     try:
         job = set_status(rt, job_id, "expired", mutate=mutate,
@@ -170,5 +169,5 @@ def _maybe_resume(rt: Runtime, job_id: str, call: CallRecord, *, dispatch: Calla
     if not to_run:
         job = advance(rt, job_id, next_step)
     log.info("approval.resumed", job_id=job_id, step=job.step, dispatched=len(to_run))
-    current = next((c for c in rt.store.get(job_id).calls if c.id == call.id), call)
+    current = next((c for c in calls if c.id == call.id), call)  # as just written (pending or rejected)
     return Resolution(job, current, resumed=True, repeated=False)

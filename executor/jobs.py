@@ -85,15 +85,11 @@ def set_status(rt: Runtime, job_id: str, status: str, *, mutate: Callable[[JobRe
 
 
 def notify(rt: Runtime, job: JobRecord) -> None:
-    """Queue the webhook of the job's new status, if it has one (never raises, never waits on the receiver)."""
-    try:
-        from executor import webhooks  # noqa: PLC0415 - optional until the webhook module is deployed
+    """Queue the webhook of the job's new status, if it has one (``notify_status`` never raises, never waits on
+    the receiver)."""
+    from executor import webhooks  # noqa: PLC0415 - webhooks defines a Celery task; the app loads with the first use
 
-        webhooks.notify_status(rt, job)
-    except (ImportError, AttributeError):
-        pass
-    except Exception as exc:  # noqa: BLE001 - a webhook never fails the run
-        log.warning("webhook.notify_failed", job_id=job.job_id, error=f"{type(exc).__name__}: {exc}")
+    webhooks.notify_status(rt, job)
 
 
 def _client_output(job: JobRecord) -> ClientOutput | None:
@@ -240,7 +236,7 @@ class _EarlyDispatch:
              "kept": cid in kept} for cid, c in self.sent.items()]}
         if record:
             self.rt.store.update(self.job.job_id,
-                                 lambda j: runs.open_step(j, tool_choice=runs.step_tool_choice(j)).update(journal))
+                                 lambda j: runs.open_step(j).update(journal))
         return pending
 
 
@@ -328,7 +324,7 @@ def _call_records(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decis
 
 
 def _record_decision(job: JobRecord, attempts: list[dict[str, Any]], content: str | None, status: str) -> None:
-    record = runs.open_step(job, tool_choice=runs.step_tool_choice(job))
+    record = runs.open_step(job)
     record.update(attempts=attempts, content=content, decided_at=time.time(), status=status)
 
 
@@ -368,7 +364,7 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
             early.settle([])
         def record(j: JobRecord) -> None:
             _record_decision(j, attempts, decision.content, "failed")
-            runs.open_step(j, tool_choice=runs.step_tool_choice(j))["calls_not_run"] = [
+            runs.open_step(j)["calls_not_run"] = [
                 {"name": c.name, "arguments": c.arguments} for c in decision.calls]
         rt.store.update(job.job_id, record)
         return _stop(rt, job, trip)
@@ -389,9 +385,9 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
     def mutate(j: JobRecord) -> None:
         _record_decision(j, attempts, decision.content, status)
         if ended is not None:
-            runs.open_step(j, tool_choice=runs.step_tool_choice(j))["decision_ended_at"] = ended
+            runs.open_step(j)["decision_ended_at"] = ended
         if early is not None and early.journal:
-            runs.open_step(j, tool_choice=runs.step_tool_choice(j)).update(early.journal)
+            runs.open_step(j).update(early.journal)
         if status == "succeeded":
             runs.close_step(j, status=status)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from toolrail.settings import Settings
 from tools.check import call_key
 from tools.spec import ToolSpec
 
-__all__ = ["GuardTrip", "approval_summary", "close_step", "continue_after_calls", "conversation", "deadline_passed",
+__all__ = ["GuardTrip", "close_step", "continue_after_calls", "conversation", "deadline_passed",
            "deadline_trip", "guard_new_calls", "needs_approval", "open_step", "step_tool_choice", "tool_message"]
 
 
@@ -91,11 +91,14 @@ def step_tool_choice(job: JobRecord) -> str | dict[str, Any]:
     return job.tool_choice if job.step == 0 else "auto"
 
 
-def open_step(job: JobRecord, *, tool_choice: str | dict[str, Any]) -> dict[str, Any]:
-    """The journal entry of the current step (created once; a redone decision reuses it)."""
+def open_step(job: JobRecord, *, tool_choice: str | dict[str, Any] | None = None) -> dict[str, Any]:
+    """The journal entry of the current step (created once; a redone decision reuses it). ``tool_choice``
+    defaults to the step's own (:func:`step_tool_choice`)."""
     for record in job.steps:
         if record.get("index") == job.step:
             return record
+    if tool_choice is None:
+        tool_choice = step_tool_choice(job)
     record = {"index": job.step, "status": "deciding", "tool_choice": tool_choice, "started_at": time.time(),
               "decided_at": None, "finished_at": None, "attempts": [], "content": None}
     job.steps.append(record)
@@ -175,7 +178,3 @@ def deadline_trip(job: JobRecord) -> GuardTrip:
     return GuardTrip("deadline", "deadline_exceeded", "the run did not end before its deadline",
                      {"deadline_at": job.deadline_at})
 
-
-def approval_summary(calls: Iterable[CallRecord]) -> Mapping[str, int]:
-    """How many calls of a step wait, were approved or were rejected."""
-    return Counter((c.approval or {}).get("state", "none") for c in calls)
