@@ -128,3 +128,64 @@ def wait_terminal(client: httpx.Client, job_id: str, timeout_s: float = 60.0) ->
     job = wait_for_job(client, job_id, timeout_s=timeout_s)
     assert job["status"] in TERMINAL_JOB, f"job {job_id} not terminal after {timeout_s}s: {job}"
     return job
+
+
+# ----------------------------------------------------------------- a stack of a module's own
+
+
+def own_database(number: int) -> str:
+    """A database of the session's Redis for one module (emptied): its broker and its job records, so its
+    workers never take another module's messages."""
+    url = f"{os.environ['REDIS_URL'].rsplit('/', 1)[0]}/{number}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+def start_decider_worker(db_url: str, *, factory: str, env: dict[str, str] | None = None, queues: tuple[str, ...] = (),
+                         name: str) -> tuple[object, Path]:
+    """A real worker pool on ``db_url`` with the test tools and ``TOOLRAIL_DECIDER=custom`` from ``factory``; returns
+    the process (stop it with ``stop_process``) and its log file."""
+    from tools.registry import default_registry
+
+    worker_env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": factory,
+                  "TOOLRAIL_TOOL_MODULES": TEST_TOOL_MODULES, "TOOLRAIL_LOG_JSON": "1", **(env or {})}
+    log = Path(tempfile.mkdtemp(prefix=f"toolrail-{name}-")) / "worker.log"
+    proc = start_worker(db_url, queues=["decide", *queues, *default_registry().queues()], concurrency=2, env=worker_env,
+                        log_file=log, hostname=f"toolrail-{name}@%h")
+    wait_for_workers(db_url, count=1, timeout_s=90)
+    return proc, log
+
+
+def publishers(db_url: str):  # noqa: ANN201 - (enqueue, rerun) as create_app takes them
+    """``enqueue(job)`` and ``rerun(job, call)`` publishing on ``db_url``'s broker (the API's Celery app is bound to the
+    session's), for ``create_app(enqueue=..., rerun=...)``."""
+    from celery import Celery
+
+    app = Celery(f"publisher-{db_url.rsplit('/', 1)[1]}", broker=db_url)
+
+    def enqueue(job) -> None:  # noqa: ANN001
+        app.send_task("toolrail.decide", args=[job.job_id], queue="decide")
+
+    def rerun(job, call) -> None:  # noqa: ANN001
+        app.send_task("toolrail.run_call", args=[job.job_id, call.id], queue=call.queue)
+
+    return enqueue, rerun
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` (None once it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pool_process_of(pid: int) -> int:
+    """The Celery pool process above ``pid`` (a tool process, a sandbox's monitor, a deciding process)."""
+    for _ in range(6):
+        if b"celery" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+        parent = parent_pid(pid)
+        assert parent is not None, f"process {pid} is gone"
+        pid = parent
+    raise AssertionError("no Celery pool process above the given pid")

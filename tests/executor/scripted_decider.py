@@ -25,10 +25,7 @@ PREFIX = "RUN "
 
 class ScriptedDecider:
     def decide(self, request: DecideRequest) -> Decision:
-        script = _script(request.messages)
-        step = sum(1 for m in request.messages if m.get("role") == "assistant" and m.get("tool_calls"))
-        steps = script.get("steps", [])
-        item: dict[str, Any] = steps[step] if step < len(steps) else {"text": "(script ended)"}
+        step, item = script_step(request.messages, PREFIX)
         if item.get("sleep_s"):
             marker_dir = os.environ.get("TOOLRAIL_TEST_MARKER_DIR")
             if marker_dir:
@@ -46,12 +43,18 @@ class ScriptedDecider:
         return Decision(request_id=request.request_id, raw_output=text, content=text, backend="scripted")
 
 
-def _script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+def script_step(messages: list[dict[str, Any]], prefix: str) -> tuple[int, dict[str, Any]]:
+    """The step being decided (assistant turns with calls so far) and its item of the ``<prefix><json>`` script in
+    the first such user message; ``{"text": "(script ended)"}`` past its end."""
+    script: dict[str, Any] = {}
     for message in messages:
         content = message.get("content")
-        if message.get("role") == "user" and isinstance(content, str) and content.startswith(PREFIX):
-            return json.loads(content[len(PREFIX):])
-    return {}
+        if message.get("role") == "user" and isinstance(content, str) and content.startswith(prefix):
+            script = json.loads(content[len(prefix):])
+            break
+    step = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
+    steps = script.get("steps", [])
+    return step, steps[step] if step < len(steps) else {"text": "(script ended)"}
 
 
 def make(settings: object) -> ScriptedDecider:

@@ -10,22 +10,19 @@ can see calls run while the decision is still being decoded.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from decider.parser import ToolCallStreamParser
 from decider.protocol import DecideRequest, Decision
+from tests.executor.scripted_decider import script_step
 
 PREFIX = "STREAM "
 
 
 class StreamingScriptedDecider:
     def decide(self, request: DecideRequest, *, on_call=None) -> Decision:  # noqa: ANN001 - decider protocol
-        script = _script(request.messages)
-        step = sum(1 for m in request.messages if m.get("role") == "assistant" and m.get("tool_calls"))
-        steps = script.get("steps", [])
-        item: dict[str, Any] = steps[step] if step < len(steps) else {"text": "(script ended)"}
+        _, item = script_step(request.messages, PREFIX)
         if "attempts" not in item:
             text = str(item.get("text", ""))
             return Decision(request_id=request.request_id, raw_output=text, content=text, backend="streaming-scripted")
@@ -42,14 +39,6 @@ class StreamingScriptedDecider:
                 time.sleep(float(attempt.get("pause_s", 0.0)))
         return Decision(request_id=request.request_id, raw_output=output, tool_calls=parser.finish().tool_calls,
                         backend="streaming-scripted")
-
-
-def _script(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    for message in messages:
-        content = message.get("content")
-        if message.get("role") == "user" and isinstance(content, str) and content.startswith(PREFIX):
-            return json.loads(content[len(PREFIX):])
-    return {}
 
 
 def make(settings: object) -> StreamingScriptedDecider:

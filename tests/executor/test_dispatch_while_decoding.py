@@ -8,17 +8,15 @@ stream parser and the real check path; the double only decides what text comes, 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
-from executor.stack import start_worker, stop_process, wait_for_workers
+from conftest import own_database, publishers, start_decider_worker
+
+from executor.stack import stop_process
 
 PAUSE_S = 1.5
 #: Job ids the API queued a decide task for.
@@ -27,22 +25,13 @@ DECIDE_TASKS: list[str] = []
 
 @pytest.fixture(scope="module")
 def db_url() -> str:
-    url = f"{os.environ['REDIS_URL'].rsplit('/', 1)[0]}/6"
-    redis.Redis.from_url(url).flushdb()
-    return url
+    return own_database(6)
 
 
 @pytest.fixture(scope="module")
 def stream_worker(db_url: str) -> Iterator[object]:
-    from tools.registry import default_registry
-
-    env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": "tests.executor.streaming_decider:make",
-           "TOOLRAIL_TOOL_MODULES": "tests.executor.tools_for_tests", "TOOLRAIL_LOG_JSON": "1"}
-    log = Path(tempfile.mkdtemp(prefix="toolrail-early-")) / "worker.log"
-    proc = start_worker(db_url, queues=["decide", *default_registry().queues()], concurrency=2, env=env, log_file=log,
-                        hostname="toolrail-early@%h")
+    proc, _ = start_decider_worker(db_url, factory="tests.executor.streaming_decider:make", name="early")
     try:
-        wait_for_workers(db_url, count=1, timeout_s=90)
         yield proc
     finally:
         stop_process(proc)
@@ -50,24 +39,20 @@ def stream_worker(db_url: str) -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def client(db_url: str, stream_worker) -> Iterator[httpx.Client]:
-    from celery import Celery
-
     from executor.api import create_app
     from executor.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
 
     settings = Settings(decider="custom", reconcile_interval_s=0)
-    publisher = Celery("early-test", broker=db_url)
+    publish_decide, rerun = publishers(db_url)
 
     def enqueue(job) -> None:  # noqa: ANN001
         DECIDE_TASKS.append(job.job_id)
-        publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide")
+        publish_decide(job)
 
     app = create_app(settings, Runtime.from_settings(settings, redis_url=db_url), mount_openai=False, ping_workers=lambda: 1,
-                     enqueue=enqueue,
-                     rerun=lambda job, call: publisher.send_task("toolrail.run_call", args=[job.job_id, call.id],
-                                                                 queue=call.queue))
+                     enqueue=enqueue, rerun=rerun)
     server, thread, base = serve_in_thread(app)
     with httpx.Client(base_url=base, timeout=30) as http:
         yield http

@@ -9,13 +9,9 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import wait_terminal
+from conftest import pool_process_of, wait_terminal
 
 from tools.ledger import Ledger
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _transfer_job(client: httpx.Client, request_id: str, *, amount: float, delay_s: float) -> str:
@@ -59,11 +55,7 @@ def test_worker_killed_mid_call_still_applies_once(client: httpx.Client, ledger:
         time.sleep(0.05)
     assert started, "the tool never started"
     tool_pid = int(started)
-    pool_child = _parent(tool_pid)
-    for _ in range(4):  # tool → the call's init → monitor → fork server → the Celery pool process
-        if b"celery" in Path(f"/proc/{pool_child}/cmdline").read_bytes():
-            break
-        pool_child = _parent(pool_child)
+    pool_child = pool_process_of(tool_pid)  # tool → the call's init → monitor → fork server → the Celery pool process
     assert b"celery" in Path(f"/proc/{pool_child}/cmdline").read_bytes()
     os.kill(pool_child, signal.SIGKILL)  # the Celery pool process running the call dies mid-call
     job = wait_terminal(client, job_id, timeout_s=90)

@@ -24,7 +24,9 @@ import httpx
 import pytest
 import redis
 
-from executor.stack import start_worker, stop_process, wait_for_workers
+from conftest import own_database, pool_process_of, publishers, start_decider_worker
+
+from executor.stack import stop_process, wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "runs:ledger"
@@ -34,10 +36,7 @@ KEYS = {"alice": "key-alice", "bob": "key-bob"}
 
 @pytest.fixture(scope="module")
 def db_url() -> str:
-    base = os.environ["REDIS_URL"].rsplit("/", 1)[0]
-    url = f"{base}/4"
-    redis.Redis.from_url(url).flushdb()
-    return url
+    return own_database(4)
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +46,13 @@ def marker_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def run_worker(db_url: str, marker_dir: Path) -> Iterator[object]:
-    from tools.registry import default_registry
-
-    env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": "tests.executor.scripted_decider:make",
-           "TOOLRAIL_TOOL_MODULES": "tests.executor.tools_for_tests", "TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX,
-           "TOOLRAIL_TEST_MARKER_DIR": str(marker_dir), "TOOLRAIL_LOG_JSON": "1", "TOOLRAIL_RUN_MAX_IDENTICAL_CALLS": "2",
-           "TOOLRAIL_API_KEYS": ",".join(f"{k}:{t}" for t, k in KEYS.items()), "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1",
-           "TOOLRAIL_WEBHOOK_SECRETS": f"alice:{WEBHOOK_SECRET}", "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2"}
-    queues = ["decide", "webhooks", *default_registry().queues()]
-    log = marker_dir / "worker.log"
-    proc = start_worker(db_url, queues=queues, concurrency=2, env=env, log_file=log, hostname="toolrail-runs@%h")
+    env = {"TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX, "TOOLRAIL_TEST_MARKER_DIR": str(marker_dir),
+           "TOOLRAIL_RUN_MAX_IDENTICAL_CALLS": "2", "TOOLRAIL_API_KEYS": ",".join(f"{k}:{t}" for t, k in KEYS.items()),
+           "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1", "TOOLRAIL_WEBHOOK_SECRETS": f"alice:{WEBHOOK_SECRET}",
+           "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2"}
+    proc, _ = start_decider_worker(db_url, factory="tests.executor.scripted_decider:make", env=env, queues=("webhooks",),
+                                   name="runs")
     try:
-        wait_for_workers(db_url, count=1, timeout_s=90)
         yield proc
     finally:
         stop_process(proc)
@@ -74,20 +68,15 @@ def runtime(db_url: str):
 
 @pytest.fixture(scope="module")
 def api(runtime, run_worker, db_url: str) -> Iterator[str]:
-    from celery import Celery
-
     from executor.api import create_app
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
 
-    publisher = Celery("runs-test", broker=db_url)
+    enqueue, rerun = publishers(db_url)
     settings = Settings(decider="custom", api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), reconcile_interval_s=0,
                         webhook_allow_private=True)
-    app = create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
-                     enqueue=lambda job: publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide"),
-                     rerun=lambda job, call: publisher.send_task("toolrail.run_call", args=[job.job_id, call.id],
-                                                                 queue=call.queue))
-    server, thread, base = serve_in_thread(app)
+    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
+                                                      enqueue=enqueue, rerun=rerun))
     yield base
     server.should_exit = True
     thread.join(timeout=10)
@@ -114,14 +103,9 @@ def _submit(client: httpx.Client, steps: list[dict], *, tools: list[str], **extr
 
 
 def _wait(client: httpx.Client, job_id: str, statuses: set[str], timeout_s: float = 90.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    job: dict = {}
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job.get("status") in statuses:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} never reached {statuses}: {json.dumps(job)[:3000]}")
+    job = wait_for_job(client, job_id, timeout_s=timeout_s, poll_s=0.1, until=statuses)
+    assert job.get("status") in statuses, f"job {job_id} never reached {statuses}: {json.dumps(job)[:3000]}"
+    return job
 
 
 ENDED = {"succeeded", "failed", "needs_review", "cancelled", "expired"}
@@ -305,15 +289,6 @@ def test_approval_bad_input(client: httpx.Client, api: str) -> None:
         assert response.status_code == 422 and response.json()["error"]["type"] == kind, response.text
 
 
-def _kill_pool_process(pid: int) -> None:
-    for _ in range(6):
-        if b"celery" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            os.kill(pid, signal.SIGKILL)
-            return
-        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    raise AssertionError("no Celery pool process above the marker's pid")
-
-
 @pytest.mark.parametrize("step", [0, 1], ids=["before-the-call", "during-the-next-decision"])
 def test_worker_killed_while_deciding_resumes_the_run(client: httpx.Client, ledger: Ledger, marker_dir: Path,
                                                        step: int) -> None:
@@ -329,7 +304,7 @@ def test_worker_killed_while_deciding_resumes_the_run(client: httpx.Client, ledg
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists(), "the decision never started"
-    _kill_pool_process(int(marker.read_text()))  # the pool process deciding the step dies
+    os.kill(pool_process_of(int(marker.read_text())), signal.SIGKILL)  # the pool process deciding the step dies
     job = _wait(client, job_id, ENDED, timeout_s=120)
     assert job["status"] == "succeeded", json.dumps(job)[:3000]
     assert len(_applied(ledger, job_id)) == 1  # the step-0 transfer was not run again
@@ -349,7 +324,7 @@ def test_worker_killed_mid_call_applies_once_and_the_run_goes_on(client: httpx.C
     while store.get(key) is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert store.get(key), "the tool never started"
-    _kill_pool_process(int(store.get(key)))
+    os.kill(pool_process_of(int(store.get(key))), signal.SIGKILL)
     job = _wait(client, job_id, ENDED, timeout_s=120)
     assert job["status"] == "succeeded", json.dumps(job)[:3000]
     assert len(_applied(ledger, job_id)) == 1 and job["calls"][0]["attempts"] == 2

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from conftest import parent_pid
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decider"))
 from triton_double import TritonProtocolDouble, serve_double  # noqa: E402 - the Triton wire double
@@ -332,7 +333,7 @@ def test_a_job_resumed_after_a_worker_sigkill_stays_in_its_trace(tclient: httpx.
     else:
         pytest.fail("the call never started")
     time.sleep(0.5)
-    pool = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == traced_worker.pid]
+    pool = [int(p) for p in os.listdir("/proc") if p.isdigit() and parent_pid(int(p)) == traced_worker.pid]
     assert len(pool) == 1, pool
     os.kill(pool[0], signal.SIGKILL)  # the pool process running the call dies mid-call; the task is redelivered
     from executor.stack import wait_for_job
@@ -360,13 +361,6 @@ def test_a_cancelled_job_has_its_job_span(tclient: httpx.Client) -> None:
     (job_span,) = _named(spans, "job")
     assert job_span["attributes"]["toolrail.job.status"] == "cancelled" and job_span["status"] == "ERROR"
     assert job_span["parent_span_id"] == next(s["span_id"] for s in spans if s["name"] == "POST /v1/jobs")
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def test_content_attributes_only_when_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
