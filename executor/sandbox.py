@@ -373,7 +373,8 @@ class ProcessSandbox:
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
         env.update({"PYTHONPATH": os.pathsep.join(module_search_path(exclude=self._scratch_root)),
                     "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HOME": str(self._scratch_root),
-                    "TOOLRAIL_SANDBOX_PRELOAD": self._preload, "TOOLRAIL_SANDBOX_OWN_UID": "1" if self._own_uid else "0"})
+                    "TOOLRAIL_SANDBOX_PRELOAD": self._preload, "TOOLRAIL_SANDBOX_OWN_UID": "1" if self._own_uid else "0",
+                    "TOOLRAIL_SANDBOX_SCRATCH_ROOT": str(self._scratch_root)})
         return env
 
     def _spawn(self) -> _Warm:
@@ -479,7 +480,7 @@ class ProcessSandbox:
                 "request_id": call.request_id, "job_id": call.job_id, "call_id": call.call_id,
                 "idempotency_key": call.idempotency_key, "scratch_dir": str(scratch),
                 "scratch_root": str(self._scratch_root), "max_processes": self._max_processes,
-                "network": spec.networked, "uid": uid, "confine": self._confine,
+                "network": spec.networked, "uid": uid, "confine": self._confine, "timeout_s": spec.timeout_s,
                 "env": {**call.env, "TOOLRAIL_REQUEST_ID": call.request_id},
                 "trace_context": call.trace_context,
             }

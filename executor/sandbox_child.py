@@ -66,6 +66,7 @@ MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+PR_SET_NAME = 15
 PR_SET_SECCOMP = 22
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
@@ -355,9 +356,16 @@ def read_paths(modules: list[str], *, exclude: list[str] = ()) -> list[str]:
     Never a bare directory of the module search path (a project folder, the worker's working
     directory): of those, only the package dir (or the single file) of each tool module and
     of this platform's packages. Nothing at or below an ``exclude`` path (the scratch root).
+    Computed once per (modules, exclusions, module search path): the fork server warms it, so
+    a tool process only looks it up.
     """
+    return list(_read_paths(tuple(sorted(set(modules))), tuple(exclude), tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_paths(modules: tuple[str, ...], exclude: tuple[str, ...], search_path: tuple[str, ...]) -> tuple[str, ...]:
     paths = {sys.base_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    for entry in sys.path:
+    for entry in search_path:
         if entry and os.path.isdir(entry) and _is_library_dir(entry):
             paths.add(os.path.abspath(entry))
         elif entry and os.path.isfile(entry) and entry.endswith(".zip"):
@@ -371,7 +379,7 @@ def read_paths(modules: list[str], *, exclude: list[str] = ()) -> list[str]:
         return real != "/" and not any(real == f or real.startswith(f + os.sep) or f.startswith(real + os.sep)
                                        for f in fenced)
 
-    return sorted(p for p in paths if allowed(p))
+    return tuple(sorted(p for p in paths if allowed(p)))
 
 
 def _capset(keep: int) -> None:
@@ -597,6 +605,11 @@ def classify(exc: BaseException) -> dict:
 _parent_pid: int | None = None
 
 
+def name_process(name: bytes) -> None:
+    """The name ``ps`` and ``top`` show for this process (its role in the call), at most 15 bytes."""
+    _libc.prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+
+
 def die_with_parent() -> None:
     """SIGKILL this process when the process that started it dies (no orphaned tool runs).
 
@@ -632,8 +645,26 @@ def _host_pid() -> int:
         return os.getpid()
 
 
+_logging_configured = False
+
+
+def configure_tool_logging() -> None:
+    """Tool processes log JSON lines on their stderr; once per process lineage (the fork server does it first)."""
+    global _logging_configured
+    if _logging_configured:
+        return
+    import structlog  # noqa: PLC0415 - preloaded by the fork server
+
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                                    structlog.processors.JSONRenderer(ensure_ascii=False)],
+                        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+    _logging_configured = True
+
+
 def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     """Import, confine, run the tool; write the trusted header line, then the answer. Never returns."""
+    name_process(b"tr-tool")
     remember_parent()
     keep = sorted({answer_fd, PROGRESS_FD} if _progress_pipe else {answer_fd})
     for low, high in zip([RESULT_FD, *(fd + 1 for fd in keep)], [*keep, 1 << 16]):
@@ -646,10 +677,7 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
 
     from tools.context import CallContext, flush_progress, set_current_call  # noqa: PLC0415
 
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
-                                    structlog.processors.TimeStamper(fmt="iso", utc=True),
-                                    structlog.processors.JSONRenderer(ensure_ascii=False)],
-                        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+    configure_tool_logging()
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request["request_id"], job_id=request["job_id"],
                                            call_id=request["call_id"], tool=request["tool"])
@@ -699,40 +727,73 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
 # ----------------------------------------------------------------- the monitor
 
 
-def _read_answer(answer_fd: int, status_fd: int, *, limit: int) -> tuple[bytes, bytes, bool]:
-    """Read the tool's answer until its init reports; ``(answer, init's report, too_big)``.
+def _read_answer(answer_fd: int, tool: int, *, limit: int) -> tuple[bytes, bool]:
+    """Read the tool's answer until the tool process has exited; ``(answer, too_big)``.
 
-    The init writes its status line once the tool has exited (and so has written all it
-    will): what is still in the answer pipe then is drained without waiting for an EOF
-    that a leftover process holding the pipe could delay. Never more than ``limit`` bytes.
+    The tool's exit is seen on a pidfd (or by polling ``waitpid`` where the kernel has none),
+    not on the pipe's EOF, which a leftover process holding the pipe could delay: what is
+    still in the pipe then is drained without waiting. Never more than ``limit`` bytes.
     """
-    data, status = bytearray(), bytearray()
+    data = bytearray()
+    try:
+        exited_fd: int | None = os.pidfd_open(tool)
+    except (AttributeError, OSError):
+        exited_fd = None
     poller = select.poll()
     poller.register(answer_fd, select.POLLIN)
-    poller.register(status_fd, select.POLLIN)
+    if exited_fd is not None:
+        poller.register(exited_fd, select.POLLIN)
     answer_open = True
-    while True:
-        for fd, _ in poller.poll():
-            chunk = os.read(fd, 65536)
-            if fd == answer_fd:
+    try:
+        while True:
+            ready = poller.poll(None if exited_fd is not None else 20)
+            exited = any(fd == exited_fd for fd, _ in ready) or (
+                exited_fd is None and not ready and _exited(tool))
+            for fd, _ in ready:
+                if fd != answer_fd:
+                    continue
+                chunk = os.read(fd, 65536)
                 if not chunk:
                     poller.unregister(answer_fd)
                     answer_open = False
                     continue
                 data += chunk
                 if len(data) > limit:
-                    return bytes(data[:limit]), b"", True
-                continue
-            status += chunk
-            if not chunk or status.count(b"\n") >= 2:  # init's setup line, then the tool's exit
+                    return bytes(data[:limit]), True
+            if not answer_open and exited_fd is None:
+                exited = exited or _exited(tool)
+            if exited:
                 if answer_open:
                     os.set_blocking(answer_fd, False)
                     with contextlib.suppress(BlockingIOError):
                         while chunk := os.read(answer_fd, 65536):
                             data += chunk
                             if len(data) > limit:
-                                return bytes(data[:limit]), b"", True
-                return bytes(data), bytes(status), False
+                                return bytes(data[:limit]), True
+                return bytes(data), False
+            if not answer_open and exited_fd is None:
+                time.sleep(0.002)
+    finally:
+        if exited_fd is not None:
+            os.close(exited_fd)
+
+
+_exit_statuses: dict[int, int] = {}
+
+
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited (its status kept for ``_wait_status``)."""
+    if pid in _exit_statuses:
+        return True
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        _exit_statuses[pid] = 0
+        return True
+    if got == pid:
+        _exit_statuses[pid] = status
+        return True
+    return False
 
 
 def _stdio_to_devnull() -> None:
@@ -744,6 +805,8 @@ def _stdio_to_devnull() -> None:
 
 
 def _wait_status(pid: int) -> int:
+    if pid in _exit_statuses:
+        return _exit_statuses.pop(pid)
     while True:
         try:
             got, status = os.waitpid(pid, 0)
@@ -753,45 +816,54 @@ def _wait_status(pid: int) -> int:
             return status
 
 
-def _init_process(request: dict, answer_fd: int, status_fd: int, modules: list[str], *, pid_namespace: bool) -> None:
-    """PID 1 of the call (or its stand-in): the call's mount and network namespaces, then the tool.
+#: The program that holds a call's PID namespace open as its PID 1 (it only waits: the monitor ends it).
+INIT_PROGRAM = ("sleep", "/bin/sleep", "/usr/bin/sleep")
 
-    Reports on ``status_fd`` one JSON line (the namespaces it set up) before the tool starts,
-    and ``<wait status> <leftover processes>`` once the tool has exited. Never returns. The
-    namespaces live and die with this process, so their teardown is off the call's path: the
-    monitor answers the worker as soon as this report is in.
+
+def _init_program() -> str | None:
+    for path in INIT_PROGRAM[1:]:
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def start_init(lifetime_s: int) -> int:
+    """PID 1 of the call's PID namespace: a process that only waits, holding the namespace open.
+
+    Every process the tool leaves behind is reparented to it, so the monitor counts them
+    as its children, and killing it makes the kernel kill the rest. It runs no Python: it is
+    ``sleep`` started with ``posix_spawn`` (no copy of this interpreter's memory, nothing of
+    the call's descriptors: stdio on ``/dev/null``, fds 3 and 4 closed, an empty environment),
+    or, where no ``sleep`` exists, a fork of this process that pauses.
     """
-    remember_parent()
-    die_with_parent()
-    os.close(RESULT_FD)  # only the monitor writes the result
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # without a PID namespace the tool's orphans come here
-    setup = {"scratch": hide_other_calls(request["scratch_dir"], request["scratch_root"])}
-    if setup["scratch"] == "own-mount":
-        request = {**request, "scratch_dir": request["scratch_root"]}
-    setup["network"] = "allowed" if request.get("network") else drop_network()
-    _write_all(status_fd, json.dumps(setup).encode() + b"\n")
-    tool = os.fork()
-    if tool == 0:
+    program = _init_program()
+    if program is not None:
+        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0), (os.POSIX_SPAWN_DUP2, 0, 1),
+                   (os.POSIX_SPAWN_DUP2, 0, 2), (os.POSIX_SPAWN_CLOSE, RESULT_FD), (os.POSIX_SPAWN_CLOSE, PROGRESS_FD)]
+        with contextlib.suppress(OSError):
+            return os.posix_spawn(program, [INIT_PROGRAM[0], str(max(1, lifetime_s))], {}, file_actions=actions)
+    pid = os.fork()
+    if pid == 0:
         try:
-            os.close(status_fd)
-            tool_process(request, answer_fd, modules)
+            remember_parent()
+            die_with_parent()
+            _stdio_to_devnull()
+            os.closerange(3, 1 << 16)
+            while True:
+                signal.pause()
         finally:
-            os._exit(1)
-    os.close(answer_fd)
-    _stdio_to_devnull()  # only the tool holds the call's stdout and stderr: their EOF is its exit
-    status = _wait_status(tool)
-    if pid_namespace:  # count, report, exit: the kernel kills the rest as this PID 1 leaves
-        _reap()
-        left = len(_live(_children()))
-    else:  # kill first: the monitor may be gone (and us with it) right after the report
-        left = kill_leftovers()
-    with contextlib.suppress(OSError):
-        _write_all(status_fd, f"{status} {left}\n".encode())
-    os._exit(0)
+            os._exit(0)
+    return pid
 
 
 def monitor(request: dict, modules: list[str]) -> dict:
-    """Start the call's init in the call's namespaces, read the tool's answer, and build the result frame."""
+    """Set up the call's namespaces, start its init and the tool process, read the answer, build the frame.
+
+    The namespaces are the monitor's own (it runs no tool code and is gone after this call):
+    a PID namespace whose PID 1 is a waiting init (``start_init``), a mount namespace in
+    which only this call's scratch dir is visible, and an empty network namespace unless the
+    tool is networked. The tool process is the monitor's child in all of them.
+    """
     isolation: dict[str, str] = {}
     if os.geteuid() != 0:
         isolation["userns"] = enter_user_namespace()
@@ -803,33 +875,36 @@ def monitor(request: dict, modules: list[str]) -> dict:
         isolation["processes"] = f"{request['max_processes']} per call (own uid)"
     isolation.setdefault("processes", "unlimited per call")
     isolation["pid"] = new_pid_namespace()
+    isolation["scratch"] = hide_other_calls(request["scratch_dir"], request["scratch_root"])
+    if isolation["scratch"] == "own-mount":
+        request = {**request, "scratch_dir": request["scratch_root"]}
+    isolation["network"] = "allowed" if request.get("network") else drop_network()
+    pid_namespace = isolation["pid"] == "pidns"
+    init = start_init(int(request.get("timeout_s") or 60) + 60) if pid_namespace else None
     answer_r, answer_w = os.pipe()
-    status_r, status_w = os.pipe()
-    init = os.fork()
-    if init == 0:
+    tool = os.fork()
+    if tool == 0:
         try:
             os.close(answer_r)
-            os.close(status_r)
-            _init_process(request, answer_w, status_w, modules, pid_namespace=isolation["pid"] == "pidns")
+            tool_process(request, answer_w, modules)
         finally:
             os._exit(1)
     os.close(answer_w)
-    os.close(status_w)
-    _stdio_to_devnull()
-    data, report, too_big = _read_answer(answer_r, status_r, limit=MAX_RESULT_BYTES + 65536)
+    _stdio_to_devnull()  # only the tool holds the call's stdout and stderr: their EOF is its exit
+    data, too_big = _read_answer(answer_r, tool, limit=MAX_RESULT_BYTES + 65536)
     os.close(answer_r)
-    os.close(status_r)
     if too_big:
-        os.kill(init, signal.SIGKILL)  # the answer is refused whole: stop the writer
-    setup_line, _, status_line = report.partition(b"\n")
-    with contextlib.suppress(ValueError, TypeError):
-        isolation.update({k: str(v) for k, v in json.loads(setup_line).items()})
-    fields = status_line.split()
-    status, left = (int(fields[0]), int(fields[1])) if len(fields) == 2 else (None, 0)
-    if left and isolation["pid"] == "pidns":
-        _wait_status(init)  # returns once the kernel has killed and reaped everything left in the namespace
-    if isolation["pid"] != "pidns" or request.get("uid") is not None and status is None:
-        left += kill_leftovers(request.get("uid"))
+        os.kill(tool, signal.SIGKILL)  # the answer is refused whole: stop the writer
+    status = _wait_status(tool)
+    if init is not None:  # what the tool left was reparented to the init: count it, then end it all at once
+        left = len(_live(_children(init)))
+        with contextlib.suppress(OSError):
+            os.kill(init, signal.SIGKILL)
+        _wait_status(init)  # returns once the kernel has killed and reaped everything in the namespace
+        if request.get("uid") is not None:
+            left += kill_leftovers(request.get("uid"))
+    else:
+        left = kill_leftovers(request.get("uid"))
     header, _, body = data.partition(b"\n")
     try:
         isolation.update(json.loads(header).get("isolation", {}) if header else {})
@@ -840,7 +915,7 @@ def monitor(request: dict, modules: list[str]) -> dict:
         frame = _error("tool_output_invalid", f"the tool's result exceeds {MAX_RESULT_BYTES} bytes",
                        limit_bytes=MAX_RESULT_BYTES)
     elif not body:  # no answer: the parent names the death (it has the stderr)
-        frame = {"ok": False, "exit": None if status is None else os.waitstatus_to_exitcode(status)}
+        frame = {"ok": False, "exit": os.waitstatus_to_exitcode(status)}
     else:
         try:
             frame = _checked_answer(decode_object(body, what="the tool's result"))
@@ -899,6 +974,7 @@ def main(argv: list[str]) -> int:
         _progress_pipe = stat.S_ISFIFO(os.fstat(PROGRESS_FD).st_mode)
     except OSError:
         _progress_pipe = False
+    name_process(b"tr-monitor")
     die_with_parent()
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
@@ -1002,6 +1078,7 @@ def serve_forks(sock_fd: int) -> int:
     import socket  # noqa: PLC0415
 
     die_with_parent()
+    name_process(b"tr-forkserver")
     modules = preload_modules()
     import structlog  # noqa: F401, PLC0415 - preloaded for the children
 
@@ -1010,7 +1087,9 @@ def serve_forks(sock_fd: int) -> int:
     with contextlib.suppress(Exception):  # traced calls record their span in the child: import it once, here
         import toolrail.tracing  # noqa: F401, PLC0415 - never start the SDK here: a thread it leaves makes every fork hang
     _reachable_for_own_uid(modules)
-    read_paths(modules)  # warms the package lookups every call's confinement needs
+    configure_tool_logging()
+    # every call's confinement looks this up: computed here once, inherited by each fork
+    read_paths(modules, exclude=[os.environ.get("TOOLRAIL_SANDBOX_SCRATCH_ROOT", "")])
     sock = socket.socket(fileno=sock_fd)
     while True:
         try:

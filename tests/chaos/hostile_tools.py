@@ -38,6 +38,12 @@ class EscapeArgs(BaseModel):
     amount: int = Field(default=0, ge=0, le=1_000_000_000)
 
 
+def _parent_pid() -> int:
+    """The parent's pid as the host sees it: ``getppid()`` is 0 when the parent is outside our PID namespace."""
+    with open("/proc/self/status") as fh:
+        return next((int(line.split()[1]) for line in fh if line.startswith("PPid:")), 0) or os.getppid()
+
+
 def escape(args: EscapeArgs) -> dict[str, Any]:
     """Try one escape; return what leaked (a hole) or raise (the sandbox held)."""
     mode, target = args.mode, args.target
@@ -45,7 +51,7 @@ def escape(args: EscapeArgs) -> dict[str, Any]:
         name = target or "TOOLRAIL_TEST_SECRET"
         if name in os.environ:
             return {"leaked": os.environ[name]}
-        with open(f"/proc/{os.getppid()}/environ", "rb") as fh:  # the worker's environment, via /proc
+        with open(f"/proc/{_parent_pid()}/environ", "rb") as fh:  # the worker's environment, via /proc
             data = fh.read()
         return {"leaked": name.encode() in data, "bytes": len(data)}
     if mode == "read_file":
@@ -93,8 +99,9 @@ def escape(args: EscapeArgs) -> dict[str, Any]:
         os.wait()
         return {"daemonized": True}
     if mode == "signal_parent":
-        os.kill(os.getppid(), 9)
-        return {"killed_parent": os.getppid()}
+        parent = _parent_pid()
+        os.kill(parent, 9)
+        return {"killed_parent": parent}
     if mode == "unix_socket":  # a local service on a Unix socket (PostgreSQL, MariaDB, the Redis socket)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(target)
