@@ -1,27 +1,29 @@
 """The sandboxed side of a tool run: ``python -m executor.sandbox_child [--result-fd N] [--progress-fd N]``.
 
 Started by ``executor.sandbox`` (forked from the fork server, or spawned), one per call.
-Two processes per call, so that nothing the tool runs can write the call's result:
+Two Python processes per call, so that nothing the tool runs can write the call's result:
 
 - the **monitor** (this process) holds the result pipe (fd 3, ``RESULT_FD``), reads one
   JSON request line on stdin (the parent sets rlimits on it *before* writing that line),
-  sets up the call's namespaces and forks the tool process; then it reads the tool's
-  answer from a pipe of its own, size-capped while reading, validates it (a JSON object,
-  bounded depth) and writes one result frame to fd 3. It never runs tool code.
+  sets up the call's namespaces for itself and forks the tool process into them; then it
+  reads the tool's answer from a pipe of its own, size-capped while reading, validates it
+  (a JSON object, bounded depth) and writes one result frame to fd 3. It never runs tool code.
 - the **tool process** closes every descriptor but its answer pipe and stdio, imports the
   tool (registry code, trusted) and confines itself: the call's own uid (root worker), no
   capabilities, ``no_new_privs``, Landlock (read-only on exactly the interpreter, its
   libraries and the tool packages; read-write on the scratch dir), and a seccomp filter
   that refuses ``socket(2)`` of every family for non-networked tools. Before any tool
   code runs it writes one line saying which layers it applied (the trusted header); the
-  tool's return value follows. It runs as PID 1 of a PID namespace of its own where the
-  kernel allows one, so everything the tool started dies with it.
+  tool's return value follows.
 
-Namespaces, per call, set up by the monitor before the fork: a user namespace when the
-worker is not root (RLIMIT_NPROC then counts this call's processes only — the kernel
-tracks process counts per user namespace), a mount namespace in which the call's scratch
-dir is bind-mounted over the scratch root (no other call's dir is even visible), a PID
-namespace, and an empty network namespace unless the tool is networked.
+Namespaces, per call, entered by the monitor before the tool starts: a user namespace when
+the worker is not root (RLIMIT_NPROC then counts this call's processes only — the kernel
+tracks process counts per user namespace), a PID namespace whose PID 1 is a waiting ``sleep``
+(``start_init``: no Python, no copy of this interpreter) — everything the tool leaves is
+reparented to it, counted, and killed with it — a mount namespace in which the call's scratch
+dir is bind-mounted over the scratch root (no other call's dir is even visible), and an empty
+network namespace unless the tool is networked. The monitor is outside the tool's PID
+namespace: the tool has no pid for it.
 
 The tool's own prints stay on stdout and stderr (the parent reads both, capped, and logs
 each line with the call id); structured logs are JSON lines on stderr.
@@ -462,9 +464,9 @@ def _live(pids: list[int]) -> list[int]:
 def kill_leftovers(uid: int | None = None) -> int:
     """Kill every process left below the monitor; returns how many were found.
 
-    With a PID namespace there is nothing left (the kernel killed it with the tool); without
-    one, orphans reparent here (child subreaper), even after ``setsid``, and are killed round
-    by round as their own children reparent. A call's own uid is swept through ``/proc`` too.
+    Without a PID namespace, orphans reparent here (child subreaper), even after ``setsid``,
+    and are killed round by round as their own children reparent (with one, they went to the
+    call's init, which the monitor counts and kills). A call's own uid is swept through ``/proc`` too.
     """
     _reap()
     found = len(_live(_children()))
@@ -614,7 +616,8 @@ def die_with_parent() -> None:
     """SIGKILL this process when the process that started it dies (no orphaned tool runs).
 
     The parent is the one seen first by this process (``remember_parent``): inside a PID
-    namespace the tool's parent *is* PID 1, so "my parent is 1" cannot mean "orphaned".
+    namespace a parent outside it reads as 0, and one that died leaves us with the call's
+    init (1) as parent, so only a change of ``getppid()`` means "orphaned".
     """
     try:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
