@@ -900,12 +900,11 @@ def monitor(request: dict, modules: list[str]) -> dict:
         os.kill(tool, signal.SIGKILL)  # the answer is refused whole: stop the writer
     status = _wait_status(tool)
     if init is not None:  # what the tool left was reparented to the init: count it, then end it all at once
-        left = len(_live(_children(init)))
+        left = len(_live(_children(init)))  # nothing of the call's can leave its PID namespace: no uid sweep
         with contextlib.suppress(OSError):
             os.kill(init, signal.SIGKILL)
-        _wait_status(init)  # returns once the kernel has killed and reaped everything in the namespace
-        if request.get("uid") is not None:
-            left += kill_leftovers(request.get("uid"))
+        if left:
+            _wait_status(init)  # returns once the kernel has killed and reaped everything in the namespace
     else:
         left = kill_leftovers(request.get("uid"))
     header, _, body = data.partition(b"\n")
@@ -1082,6 +1081,7 @@ def serve_forks(sock_fd: int) -> int:
 
     die_with_parent()
     name_process(b"tr-forkserver")
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a monitor leaves (its init) is reaped here, not leaked
     modules = preload_modules()
     import structlog  # noqa: F401, PLC0415 - preloaded for the children
 
@@ -1122,6 +1122,7 @@ def serve_forks(sock_fd: int) -> int:
             sock.sendall(f"pid {pid}\n".encode())
             _, status = os.waitpid(pid, 0)
             sock.sendall(f"exit {pid} {status}\n".encode())
+            _reap()  # a call's init, killed as its monitor ended, was reparented here (subreaper)
         except OSError:
             return 0
 
