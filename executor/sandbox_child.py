@@ -652,17 +652,42 @@ _logging_configured = False
 
 
 def configure_tool_logging() -> None:
-    """Tool processes log JSON lines on their stderr; once per process lineage (the fork server does it first)."""
+    """If a tool module uses structlog: JSON lines on stderr, carrying the call's ids (once per process lineage).
+
+    The sandbox itself does not need structlog (``_emit``): a fork server whose tools do not
+    import it stays ~10 MB smaller (structlog brings rich, pygments, attrs and asyncio), and
+    every process forked per call copies, touches and tears down less.
+    """
     global _logging_configured
-    if _logging_configured:
+    if _logging_configured or "structlog" not in sys.modules:
         return
-    import structlog  # noqa: PLC0415 - preloaded by the fork server
+    import structlog  # noqa: PLC0415 - already imported by a tool module
 
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
                                     structlog.processors.TimeStamper(fmt="iso", utc=True),
                                     structlog.processors.JSONRenderer(ensure_ascii=False)],
                         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     _logging_configured = True
+
+
+def _bind_tool_logging(ids: dict[str, str]) -> None:
+    """The call's ids on every structlog line of the tool's own (when its module uses structlog)."""
+    configure_tool_logging()
+    if _logging_configured:
+        import structlog  # noqa: PLC0415
+
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(**ids)
+
+
+def _emit(event: str, ids: dict[str, str], **fields: Any) -> None:
+    """One sandbox event (``tool.start``, ``tool.end``) as a JSON line on stderr, the shape structlog writes."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1_000_000):06d}Z"
+    record = {**fields, "event": event, **ids, "level": "info", "timestamp": stamp, "logger": "toolrail.sandbox"}
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        sys.stderr.flush()
 
 
 def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
@@ -676,18 +701,14 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     die_with_parent()
-    import structlog  # noqa: PLC0415 - preloaded by the fork server
-
     from tools.context import CallContext, flush_progress, set_current_call  # noqa: PLC0415
 
-    configure_tool_logging()
-    structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request["request_id"], job_id=request["job_id"],
-                                           call_id=request["call_id"], tool=request["tool"])
-    log = structlog.get_logger("toolrail.sandbox")
+    ids = {"request_id": request["request_id"], "job_id": request["job_id"], "call_id": request["call_id"],
+           "tool": request["tool"]}
     isolation: dict[str, str] = {}
     try:
         func = _load(request["entrypoint"])
+        _bind_tool_logging(ids)
         if request.get("confine", True):
             read = read_paths([*modules, request["entrypoint"].partition(":")[0]],
                               exclude=[request.get("scratch_root", "")])
@@ -701,7 +722,7 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
                                                 exception=type(exc).__name__)).encode())
         os._exit(0)
     _write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")  # the last line the sandbox writes
-    log.info("tool.start", pid=_host_pid(), **{f"isolation_{k}": v for k, v in isolation.items()})
+    _emit("tool.start", ids, pid=_host_pid(), **{f"isolation_{k}": v for k, v in isolation.items()})
     set_current_call(CallContext(request_id=request["request_id"], job_id=request["job_id"], call_id=request["call_id"],
                                  idempotency_key=request["idempotency_key"], scratch_dir=request["scratch_dir"],
                                  progress_fd=PROGRESS_FD if _progress_pipe else None))
@@ -717,7 +738,7 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     if os.getpid() != me:
         os._exit(0)  # a forked copy of the tool returned: only the tool process answers
     flush_progress()  # the report the rate limit held back goes before the answer
-    log.info("tool.end", ok=payload["ok"])
+    _emit("tool.end", ids, ok=payload["ok"])
     try:
         _write_all(answer_fd, encode_result(payload))
     except OSError:
@@ -1083,8 +1104,6 @@ def serve_forks(sock_fd: int) -> int:
     name_process(b"tr-forkserver")
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a monitor leaves (its init) is reaped here, not leaked
     modules = preload_modules()
-    import structlog  # noqa: F401, PLC0415 - preloaded for the children
-
     import tools.context  # noqa: F401, PLC0415
 
     with contextlib.suppress(Exception):  # traced calls record their span in the child: import it once, here
