@@ -696,6 +696,8 @@ def _check_isolation(isolation: dict[str, Any], *, confine: bool, own_uid: bool)
     if (how := missing("scratch", ("own-mount",))) is not None:
         _warn_once("scratch", "no mount namespace: other calls' scratch dirs are kept apart by modes and Landlock only",
                    how=how)
+    if (how := missing("ipc", ("ipcns",))) is not None:
+        _warn_once("ipc", "no IPC namespace: System V IPC and message queues are shared between calls", how=how)
     if (how := missing("pid", ("pidns",))) is not None:
         _warn_once("pid", "no PID namespace: leftover processes are found through the subreaper only", how=how)
     if (how := missing("processes", ("",))) is not None or str(isolation.get("processes", "")).startswith("unlimited"):

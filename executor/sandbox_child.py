@@ -21,8 +21,9 @@ the worker is not root (RLIMIT_NPROC then counts this call's processes only — 
 tracks process counts per user namespace), a PID namespace whose PID 1 is a waiting ``sleep``
 (``start_init``: no Python, no copy of this interpreter) — everything the tool leaves is
 reparented to it, counted, and killed with it — a mount namespace in which the call's scratch
-dir is bind-mounted over the scratch root (no other call's dir is even visible), and an empty
-network namespace unless the tool is networked. The monitor is outside the tool's PID
+dir is bind-mounted over the scratch root (no other call's dir is even visible), an empty
+network namespace unless the tool is networked, and an IPC namespace (System V objects and
+message queues die with the call). The monitor is outside the tool's PID
 namespace: the tool has no pid for it.
 
 The tool's own prints stay on stdout and stderr (the parent reads both, capped, and logs
@@ -61,6 +62,7 @@ MAX_RESULT_BYTES = 1_000_000
 MAX_RESULT_DEPTH = 64
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
@@ -174,6 +176,17 @@ def hide_other_calls(scratch_dir: str, scratch_root: str) -> str:
     except OSError as exc:
         return f"unavailable ({exc})"
     return "own-mount"
+
+
+def own_ipc() -> str:
+    """An IPC namespace of the call's own: System V objects and POSIX message queues die with the call.
+
+    Without it a tool could leave world-readable shared memory (``shmget`` with mode 0666) for a
+    later call, another tenant's, to attach by key: Landlock and per-call uids do not cover IPC.
+    """
+    if _libc.unshare(CLONE_NEWIPC) != 0:
+        return f"unavailable ({_errno_text()})"
+    return "ipcns"
 
 
 def new_pid_namespace() -> str:
@@ -903,6 +916,7 @@ def monitor(request: dict, modules: list[str]) -> dict:
     if isolation["scratch"] == "own-mount":
         request = {**request, "scratch_dir": request["scratch_root"]}
     isolation["network"] = "allowed" if request.get("network") else drop_network()
+    isolation["ipc"] = own_ipc()
     pid_namespace = isolation["pid"] == "pidns"
     init = start_init(int(request.get("timeout_s") or 60) + 60) if pid_namespace else None
     answer_r, answer_w = os.pipe()

@@ -33,9 +33,39 @@ class EscapeArgs(BaseModel):
     mode: Literal["env_secret", "read_file", "write_file", "fork_bomb", "memory", "cpu", "network",
                   "leave_child", "leave_daemon", "signal_parent", "ok", "unix_socket", "forge_result", "non_object",
                   "deep_result", "huge_result", "recursion", "flood_stdout", "print_lines", "list_scratch_root",
-                  "keep_secret", "sys_path"]
+                  "keep_secret", "sys_path", "ipc_put", "ipc_get"]
     target: str = Field(default="", max_length=500)
     amount: int = Field(default=0, ge=0, le=1_000_000_000)
+
+
+IPC_KEY = 0x7A11  # the System V key a call leaves a message under, for a later call to find
+_IPC_CREAT = 0o1000
+
+
+def _shm(size: int, flags: int) -> tuple[Any, int]:
+    import ctypes  # noqa: PLC0415
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    shm_id = libc.shmget(IPC_KEY, size, flags)
+    if shm_id < 0:
+        raise PermissionError(ctypes.get_errno(), f"shmget: {os.strerror(ctypes.get_errno())}")
+    return libc, shm_id
+
+
+def _ipc(mode: str, target: str) -> dict[str, Any]:
+    """System V shared memory with mode 0666: a channel to later calls (another tenant's) unless IPC is per call."""
+    import ctypes  # noqa: PLC0415
+
+    libc, shm_id = _shm(4096, (_IPC_CREAT | 0o666) if mode == "ipc_put" else 0)
+    address = libc.shmat(shm_id, None, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        raise PermissionError(ctypes.get_errno(), "shmat refused")
+    if mode == "ipc_put":
+        data = (target or "left by an earlier call").encode()[:4000]
+        ctypes.memmove(address, data + b"\0", len(data) + 1)
+        return {"left": True}
+    return {"leaked": ctypes.string_at(address).decode(errors="replace")}
 
 
 def _parent_pid() -> int:
@@ -98,6 +128,8 @@ def escape(args: EscapeArgs) -> dict[str, Any]:
             os._exit(0)
         os.wait()
         return {"daemonized": True}
+    if mode in ("ipc_put", "ipc_get"):
+        return _ipc(mode, target)
     if mode == "signal_parent":
         parent = _parent_pid()
         os.kill(parent, 9)

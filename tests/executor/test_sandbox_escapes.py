@@ -77,6 +77,7 @@ def test_isolation_layers_are_applied(sandbox: ProcessSandbox) -> None:
                                               arguments={"mode": "ok"}))
     iso = result.isolation
     assert iso["network"] in {"netns", "userns+netns"}
+    assert iso["ipc"] == "ipcns" and iso["pid"] == "pidns" and iso["scratch"] == "own-mount"
     assert result.result["cwd"].startswith(str(Path(tempfile.gettempdir()) / "toolrail-scratch"))
     if ROOT:
         assert iso["uid"].isdigit() and int(iso["uid"]) == SANDBOX_UID_BASE + result.pid
@@ -153,6 +154,16 @@ def test_tool_cannot_signal_the_worker(sandbox: ProcessSandbox) -> None:
     error = attempt(sandbox, "signal_parent")
     # its parent (the monitor) is outside the tool's PID namespace: no such process there; without one, refused
     assert error.type == "sandbox_denied" or "ProcessLookupError" in str(error), error.to_dict()
+    still_serves(sandbox)
+
+
+def test_a_call_cannot_leave_system_v_ipc_for_a_later_call(sandbox: ProcessSandbox) -> None:
+    """Shared memory made world-readable by one call (one tenant) is not there for the next (another tenant)."""
+    left = sandbox.run(ESCAPE_SPEC, CallRun(request_id="req-ipc", job_id="job-ipc", call_id="call-ipc-put",
+                                            idempotency_key="k", arguments={"mode": "ipc_put", "target": "secret"}))
+    assert left.result == {"left": True}  # the tool may use IPC within its own call
+    error = attempt(sandbox, "ipc_get")
+    assert "shmget" in str(error) or error.type == "sandbox_denied", error.to_dict()
     still_serves(sandbox)
 
 
