@@ -25,7 +25,7 @@ from executor.idempotency import payload_hash
 from executor.progress import progress_recorder
 from executor.runtime import Runtime
 from executor.sandbox import CallRun
-from executor.store import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
+from executor.store import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord, StoredJob
 from executor.tracing_hooks import execute_tool
 from toolrail import tracing
 from toolrail.logging import get_logger
@@ -62,11 +62,14 @@ def job_specs(rt: Runtime, job: JobRecord) -> dict[str, ToolSpec]:
 
 
 def set_status(rt: Runtime, job_id: str, status: str, *, mutate: Callable[[JobRecord], Any] | None = None,
-               **fields: Any) -> JobRecord:
-    """Move a non-terminal job to ``status`` (and set ``fields``); tell its webhook about the new status."""
+               read: StoredJob | None = None, **fields: Any) -> JobRecord:
+    """Move a non-terminal job to ``status`` (and set ``fields``); tell its webhook about the new status.
+
+    ``read``: the job as just read from the store, when the caller has it (the update then starts from it)."""
     changed: dict[str, bool] = {}
 
     def apply(job: JobRecord) -> Any:
+        changed.clear()  # a compare-and-set retry runs this again: only the attempt that lands counts
         if job.status in TERMINAL_JOB:
             return None
         extra = mutate(job) if mutate is not None else None  # sees the status before the change
@@ -76,7 +79,7 @@ def set_status(rt: Runtime, job_id: str, status: str, *, mutate: Callable[[JobRe
             setattr(job, key, value)
         return extra
 
-    job = rt.store.update(job_id, apply)
+    job = rt.store.update(job_id, apply, read=read)
     if changed.get("status"):
         notify(rt, job)
         if job.status in TERMINAL_JOB:
@@ -423,7 +426,7 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
         return call
     spec = job_specs(rt, job)[call.name]
     arguments = call.arguments or {}
-    digest = payload_hash(call.name, arguments)
+    digest = payload_hash(call.name, arguments) if spec.side_effects else ""  # the ledger's key: side effects only
     outcome: dict[str, Any] | None = None
     if spec.side_effects:
         begin = rt.idempotency.begin(job_id, call.id, digest, lock_s=spec.timeout_s + LOCK_GRACE_S)  # may raise retryable
@@ -454,10 +457,10 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
         call.status, call.result, call.error = "succeeded", outcome.get("result"), None
     else:
         call.status, call.error = "failed", outcome.get("error")
-    remaining = rt.store.finish_call(job_id, call)
+    remaining, read = rt.store.finish_call_and_read(job_id, call)  # the last call of its step: the job as it ended
     log.info("call.end", job_id=job_id, call_id=call.id, status=call.status, remaining=remaining)
     if remaining == 0:
-        advance(rt, job_id, next_step)
+        advance(rt, job_id, next_step, read=read)
     return call
 
 
@@ -469,14 +472,15 @@ def _maybe_advance(rt: Runtime, job_id: str, next_step: NextStep | None) -> None
         advance(rt, job_id, next_step)
 
 
-def advance(rt: Runtime, job_id: str, next_step: NextStep | None = None) -> JobRecord:
+def advance(rt: Runtime, job_id: str, next_step: NextStep | None = None, *, read: StoredJob | None = None) -> JobRecord:
     """After a step's calls all ended: start the next step, or end the run.
 
     The step is closed and the next one opened in one transaction, and only by the process whose
     transaction moved the job; that process queues the next decision. If it dies before queuing,
-    the reconciler finds the job ``deciding`` and queues it.
+    the reconciler finds the job ``deciding`` and queues it. ``read``: the job with its calls as just
+    read from the store (``finish_call_and_read``), else it is read here.
     """
-    job = rt.store.get(job_id)
+    job = read.job if read is not None else rt.store.get(job_id)
     calls = job.step_calls()
     if job.status != "running" or not calls or any(c.status not in TERMINAL_CALL for c in calls):
         return job
@@ -484,10 +488,11 @@ def advance(rt: Runtime, job_id: str, next_step: NextStep | None = None) -> JobR
     if isinstance(verdict, runs.GuardTrip):
         return _stop(rt, job, verdict)
     if verdict is not None:
-        return finalize_job(rt, job_id, job=job)
+        return finalize_job(rt, job_id, job=job, read=read)
     moved: dict[str, bool] = {}
 
     def mutate(j: JobRecord) -> dict[str, Any] | None:
+        moved.clear()  # a compare-and-set retry runs this again: only the attempt that lands counts
         if j.status != "running" or j.step != job.step:
             return None
         runs.close_step(j, status="ran")
@@ -496,7 +501,7 @@ def advance(rt: Runtime, job_id: str, next_step: NextStep | None = None) -> JobR
         moved["yes"] = True
         return {"type": "step", "step": j.step, "status": "started", "request_id": j.request_id}
 
-    job = rt.store.update(job_id, mutate)
+    job = rt.store.update(job_id, mutate, read=read)
     if moved:
         pipe = rt.redis.pipeline(transaction=False)
         metrics.record_step(pipe, metrics.metrics_key())
@@ -507,17 +512,19 @@ def advance(rt: Runtime, job_id: str, next_step: NextStep | None = None) -> JobR
     return job
 
 
-def finalize_job(rt: Runtime, job_id: str, *, job: JobRecord | None = None) -> JobRecord:
+def finalize_job(rt: Runtime, job_id: str, *, job: JobRecord | None = None, read: StoredJob | None = None) -> JobRecord:
     """End a run after its last step's calls, as a single round: failed if a call failed, else succeeded
-    (``job``: the record as just read, with its calls, when the caller has it)."""
-    job = job if job is not None else rt.store.get(job_id)
+    (``job``: the record as just read, with its calls, when the caller has it; ``read``: that read as the store
+    returned it, which the status update starts from)."""
+    job = job if job is not None else read.job if read is not None else rt.store.get(job_id)
     calls = job.step_calls()
     failed = [c for c in calls if c.status in {"failed", "rejected"}]
     if failed:
         error = {"type": "tool_failed", "message": f"{len(failed)} of {len(calls)} call(s) failed",
                  "details": {"calls": [{"id": c.id, "name": c.name, "error": c.error} for c in failed]}}
-        job = set_status(rt, job_id, "failed", error=error, mutate=lambda j: runs.close_step(j, status="failed"))
+        job = set_status(rt, job_id, "failed", error=error, mutate=lambda j: runs.close_step(j, status="failed"),
+                         read=read)
     else:
-        job = set_status(rt, job_id, "succeeded", mutate=lambda j: runs.close_step(j, status="succeeded"))
+        job = set_status(rt, job_id, "succeeded", mutate=lambda j: runs.close_step(j, status="succeeded"), read=read)
     log.info("job.finished", job_id=job_id, status=job.status)
     return job

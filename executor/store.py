@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import redis
 from pydantic import BaseModel, Field
@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from executor import metrics
 from executor.errors import IdempotencyConflictError, JobNotFoundError, StoreUnavailableError
 
-__all__ = ["CallRecord", "JobRecord", "JobStore", "RedisJobStore", "TERMINAL_CALL", "TERMINAL_JOB"]
+__all__ = ["CallRecord", "JobRecord", "JobStore", "RedisJobStore", "StoredJob", "TERMINAL_CALL", "TERMINAL_JOB"]
 
 JobStatus = Literal["queued", "deciding", "validating", "running", "awaiting_approval", "succeeded", "failed",
                     "needs_review", "cancelled", "expired"]
@@ -112,10 +112,19 @@ class JobRecord(BaseModel):
         return sorted((c for c in self.calls if c.step == wanted), key=lambda c: c.index)
 
 
+class StoredJob(NamedTuple):
+    """A job with its calls as read from the store, and the JSON its record was read from: an update that
+    starts from it (``update(..., read=...)``) needs no read of its own while nobody has written the job since."""
+
+    job: JobRecord
+    raw: bytes
+
+
 class JobStore(Protocol):
     def create(self, job: JobRecord, *, idempotency_key: str | None = None, body_hash: str | None = None) -> tuple[JobRecord, bool]: ...
     def get(self, job_id: str, *, tenant: str | None = None) -> JobRecord: ...
-    def update(self, job_id: str, mutate: Callable[[JobRecord], None], *, event: dict[str, Any] | None = None) -> JobRecord: ...
+    def update(self, job_id: str, mutate: Callable[[JobRecord], None], *, event: dict[str, Any] | None = None,
+               read: StoredJob | None = None) -> JobRecord: ...
     def set_calls(self, job_id: str, calls: list[CallRecord], *, step: int = 0) -> None: ...
     def get_call(self, job_id: str, call_id: str) -> CallRecord: ...
     def put_call(self, job_id: str, call: CallRecord) -> None: ...
@@ -123,6 +132,7 @@ class JobStore(Protocol):
     def settle_calls(self, job_id: str, calls: list[CallRecord], *, step: int, discard: set[str],
                      keep_stale: Callable[[CallRecord], bool] = ...) -> int: ...
     def finish_call(self, job_id: str, call: CallRecord) -> int: ...
+    def finish_call_and_read(self, job_id: str, call: CallRecord) -> tuple[int, StoredJob | None]: ...
     def events(self, job_id: str, *, last_id: str = "0", block_ms: int = 15000) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
 
@@ -141,11 +151,14 @@ redis.call('HSET', target, ARGV[1], ARGV[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', 1000, '*', 'data', ARGV[3])
 local remaining = -2
 if target == KEYS[1] then remaining = redis.call('DECR', KEYS[2]) end
-local i = 4
+local i = 5
 while i <= #ARGV do  -- the outcome's metrics (see _Commands), counted in the same step that made it final
   local n = tonumber(ARGV[i])
   redis.call(unpack(ARGV, i + 1, i + n))
   i = i + n + 1
+end
+if remaining == 0 and ARGV[4] == '1' then  -- the step's last call: the job as it stands now, for advancing the run
+  return {remaining, redis.call('GET', KEYS[5]), redis.call('HVALS', KEYS[1]), redis.call('HVALS', KEYS[4])}
 end
 return remaining
 """
@@ -163,6 +176,11 @@ end
 return 1
 """
 
+
+#: A job's record, calls and discarded calls, read together (one command for the server, one reply to parse).
+_GET_JOB = """
+return {redis.call('GET', KEYS[1]), redis.call('HVALS', KEYS[2]), redis.call('HVALS', KEYS[3])}
+"""
 
 #: Write a call where it lives (its step's hash, or the discarded hash once the decision dropped it) + its event.
 _PUT_CALL = """
@@ -245,6 +263,14 @@ def _time_decision(job: JobRecord, before: str) -> bool:
     return False
 
 
+def _read_job(raw: bytes, calls: list[bytes], discarded: list[bytes]) -> StoredJob:
+    """A job record with its calls (by step, then index), and the JSON it was read from."""
+    job = JobRecord.model_validate_json(raw)
+    job.calls = sorted((CallRecord.model_validate_json(c) for c in calls), key=lambda c: (c.step, c.index))
+    job.discarded_calls = sorted((CallRecord.model_validate_json(c) for c in discarded), key=lambda c: (c.step, c.index))
+    return StoredJob(job, raw)
+
+
 def _guard(fn):
     def wrapper(*args, **kwargs):
         try:
@@ -269,6 +295,7 @@ class RedisJobStore:
         self._put_call = client.register_script(_PUT_CALL)
         self._add_call = client.register_script(_ADD_CALL)
         self._settle = client.register_script(_SETTLE_CALLS)
+        self._get = client.register_script(_GET_JOB)
         self._metrics = metrics.metrics_key(prefix)
         #: Non-terminal jobs scored by their last status change: what the reconciler watches.
         self._active = f"{prefix}:active"
@@ -334,27 +361,29 @@ class RedisJobStore:
     @_guard
     def get(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
         """The job with its calls; ``JobNotFoundError`` if absent or owned by another tenant."""
-        pipe = self.redis.pipeline()
-        pipe.get(self._k(job_id))
-        pipe.hvals(self._k(job_id, ":calls"))
-        pipe.hvals(self._k(job_id, ":discarded"))
-        raw, calls, discarded = pipe.execute()
+        raw, calls, discarded = self._get(keys=[self._k(job_id), self._k(job_id, ":calls"), self._k(job_id, ":discarded")])
         if raw is None:
             raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
-        job = JobRecord.model_validate_json(raw)
+        job = _read_job(raw, calls, discarded).job
         if tenant is not None and job.tenant != tenant:
             raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
-        job.calls = sorted((CallRecord.model_validate_json(c) for c in calls), key=lambda c: (c.step, c.index))
-        job.discarded_calls = sorted((CallRecord.model_validate_json(c) for c in discarded), key=lambda c: (c.step, c.index))
         return job
 
     @_guard
-    def update(self, job_id: str, mutate: Callable[[JobRecord], Any], *, event: dict[str, Any] | None = None) -> JobRecord:
+    def update(self, job_id: str, mutate: Callable[[JobRecord], Any], *, event: dict[str, Any] | None = None,
+               read: StoredJob | None = None) -> JobRecord:
         """Read-modify-write the job (compare-and-set: two round trips, retried when another writer got there
-        first); emits a status event when the status changes, and the event ``mutate`` returns (a dict), if any."""
+        first); emits a status event when the status changes, and the event ``mutate`` returns (a dict), if any.
+
+        ``read``: the job as the caller just read it from this store; the first attempt starts from its JSON (one
+        round trip) and, when the job has changed since, the write is refused and retried from a fresh read.
+        ``mutate`` may thus run more than once; only the run whose write lands counts.
+        """
         key = self._k(job_id)
+        known = read.raw if read is not None else None
         while True:
-            raw = self.redis.get(key)
+            raw = known if known is not None else self.redis.get(key)
+            known = None  # a retry reads the record afresh
             if raw is None:
                 raise JobNotFoundError(f"job {job_id} not found", job_id=job_id)
             job = JobRecord.model_validate_json(raw)
@@ -468,14 +497,29 @@ class RedisJobStore:
     def finish_call(self, job_id: str, call: CallRecord) -> int:
         """Record a terminal call once. Returns calls still pending, -1 if it was already terminal, -2 for a
         discarded call (outcome recorded, no step waits on it)."""
+        return self._finish_call(job_id, call, read=False)[0]
+
+    @_guard
+    def finish_call_and_read(self, job_id: str, call: CallRecord) -> tuple[int, StoredJob | None]:
+        """:meth:`finish_call`, and when it ended the step (0 pending) the job with its calls as they stood at that
+        moment, read in the same script (None otherwise, or when the job record is gone): what advancing the run
+        needs, without reading it again."""
+        return self._finish_call(job_id, call, read=True)
+
+    def _finish_call(self, job_id: str, call: CallRecord, *, read: bool) -> tuple[int, StoredJob | None]:
         event = json.dumps({"type": "call", "call_id": call.id, "index": call.index, "name": call.name,
                             "status": call.status, **({"error": call.error} if call.error else {})},
                            ensure_ascii=False, default=str)
         counts = _Commands()  # applied by the script only when this process makes the call final: counted once
         metrics.record_call(counts, self._metrics, tool=call.name if call.queue else metrics.NOT_RUN_TOOL,
                             outcome=call.status, seconds=call.duration_s)
-        return int(self._finish(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"), self._k(job_id, ":events"),
-                                      self._k(job_id, ":discarded")], args=[call.id, call.model_dump_json(), event, *counts.args]))
+        reply = self._finish(keys=[self._k(job_id, ":calls"), self._k(job_id, ":pending"), self._k(job_id, ":events"),
+                                   self._k(job_id, ":discarded"), self._k(job_id)],
+                             args=[call.id, call.model_dump_json(), event, int(read), *counts.args])
+        if not isinstance(reply, list):
+            return int(reply), None
+        remaining, raw, calls, discarded = reply
+        return int(remaining), _read_job(raw, calls, discarded) if raw is not None else None
 
     @_guard
     def stale_jobs(self, *, older_than_s: float, limit: int = 100) -> list[str]:

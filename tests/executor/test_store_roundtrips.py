@@ -104,3 +104,80 @@ def test_finish_call_records_outcome_and_metrics_once_in_one_round_trip(counted)
     assert int(store.redis.hget(key, "calls\x1fget_weather\x1ffailed")) == 1
     assert float(store.redis.hget(key, "call_s\x1fget_weather\x1fsum")) == pytest.approx(0.5)
     assert [c.status for c in store.get(job.job_id).calls] == ["succeeded", "failed"]
+
+
+def test_finish_call_and_read_hands_back_the_job_as_its_step_ended(counted) -> None:
+    store, counter = counted
+    job, _ = store.create(_job())
+    calls = [CallRecord(id=f"c{i}", index=i, name="get_weather", arguments={"city": "Paris"}, queue="tool.get_weather")
+             for i in range(2)]
+    store.set_calls(job.job_id, calls)
+    store.update(job.job_id, lambda j: setattr(j, "status", "running"))
+    first = calls[0].model_copy(update={"status": "succeeded", "result": {"t": 1}, "duration_s": 0.2})
+    assert store.finish_call_and_read(job.job_id, first) == (1, None)  # loads the script once; the step goes on
+    before = counter.sent
+    second = calls[1].model_copy(update={"status": "failed", "error": {"type": "x"}, "duration_s": 0.3})
+    remaining, read = store.finish_call_and_read(job.job_id, second)
+    assert remaining == 0 and counter.sent - before == 1
+    assert read is not None and read.job == store.get(job.job_id)
+    assert [c.status for c in read.job.step_calls()] == ["succeeded", "failed"]
+    assert store.finish_call_and_read(job.job_id, second) == (-1, None)  # already terminal: nothing recorded twice
+    key = metrics.metrics_key(store._p)  # noqa: SLF001
+    assert int(store.redis.hget(key, "calls\x1fget_weather\x1ffailed")) == 1
+
+    before = counter.sent  # an update that starts from that read writes without reading again
+    store.update(job.job_id, lambda j: setattr(j, "status", "failed"), read=read)
+    assert counter.sent - before == 1
+    assert store.get(job.job_id).status == "failed"
+    events = [data["status"] for _, data in store.events(job.job_id, block_ms=50) if data.get("type") == "status"]
+    assert events == ["queued", "running", "failed"]
+
+
+def test_an_update_from_a_stale_read_reads_again_and_loses_nothing(counted) -> None:
+    store, _ = counted
+    job, _ = store.create(_job())
+    call = CallRecord(id="c0", index=0, name="get_weather", arguments={"city": "Paris"}, queue="tool.get_weather")
+    store.set_calls(job.job_id, [call])
+    _, read = store.finish_call_and_read(job.job_id, call.model_copy(update={"status": "succeeded"}))
+    assert read is not None
+    store.update(job.job_id, lambda j: j.attempts.append({"by": "another writer"}))  # the read is stale now
+    runs = []
+    updated = store.update(job.job_id, lambda j: runs.append(len(j.attempts)) or j.attempts.append({"by": "me"}), read=read)
+    assert runs == [0, 1]  # refused from the stale read, done again from a fresh one
+    assert updated.attempts == store.get(job.job_id).attempts == [{"by": "another writer"}, {"by": "me"}]
+
+
+def test_a_call_that_ends_its_job_costs_six_round_trips(counted) -> None:
+    """``jobs.run_call`` of a read-only tool whose call is the job's last: read the job, mark the call running,
+    breaker admit and record, finish the call (reading the job back), end the job (one compare-and-set)."""
+    from executor import jobs
+    from executor.idempotency import IdempotencyStore
+    from executor.runtime import Runtime
+    from executor.sandbox import ProcessSandbox
+    from toolrail.settings import get_settings
+    from tools.registry import default_registry
+
+    store, counter = counted
+    sandbox = ProcessSandbox(warm=0)
+    rt = Runtime(settings=get_settings(), redis=store.redis, store=store, idempotency=IdempotencyStore(store.redis),
+                 registry=default_registry(), sandbox_factory=lambda: sandbox)
+
+    def one_call() -> tuple[str, int]:
+        job, _ = store.create(_job().model_copy(update={"tools": ["get_weather"], "status": "running"}))
+        call = CallRecord(id="c0", index=0, name="get_weather", arguments={"city": "Paris", "date": "today"},
+                          queue="tool.get_weather")
+        store.set_calls(job.job_id, [call])
+        before = counter.sent
+        assert jobs.run_call(rt, job.job_id, call.id).status == "succeeded"
+        return job.job_id, counter.sent - before
+
+    try:
+        one_call()  # loads the scripts
+        job_id, sent = one_call()
+    finally:
+        sandbox.close()
+    assert sent == 6
+    job = store.get(job_id)
+    assert job.status == "succeeded" and job.calls[0].status == "succeeded"
+    statuses = [(data.get("type"), data.get("status")) for _, data in store.events(job_id, block_ms=50)]
+    assert statuses == [("status", "running"), ("call", "running"), ("call", "succeeded"), ("status", "succeeded")]
