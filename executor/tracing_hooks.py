@@ -5,7 +5,9 @@
   ``task_prerun``), plus a ``queue wait {queue}`` span per task: from the publish time stamped in
   the ``toolrail_published_at`` header to the task's start. Workers call it in
   ``worker_process_init`` (after the prefork fork, so the batch processor's thread lives in the
-  pool process); publishing processes (the API) call it at start.
+  pool process); publishing processes (the API) call it at start. A worker with no span sink
+  only relays the context (current while a task runs, injected into what it publishes): the
+  spans of each task would go nowhere, and making them costs every task.
 - :func:`instrument_api` — FastAPI's instrumentation (an incoming ``traceparent`` is honoured, one
   is generated when absent), a link from each later request about a job (polls, event streams,
   the trace itself) to the job's span, and the job span of a job cancelled through the API.
@@ -29,7 +31,8 @@ import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from celery.signals import before_task_publish, task_prerun
+from celery.signals import before_task_publish, task_postrun, task_prerun
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
@@ -45,26 +48,78 @@ log = get_logger("toolrail.tracing")
 #: Celery message header: when the message was published (epoch seconds, the publisher's clock).
 PUBLISHED_AT_HEADER = "toolrail_published_at"
 _JOB_PATH = re.compile(r"^/v1/jobs/(job_[0-9a-f]{1,64})(?:/[a-z]+)?$")
-_instrumented: dict[str, int] = {}
+#: What instrumented Celery in this process: (pid, "spans" or "relay").
+_instrumented: dict[str, tuple[int, str]] = {}
+#: The W3C headers a task message carries.
+_CONTEXT_HEADERS = ("traceparent", "tracestate", "baggage")
 
 
 # ----------------------------------------------------------------- Celery
 
 
 def instrument_celery(kind: str, **setup_options: Any) -> None:
-    """Set up tracing for a process that publishes or runs tasks, and instrument Celery (once per process)."""
+    """Set up tracing for a process that publishes or runs tasks, and instrument Celery (once per process).
+
+    A worker whose spans go nowhere (no sink: ``tracing.recording()`` is false) gets the context relay
+    instead of the instrumentation; the API always gets the instrumentation (a client's ``traceparent``
+    and the job's trace reach workers that do record)."""
     import os  # noqa: PLC0415
 
     provider = tracing.setup(kind, **setup_options)
-    if _instrumented.get("celery") == os.getpid():
+    mode = "relay" if kind == "worker" and not tracing.recording() else "spans"
+    if _instrumented.get("celery") == (os.getpid(), mode):
         return
     from opentelemetry.instrumentation.celery import CeleryInstrumentor  # noqa: PLC0415
 
     instrumentor = CeleryInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:  # inherited from a parent process: its tracer is the parent's
         instrumentor.uninstrument()
-    instrumentor.instrument(tracer_provider=provider)
-    _instrumented["celery"] = os.getpid()
+    _RELAY.disconnect()
+    if mode == "relay":
+        _RELAY.connect()
+    else:
+        instrumentor.instrument(tracer_provider=provider)
+    _instrumented["celery"] = (os.getpid(), mode)
+
+
+class _ContextRelay:
+    """Celery hooks of a worker that records no spans: the context a task brought is current while it runs and
+    goes on in the headers of what it publishes, as under the instrumentation, with no span made per task."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, object] = {}  # task id → the token of its attached context
+
+    def connect(self) -> None:
+        task_prerun.connect(self.enter, weak=False)
+        task_postrun.connect(self.leave, weak=False)
+        before_task_publish.connect(self.inject, weak=False)
+
+    def disconnect(self) -> None:
+        task_prerun.disconnect(self.enter)
+        task_postrun.disconnect(self.leave)
+        before_task_publish.disconnect(self.inject)
+        self._tokens.clear()
+
+    def enter(self, task: Any = None, task_id: str | None = None, **_: object) -> None:
+        if task is None or task_id is None:
+            return
+        carrier = {key: value for key in _CONTEXT_HEADERS if isinstance(value := _header(task.request, key), str)}
+        ctx = tracing.context_from(carrier)
+        if ctx is not None:
+            self._tokens[task_id] = otel_context.attach(ctx)
+
+    def leave(self, task_id: str | None = None, **_: object) -> None:
+        token = self._tokens.pop(task_id, None) if task_id is not None else None
+        if token is not None:
+            otel_context.detach(token)
+
+    @staticmethod
+    def inject(headers: dict | None = None, **_: object) -> None:
+        if headers is not None:
+            tracing.inject(headers)  # nothing when no valid context is current
+
+
+_RELAY = _ContextRelay()
 
 
 @before_task_publish.connect
@@ -87,8 +142,7 @@ def _queue_wait_span(task: Any = None, **_: object) -> None:
     except (TypeError, ValueError):
         return
     now_ns = time.time_ns()
-    carrier = {key: value for key in ("traceparent", "tracestate", "baggage")
-               if isinstance(value := _header(request, key), str)}
+    carrier = {key: value for key in _CONTEXT_HEADERS if isinstance(value := _header(request, key), str)}
     parent = tracing.context_from(carrier)
     if parent is None:
         return

@@ -318,8 +318,10 @@ def end_job(job: Any, *, status: str | None = None) -> None:
 
     Safe to call twice (the Redis sink keys spans by id; OTLP receivers see a duplicate).
     """
+    if not recording():  # before parsing the context: nothing to write it to
+        return
     ctx = context_from(getattr(job, "trace_context", None))
-    if ctx is None or not recording():
+    if ctx is None:
         return
     span_ctx = trace.get_current_span(ctx).get_span_context()
     own = SpanContext(span_ctx.trace_id, span_ctx.span_id, is_remote=False, trace_flags=span_ctx.trace_flags)

@@ -452,3 +452,54 @@ def test_otlp_export_only_when_the_endpoint_is_set(tmp_path: Path) -> None:
     services = {a.value.string_value for rs in request.resource_spans for a in rs.resource.attributes
                 if a.key == "service.name"}
     assert names == ["otlp probe"] and services == {"toolrail-worker"}
+
+
+_RELAY_PROBE = """
+import json
+from types import SimpleNamespace
+
+from celery.signals import after_task_publish, before_task_publish, task_postrun, task_prerun
+from opentelemetry import trace
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+from executor.tracing_hooks import instrument_celery
+from toolrail import tracing
+
+instrument_celery("worker")
+parent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+class Task:  # what the signals get: a task whose request carries the message's headers
+    name = "toolrail.run_call"
+    request = SimpleNamespace(traceparent=parent, headers={}, id="t1", hostname="w", delivery_info={}, args=[], kwargs={})
+
+
+task = Task()
+task_prerun.send(sender=task, task=task, task_id="t1", args=[], kwargs={})
+headers = {"id": "t2", "task": "toolrail.decide"}
+published = {"sender": "toolrail.decide", "headers": headers, "body": ((), {}, {}), "routing_key": "decide", "exchange": ""}
+before_task_publish.send(**published, declare=[], properties={})
+after_task_publish.send(**published)
+task_postrun.send(sender=task, task=task, task_id="t1", args=[], kwargs={}, retval=None, state="SUCCESS")
+print(json.dumps({"recording": tracing.recording(), "spans": CeleryInstrumentor().is_instrumented_by_opentelemetry,
+                  "published": headers.get("traceparent"),
+                  "after": trace.get_current_span().get_span_context().is_valid}))
+"""
+
+
+def test_a_worker_without_a_sink_relays_the_context_and_makes_no_spans() -> None:
+    """No sink: the task's context is current while it runs and goes into what it publishes (the job's trace goes
+    on in workers that record), without the Celery instrumentation's spans; with a sink, the instrumentation."""
+    import subprocess
+
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "TOOLRAIL_TRACE_STORE"}
+    seen = {}
+    for store in ("none", "memory"):
+        out = subprocess.run([sys.executable, "-c", _RELAY_PROBE], env={**base_env, "TOOLRAIL_TRACE_STORE": store},
+                             capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen[store] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["none"]["recording"] is False and seen["none"]["spans"] is False
+    assert seen["memory"]["recording"] is True and seen["memory"]["spans"] is True
+    for store, probe in seen.items():
+        assert probe["published"].split("-")[1] == "a" * 32, store  # the task's trace goes on in what it publishes
+    assert seen["none"]["published"] == "00-" + "a" * 32 + "-" + "b" * 16 + "-01"  # no span of its own in between
+    assert seen["none"]["after"] is False  # the context ends with the task
