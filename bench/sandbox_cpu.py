@@ -5,11 +5,11 @@
 Each round runs ``--calls`` back-to-back ``get_weather`` calls through ``ProcessSandbox`` (fork
 server, full isolation) in a fresh process per code tree, the trees alternating so that machine
 noise hits both alike. CPU is sampled with ``perf record -F 4000 -g -p <bench>,<fork server>``:
-perf follows every process those two start, so the samples are exactly the call's processes —
-the worker side (``python``), the fork server, each call's monitor, init and tool process — and
-nothing else running on the machine. A sample is 0.25 ms of CPU; samples ÷ calls is the CPU one
+perf follows every process those start, so the samples are exactly the call's processes — the
+worker side (``python``), the fork server, each call's parent (a monitor, in older code), init
+and tool process — and nothing else running on the machine. A sample is 0.25 ms of CPU; samples ÷ calls is the CPU one
 call costs. Processes are grouped by their name (``comm``): this tree names them by role
-(``tr-forkserver``, ``tr-monitor``, ``tr-tool``; the init is ``sleep``); a tree that does not name
+(``tr-forkserver``, ``tr-tool``; a spawned call parent ``tr-call-parent``; the init is ``sleep``); a tree that does not name
 them shows as ``python``. Kernel work done later by kernel threads (a network namespace's
 teardown) is not counted. Needs ``perf`` and the rights to use it (root here); without it, only
 wall time per call is printed.
@@ -46,7 +46,9 @@ for i in range(5):
 calls, out = int(sys.argv[2]), sys.argv[3]
 perf = None
 if out:
-    perf = subprocess.Popen(["perf", "record", "-q", "-F", "%d", "-g", "-p", f"{os.getpid()},{box._forkserver.proc.pid}",
+    server = box._forkserver.proc.pid  # and its child, where the server made itself PID 1 of a namespace of its own
+    pids = [os.getpid(), server, *open(f"/proc/{server}/task/{server}/children").read().split()]
+    perf = subprocess.Popen(["perf", "record", "-q", "-F", "%d", "-g", "-p", ",".join(map(str, pids)),
                              "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)
 started = time.perf_counter()

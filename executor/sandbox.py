@@ -1,34 +1,38 @@
 """Isolated tool runs: one OS process per call, limited, timed, scrubbed, disposable.
 
-``Sandbox`` is the boundary; ``ProcessSandbox`` is the implementation. Each call gets a
-monitor process (``executor.sandbox_child``) in its own session with rlimits on address
-space, CPU time, open files, file size and core dumps; the monitor forks the tool process
-in namespaces of the call's own (mount: only this call's scratch dir is visible; PID: the
-call's processes die with it; network: none unless the tool is declared networked; user:
-for non-root workers, so the process limit counts this call alone). The environment
-carries none of the worker's variables; a wall-clock kill ends the whole process group.
+``Sandbox`` is the boundary; ``ProcessSandbox`` is the implementation. Each call runs in a
+tool process of its own (``executor.sandbox_child.tool_process``) in namespaces of the
+call's own (mount: only this call's scratch dir is visible; PID: the call's processes die
+with it; network: none unless the tool is declared networked; IPC: nothing left for a later
+call; user: for non-root workers, so the process limit counts this call alone), with rlimits
+on address space, CPU time, open files, file size and core dumps that it sets on itself
+before any tool code runs. The environment carries none of the worker's variables; a
+wall-clock timeout ends the call and everything it started.
 
-Run as root, each call also gets a uid of its own (``SANDBOX_UID_BASE`` + the monitor's
-pid, unique among live processes) and no capability at all; Landlock confines the
+Run as root, each call also gets a uid of its own (``SANDBOX_UID_BASE`` + the tool
+process's pid, unique among live processes) and no capability at all; Landlock confines the
 filesystem to read-only runtime paths plus the scratch dir, and a seccomp filter refuses
 sockets to non-networked tools. Where a layer is unavailable the sandbox degrades and
 logs ``sandbox.degraded`` once per layer.
 
-Results come back over a pipe of their own (fd 3 of the monitor), written only by the
-monitor, never by tool code, and read with a cap; stdout and stderr are read with a cap
-too (the rest is discarded and counted) and each line becomes a ``tool.output`` log event
-carrying the call id. A malformed result of any kind is a typed ``ToolOutputError``.
+Results come back over a pipe of their own, written only by the call's parent
+(``executor.sandbox_parent``: the fork server, or a spawned parent), never by tool code, and
+read with a cap; stdout and stderr are read with a cap too (the rest is discarded and
+counted) and each line becomes a ``tool.output`` log event carrying the call id. A malformed
+result of any kind is a typed ``ToolOutputError``.
 
 Starting Python and importing the tool modules costs far more than the tool itself, so
-by default a fork server imports them once and forks one monitor per call (``warm``
-pre-started children are the fallback); ``bench/sandbox.py`` measures it.
+by default a fork server imports them once and is the parent of every call: one fork of it
+per call (the tool process) and a ``posix_spawn`` (the call's init). ``warm`` pre-started
+children are the fallback; ``bench/sandbox.py`` measures the start, ``bench/sandbox_cpu.py``
+the CPU per call by process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import resource
 import selectors
 import shutil
 import signal
@@ -54,7 +58,13 @@ from executor.errors import (
     ToolTimeoutError,
 )
 from executor.progress import ProgressReader
-from executor.sandbox_child import MAX_RESULT_BYTES, MAX_RESULT_DEPTH, OutputError, decode_object
+from executor.sandbox_child import (
+    MAX_RESULT_BYTES,
+    MAX_RESULT_DEPTH,
+    SANDBOX_UID_BASE,
+    OutputError,
+    decode_object,
+)
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
 
@@ -82,8 +92,6 @@ MAX_STREAM_BYTES = 256_000
 #: Lines of tool output logged per call (``tool.output``), and characters kept of each.
 MAX_OUTPUT_LINES = 200
 MAX_LINE_CHARS = 1000
-#: Per-call uids start here (root only): uid = base + pid of the sandbox monitor.
-SANDBOX_UID_BASE = 1_000_000
 #: Processes (and threads) one call may have at once, the sandbox's own included.
 DEFAULT_MAX_PROCESSES = 32
 #: How long stdout/stderr are still drained after the result arrived (a leftover may hold them).
@@ -236,15 +244,25 @@ class _Warm:
 
 
 class _ForkedCall:
-    """A sandbox monitor forked by the fork server, with the parts of ``Popen`` the sandbox uses."""
+    """A call served by the fork server, with the parts of ``Popen`` the sandbox uses.
 
-    def __init__(self, server: _ForkServer, pid: int) -> None:
+    ``pid`` is the tool process (the fork server is the call's parent) or, where the server
+    forks a call parent per call, that parent. ``how`` says how a timeout ends the call:
+    ``ask`` the server (it owns the pids: no race with their reuse), or kill the ``group``.
+    """
+
+    def __init__(self, server: _ForkServer, pid: int, how: str) -> None:
         self._server = server
         self.pid = pid
+        self.how = how
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            self._server.ask_kill()
 
     def wait(self, timeout: float | None = None) -> int | None:
         if self.returncode is None:
@@ -279,29 +297,34 @@ class _ForkServer:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line.decode()
 
-    def fork(self, *, timeout: float = 30.0) -> _Warm:
+    def fork(self, request: bytes, *, timeout: float = 30.0) -> _Warm:
+        """Hand the server one call (its pipes and request); returns once the call's process exists."""
         import socket  # noqa: PLC0415
 
-        pipes = {"stdin": os.pipe(), "stdout": os.pipe(), "stderr": os.pipe(), "result": os.pipe(),
-                 "progress": os.pipe()}
-        theirs = [pipes["stdin"][0], pipes["stdout"][1], pipes["stderr"][1], pipes["result"][1], pipes["progress"][1]]
-        ours = {"stdin": pipes["stdin"][1], "stdout": pipes["stdout"][0], "stderr": pipes["stderr"][0],
-                "result": pipes["result"][0], "progress": pipes["progress"][0]}
+        pipes = {"stdout": os.pipe(), "stderr": os.pipe(), "result": os.pipe(), "progress": os.pipe()}
+        theirs = [pipes["stdout"][1], pipes["stderr"][1], pipes["result"][1], pipes["progress"][1]]
+        ours = {name: pair[0] for name, pair in pipes.items()}
         try:
-            socket.send_fds(self._sock, [b"call"], theirs)
+            self._sock.settimeout(timeout)
+            socket.send_fds(self._sock, [f"call {len(request)}\n".encode()], theirs)
+            self._sock.sendall(request)
         except OSError:
             _close_all(ours.values())
             raise
         finally:
             _close_all(theirs)
         try:
-            kind, pid = self._line(timeout).split()[:2]
+            kind, pid, how = self._line(timeout).split()[:3]
             if kind != "pid":
                 raise ConnectionError(f"unexpected fork server reply {kind!r}")
         except (OSError, ValueError):
             _close_all(ours.values())
             raise
-        return _Warm(_ForkedCall(self, int(pid)), time.monotonic(), ours)
+        return _Warm(_ForkedCall(self, int(pid), how), time.monotonic(), ours)
+
+    def ask_kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.sendall(b"kill\n")
 
     def wait_exit(self, pid: int, *, timeout: float | None) -> int | None:
         try:
@@ -340,8 +363,12 @@ class ProcessSandbox:
 
     def __init__(self, *, warm: int = 1, scratch_root: Path | None = None, python: str = sys.executable,
                  preload: str | None = None, own_uid: bool | None = None, confine: bool = True,
-                 max_processes: int = DEFAULT_MAX_PROCESSES, forkserver: bool = True) -> None:
+                 max_processes: int = DEFAULT_MAX_PROCESSES, forkserver: bool = True,
+                 parent_per_call: bool = False) -> None:
         self._warm_target = max(0, warm)
+        #: Fork a call parent per call from the fork server (one more process per call) instead of the
+        #: server being every call's parent; what the server does where it cannot own a PID namespace.
+        self._parent_per_call = parent_per_call
         self._use_forkserver = forkserver
         self._forkserver: _ForkServer | None = None
         self._scratch_root = prepare_scratch_root(scratch_root or default_scratch_root())
@@ -374,7 +401,8 @@ class ProcessSandbox:
         env.update({"PYTHONPATH": os.pathsep.join(module_search_path(exclude=self._scratch_root)),
                     "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HOME": str(self._scratch_root),
                     "TOOLRAIL_SANDBOX_PRELOAD": self._preload, "TOOLRAIL_SANDBOX_OWN_UID": "1" if self._own_uid else "0",
-                    "TOOLRAIL_SANDBOX_SCRATCH_ROOT": str(self._scratch_root)})
+                    "TOOLRAIL_SANDBOX_SCRATCH_ROOT": str(self._scratch_root),
+                    "TOOLRAIL_SANDBOX_PARENT_PER_CALL": "1" if self._parent_per_call else "0"})
         return env
 
     def _spawn(self) -> _Warm:
@@ -403,26 +431,27 @@ class ProcessSandbox:
             while not self._closed and len(self._pool) < self._warm_target:
                 self._pool.append(self._spawn())
 
-    def _fork(self) -> _Warm | None:
-        """A monitor from the fork server (restarted if it died); None if it cannot serve."""
+    def _fork(self, request: bytes) -> _Warm | None:
+        """A call started by the fork server (restarted if it died); None if it cannot serve."""
         for _ in range(2):
             if self._forkserver is None or not self._forkserver.alive():
                 if self._forkserver is not None:
                     self._forkserver.close()
                 self._forkserver = _ForkServer(self._python, self._env())
             try:
-                return self._forkserver.fork()
-            except (OSError, ConnectionError) as exc:
+                return self._forkserver.fork(request)
+            except (OSError, ConnectionError, ValueError) as exc:
                 _warn_once("forkserver", "the sandbox fork server failed; restarting it", error=str(exc))
                 self._forkserver.close()
                 self._forkserver = None
         return None
 
-    def _take(self) -> _Warm:
+    def _take(self, request: bytes) -> tuple[_Warm, bytes]:
+        """The call's process, and what is still to be written on its stdin (the request, for a spawned one)."""
         if self._use_forkserver:
-            forked = self._fork()
+            forked = self._fork(request)
             if forked is not None:
-                return forked
+                return forked, b""
         with self._lock:
             while self._pool:
                 warm = self._pool.popleft()
@@ -436,7 +465,7 @@ class ProcessSandbox:
         # Refill on this thread: children die with the thread that started them
         # (PR_SET_PDEATHSIG), and a spawn is only fork+exec; the imports run in the child.
         self._refill()
-        return warm
+        return warm, request
 
     def close(self) -> None:
         """Kill the warm children and the fork server."""
@@ -464,45 +493,39 @@ class ProcessSandbox:
                                exception=type(exc).__name__) from exc
 
     def _run(self, spec: ToolSpec, call: CallRun) -> SandboxResult:
-        warm = self._take()
-        proc = warm.proc
         scratch = Path(tempfile.mkdtemp(prefix=f"{spec.name}-", dir=self._scratch_root))
         started = time.monotonic()
-        uid = SANDBOX_UID_BASE + proc.pid if self._own_uid else None
         streams: dict[str, _Captured] = {}
         try:
-            if uid is not None:
-                os.chown(scratch, uid, uid)
-            _apply_limits(proc.pid, spec, max_processes=self._max_processes if uid is not None else None,
-                          forked=isinstance(proc, _ForkedCall))
             request = {
                 "entrypoint": spec.entrypoint, "arguments": call.arguments, "tool": spec.name,
                 "request_id": call.request_id, "job_id": call.job_id, "call_id": call.call_id,
                 "idempotency_key": call.idempotency_key, "scratch_dir": str(scratch),
-                "scratch_root": str(self._scratch_root), "max_processes": self._max_processes,
-                "network": spec.networked, "uid": uid, "confine": self._confine, "timeout_s": spec.timeout_s,
-                "env": {**call.env, "TOOLRAIL_REQUEST_ID": call.request_id},
+                "scratch_root": str(self._scratch_root), "limits": _limits(spec, max_processes=self._max_processes),
+                "network": spec.networked, "own_uid": self._own_uid, "confine": self._confine,
+                "timeout_s": spec.timeout_s, "env": {**call.env, "TOOLRAIL_REQUEST_ID": call.request_id},
                 "trace_context": call.trace_context,
             }
+            warm, pending = self._take(json.dumps(request, ensure_ascii=False).encode() + b"\n")
+            proc = warm.proc
             try:
-                streams = _collect(warm.fds, json.dumps(request, ensure_ascii=False).encode() + b"\n",
-                                   timeout=spec.timeout_s, progress=ProgressReader.for_call(call, tool=spec.name))
+                streams = _collect(warm.fds, pending, timeout=spec.timeout_s,
+                                   progress=ProgressReader.for_call(call, tool=spec.name))
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                if uid is not None:
-                    _kill_uid(uid)
+                _end_call(proc, timed_out=True)
                 raise ToolTimeoutError(f"{spec.name} ran past its {spec.timeout_s:g} s limit and was killed",
                                        timeout_s=spec.timeout_s) from None
             finally:
-                _kill_group(proc)  # nothing the tool started outlives the call
+                _end_call(proc)  # nothing the tool started outlives the call
                 _release(warm)
             frame = _frame(spec, streams.get("result"))
             if isinstance(frame, dict) and "spans" in frame:  # the child's spans (it has no network): ours to export
                 _adopt_spans(frame.pop("spans"), call)
             isolation = frame.get("isolation") if isinstance(frame, dict) and isinstance(frame.get("isolation"), dict) \
                 else {}
-            if uid is not None and isolation.get("pid") != "pidns":
-                _kill_uid(uid)  # what left the process group (setsid); the end of a PID namespace already killed it
+            uid = isolation.get("uid")
+            if self._own_uid and str(uid).isdigit() and isolation.get("pid") != "pidns":
+                _kill_uid(int(uid))  # what left the process group (setsid); the end of a PID namespace already killed it
             duration = time.monotonic() - started
             logs = _log_output(streams, spec=spec, call=call)
             return self._result(spec, proc, frame, isolation, streams, logs, duration)
@@ -537,7 +560,7 @@ def _adopt_spans(spans: Any, call: CallRun) -> None:
 
 
 def _frame(spec: ToolSpec, raw: _Captured | None) -> dict[str, Any] | ToolOutputError | None:
-    """The monitor's result frame: None when it wrote none (it died), a ``ToolOutputError`` when malformed."""
+    """The call parent's result frame: None when it wrote none (it died), a ``ToolOutputError`` when malformed."""
     if raw is None or not raw.data:
         return None
     if raw.dropped:
@@ -579,7 +602,7 @@ def _collect(fds: dict[str, int], request: bytes, *, timeout: float,
     """Write the request, read stdout, stderr and the result pipe with caps, until the result is complete.
 
     Memory stays bounded whatever the tool prints: each stream keeps at most its cap.
-    The result pipe has one writer, the monitor: its EOF ends the call (stdout and stderr
+    The result pipe has one writer, the call parent: its EOF ends the call (stdout and stderr
     are drained briefly after, since a leftover process may hold them open). Progress reports
     (tool-written JSON lines) go to ``progress`` as they come; their pipe's EOF is never waited for.
     """
@@ -732,25 +755,29 @@ def _kill_uid(uid: int) -> None:
         time.sleep(0.01)
 
 
-def _apply_limits(pid: int, spec: ToolSpec, *, max_processes: int | None = None, forked: bool = False) -> None:
-    """rlimits on the (waiting) monitor, before it reads its request; the tool process inherits them."""
+def _limits(spec: ToolSpec, *, max_processes: int | None = None) -> dict[str, tuple[int, int]]:
+    """The rlimits of one call, by name: the tool process sets them on itself before any tool code runs.
+
+    ``nproc`` binds only where the call has a count of its own (its own uid, or a user
+    namespace of its own); the tool process drops it otherwise.
+    """
     memory = spec.memory_mb * 1024 * 1024
-    # a spawned child already spent ~1 s of CPU starting the interpreter; a forked one starts at zero
-    cpu = int(spec.cpu_s or max(1, int(spec.timeout_s) + 1)) + (0 if forked else 1)
-    limits = {
-        resource.RLIMIT_AS: (memory, memory),
-        resource.RLIMIT_CPU: (cpu, cpu + 1),
-        resource.RLIMIT_NOFILE: (64, 64),
-        resource.RLIMIT_FSIZE: (16 * 1024 * 1024, 16 * 1024 * 1024),
-        resource.RLIMIT_CORE: (0, 0),
-    }
-    if max_processes is not None:  # counts per uid: only meaningful with the call's own uid
-        limits[resource.RLIMIT_NPROC] = (max_processes, max_processes)
-    for which, value in limits.items():
-        try:
-            resource.prlimit(pid, which, value)
-        except (ValueError, OSError) as exc:
-            raise SandboxError(f"could not limit the tool process: {exc}", limit=str(which)) from exc
+    cpu = int(spec.cpu_s or max(1, int(spec.timeout_s) + 1))  # a fresh fork: its CPU time starts at zero
+    limits = {"as": (memory, memory), "cpu": (cpu, cpu + 1), "nofile": (64, 64),
+              "fsize": (16 * 1024 * 1024, 16 * 1024 * 1024), "core": (0, 0)}
+    if max_processes is not None:
+        limits["nproc"] = (max_processes, max_processes)
+    return limits
+
+
+def _end_call(proc: Any, *, timed_out: bool = False) -> None:
+    """After a call: wait for its end; on a timeout end it first (the fork server kills what it started)."""
+    if isinstance(proc, _ForkedCall) and proc.how == "ask":
+        if timed_out:
+            proc.kill()
+        proc.wait(timeout=5)
+        return
+    _kill_group(proc)
 
 
 def _kill_group(proc: Any) -> None:

@@ -1,32 +1,31 @@
-"""The sandboxed side of a tool run: ``python -m executor.sandbox_child [--result-fd N] [--progress-fd N]``.
+"""The sandboxed side of a tool run, and the spawned call parent: ``python -m executor.sandbox_child``.
 
-Started by ``executor.sandbox`` (forked from the fork server, or spawned), one per call.
-Two Python processes per call, so that nothing the tool runs can write the call's result:
+``python -m executor.sandbox_child --forkserver FD`` runs the fork server
+(``executor.sandbox_parent.serve_forks``); without it, one spawned call parent serves one call
+(its stdio the call's pipes, the result pipe fd 3, ``RESULT_FD``). Either way the call's
+parent, which never runs tool code and alone holds the result pipe, forks the **tool
+process** (``tool_process``, here), which
 
-- the **monitor** (this process) holds the result pipe (fd 3, ``RESULT_FD``), reads one
-  JSON request line on stdin (the parent sets rlimits on it *before* writing that line),
-  sets up the call's namespaces for itself and forks the tool process into them; then it
-  reads the tool's answer from a pipe of its own, size-capped while reading, validates it
-  (a JSON object, bounded depth) and writes one result frame to fd 3. It never runs tool code.
-- the **tool process** closes every descriptor but its answer pipe and stdio, imports the
-  tool (registry code, trusted) and confines itself: the call's own uid (root worker), no
+- closes every descriptor but its answer pipe, stdio and the progress pipe;
+- sets up, while it still holds its privileges, the call's namespaces (``tool_namespaces``):
+  a user namespace when the worker is not root (RLIMIT_NPROC then counts this call's
+  processes only — the kernel tracks process counts per user namespace), a mount namespace
+  in which the call's scratch dir is bind-mounted over the scratch root (no other call's dir
+  is even visible), an empty network namespace unless the tool is networked, an IPC
+  namespace (System V objects and message queues die with the call); the call's uid (root:
+  ``SANDBOX_UID_BASE`` + its pid) and rlimits;
+- imports the tool (registry code, trusted) and confines itself: the call's own uid, no
   capabilities, ``no_new_privs``, Landlock (read-only on exactly the interpreter, its
   libraries and the tool packages; read-write on the scratch dir), and a seccomp filter
-  that refuses ``socket(2)`` of every family for non-networked tools. Before any tool
-  code runs it writes one line saying which layers it applied (the trusted header); the
-  tool's return value follows.
+  that refuses ``socket(2)`` of every family for non-networked tools;
+- writes one line saying which layers it applied (the trusted header) before any tool code
+  runs; the tool's return value follows.
 
-Namespaces, per call, entered by the monitor before the tool starts: a user namespace when
-the worker is not root (RLIMIT_NPROC then counts this call's processes only — the kernel
-tracks process counts per user namespace), a PID namespace whose PID 1 is a waiting ``sleep``
-(``start_init``: no Python, no copy of this interpreter) — everything the tool leaves is
-reparented to it, counted, and killed with it — a mount namespace in which the call's scratch
-dir is bind-mounted over the scratch root (no other call's dir is even visible), an empty
-network namespace unless the tool is networked, and an IPC namespace (System V objects and
-message queues die with the call). The monitor is outside the tool's PID
-namespace: the tool has no pid for it.
+It runs in a PID namespace of the call's own, whose PID 1 is a waiting ``sleep`` started by
+the parent: everything the tool leaves is reparented to it, counted, and killed with it. The
+parent is outside that namespace: the tool has no pid for it.
 
-The tool's own prints stay on stdout and stderr (the parent reads both, capped, and logs
+The tool's own prints stay on stdout and stderr (the worker reads both, capped, and logs
 each line with the call id); structured logs are JSON lines on stderr.
 """
 
@@ -43,7 +42,6 @@ import json
 import os
 import platform
 import resource
-import select
 import signal
 import stat
 import struct
@@ -52,8 +50,10 @@ import time
 import traceback
 from typing import Any
 
-#: The descriptor the monitor writes its one result frame to; the tool process never holds it.
+#: The descriptor a spawned call parent writes its one result frame to; the tool process never holds it.
 RESULT_FD = 3
+#: Per-call uids start here (root only): uid = base + the tool process's pid, unique among live processes.
+SANDBOX_UID_BASE = 1_000_000
 #: The call's progress pipe: the tool process writes ``report_progress`` lines to it (``tools.context``), the
 #: worker reads them as they come (``executor.progress``), as untrusted as anything the tool writes.
 PROGRESS_FD = 4
@@ -108,10 +108,10 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
 
 
 class OutputError(ValueError):
-    """A tool's answer that is not a bounded JSON object (the monitor's typed refusal)."""
+    """A tool's answer that is not a bounded JSON object (the call parent's typed refusal)."""
 
 
-# ----------------------------------------------------------------- namespaces (monitor)
+# ----------------------------------------------------------------- namespaces (tool process)
 
 
 def _errno_text() -> str:
@@ -475,11 +475,11 @@ def _live(pids: list[int]) -> list[int]:
 
 
 def kill_leftovers(uid: int | None = None) -> int:
-    """Kill every process left below the monitor; returns how many were found.
+    """Kill every process left below the call parent; returns how many were found.
 
     Without a PID namespace, orphans reparent here (child subreaper), even after ``setsid``,
     and are killed round by round as their own children reparent (with one, they went to the
-    call's init, which the monitor counts and kills). A call's own uid is swept through ``/proc`` too.
+    call's init, which the call parent counts and kills). A call's own uid is swept through ``/proc`` too.
     """
     _reap()
     found = len(_live(_children()))
@@ -703,8 +703,54 @@ def _emit(event: str, ids: dict[str, str], **fields: Any) -> None:
         sys.stderr.flush()
 
 
+#: rlimits a tool process sets on itself, by the names the worker sends them under.
+LIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "nofile": resource.RLIMIT_NOFILE,
+          "fsize": resource.RLIMIT_FSIZE, "core": resource.RLIMIT_CORE, "nproc": resource.RLIMIT_NPROC}
+
+
+def tool_namespaces(request: dict) -> tuple[dict, dict[str, str]]:
+    """The tool process's own namespaces, uid and limits, set up before any tool code runs.
+
+    It still holds its privileges here (root, or every capability in a user namespace of its
+    own): a user namespace when the worker is not root (RLIMIT_NPROC then counts this call's
+    processes only), the call's uid (root: ``SANDBOX_UID_BASE`` + its pid, owner of the
+    scratch dir), a mount namespace showing only its scratch dir, an empty network namespace
+    unless networked, an IPC namespace, and the call's rlimits. Returns the request as the tool
+    sees it (the scratch dir at the scratch root's path) and what was applied.
+    """
+    setup: dict[str, str] = {}
+    limits = {k: tuple(v) for k, v in (request.get("limits") or {}).items() if k in LIMITS}
+    if os.geteuid() != 0:
+        setup["userns"] = enter_user_namespace()
+        if setup["userns"] == "userns" and "nproc" in limits:
+            setup["processes"] = f"{limits['nproc'][0]} per call (user namespace)"
+        else:
+            limits.pop("nproc", None)  # without a namespace of its own the count would be the worker's whole uid
+    elif request.get("own_uid"):
+        uid = SANDBOX_UID_BASE + _host_pid()
+        os.chown(request["scratch_dir"], uid, uid)
+        request = {**request, "uid": uid}
+        if "nproc" in limits:
+            setup["processes"] = f"{limits['nproc'][0]} per call (own uid)"
+    else:
+        limits.pop("nproc", None)
+    setup.setdefault("processes", "unlimited per call")
+    setup["scratch"] = hide_other_calls(request["scratch_dir"], request["scratch_root"])
+    if setup["scratch"] == "own-mount":
+        request = {**request, "scratch_dir": request["scratch_root"]}
+    setup["network"] = "allowed" if request.get("network") else drop_network()
+    setup["ipc"] = own_ipc()
+    for name, (soft, hard) in limits.items():
+        resource.setrlimit(LIMITS[name], (int(soft), int(hard)))
+    return request, setup
+
+
 def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
-    """Import, confine, run the tool; write the trusted header line, then the answer. Never returns."""
+    """Set up the call's namespaces, import, confine, run the tool; write the trusted header line, then the answer.
+
+    Never returns. Everything before the header line is platform code: the tool's own code
+    runs only after it, confined.
+    """
     name_process(b"tr-tool")
     remember_parent()
     keep = sorted({answer_fd, PROGRESS_FD} if _progress_pipe else {answer_fd})
@@ -720,13 +766,14 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
            "tool": request["tool"]}
     isolation: dict[str, str] = {}
     try:
+        request, isolation = tool_namespaces(request)
         func = _load(request["entrypoint"])
         _bind_tool_logging(ids)
         if request.get("confine", True):
             read = read_paths([*modules, request["entrypoint"].partition(":")[0]],
                               exclude=[request.get("scratch_root", "")])
-            isolation = confine(uid=request.get("uid"), scratch_dir=request["scratch_dir"], read=read,
-                                network=bool(request.get("network")), own_proc=f"/proc/{_host_pid()}")
+            isolation.update(confine(uid=request.get("uid"), scratch_dir=request["scratch_dir"], read=read,
+                                     network=bool(request.get("network")), own_proc=f"/proc/{_host_pid()}"))
         os.environ.update({**request.get("env", {}), "TMPDIR": request["scratch_dir"], "HOME": request["scratch_dir"]})
         os.chdir(request["scratch_dir"])
     except Exception as exc:  # noqa: BLE001 - a sandbox that cannot be set up must not run the tool
@@ -758,244 +805,14 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
         pass
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # interpreter teardown only delays the EOF the monitor waits for
+    os._exit(0)  # interpreter teardown would only delay the call parent
 
 
-# ----------------------------------------------------------------- the monitor
-
-
-def _read_answer(answer_fd: int, tool: int, *, limit: int) -> tuple[bytes, bool]:
-    """Read the tool's answer until the tool process has exited; ``(answer, too_big)``.
-
-    The tool's exit is seen on a pidfd (or by polling ``waitpid`` where the kernel has none),
-    not on the pipe's EOF, which a leftover process holding the pipe could delay: what is
-    still in the pipe then is drained without waiting. Never more than ``limit`` bytes.
-    """
-    data = bytearray()
-    try:
-        exited_fd: int | None = os.pidfd_open(tool)
-    except (AttributeError, OSError):
-        exited_fd = None
-    poller = select.poll()
-    poller.register(answer_fd, select.POLLIN)
-    if exited_fd is not None:
-        poller.register(exited_fd, select.POLLIN)
-    answer_open = True
-    try:
-        while True:
-            ready = poller.poll(None if exited_fd is not None else 20)
-            exited = any(fd == exited_fd for fd, _ in ready) or (
-                exited_fd is None and not ready and _exited(tool))
-            for fd, _ in ready:
-                if fd != answer_fd:
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    poller.unregister(answer_fd)
-                    answer_open = False
-                    continue
-                data += chunk
-                if len(data) > limit:
-                    return bytes(data[:limit]), True
-            if not answer_open and exited_fd is None:
-                exited = exited or _exited(tool)
-            if exited:
-                if answer_open:
-                    os.set_blocking(answer_fd, False)
-                    with contextlib.suppress(BlockingIOError):
-                        while chunk := os.read(answer_fd, 65536):
-                            data += chunk
-                            if len(data) > limit:
-                                return bytes(data[:limit]), True
-                return bytes(data), False
-            if not answer_open and exited_fd is None:
-                time.sleep(0.002)
-    finally:
-        if exited_fd is not None:
-            os.close(exited_fd)
-
-
-_exit_statuses: dict[int, int] = {}
-
-
-def _exited(pid: int) -> bool:
-    """Whether child ``pid`` has exited (its status kept for ``_wait_status``)."""
-    if pid in _exit_statuses:
-        return True
-    try:
-        got, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        _exit_statuses[pid] = 0
-        return True
-    if got == pid:
-        _exit_statuses[pid] = status
-        return True
-    return False
-
-
-def _stdio_to_devnull() -> None:
-    """Let go of the call's stdout and stderr (and stdin): the parent reads them until the tool's side closes."""
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
-
-
-def _wait_status(pid: int) -> int:
-    if pid in _exit_statuses:
-        return _exit_statuses.pop(pid)
-    while True:
-        try:
-            got, status = os.waitpid(pid, 0)
-        except ChildProcessError:
-            return 0
-        if got == pid:
-            return status
-
-
-#: The program that holds a call's PID namespace open as its PID 1 (it only waits: the monitor ends it).
-INIT_PROGRAM = ("sleep", "/bin/sleep", "/usr/bin/sleep")
-
-
-def _init_program() -> str | None:
-    for path in INIT_PROGRAM[1:]:
-        if os.access(path, os.X_OK):
-            return path
-    return None
-
-
-def start_init(lifetime_s: int) -> int:
-    """PID 1 of the call's PID namespace: a process that only waits, holding the namespace open.
-
-    Every process the tool leaves behind is reparented to it, so the monitor counts them
-    as its children, and killing it makes the kernel kill the rest. It runs no Python: it is
-    ``sleep`` started with ``posix_spawn`` (no copy of this interpreter's memory, nothing of
-    the call's descriptors: stdio on ``/dev/null``, fds 3 and 4 closed, an empty environment),
-    or, where no ``sleep`` exists, a fork of this process that pauses.
-    """
-    program = _init_program()
-    if program is not None:
-        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0), (os.POSIX_SPAWN_DUP2, 0, 1),
-                   (os.POSIX_SPAWN_DUP2, 0, 2), (os.POSIX_SPAWN_CLOSE, RESULT_FD), (os.POSIX_SPAWN_CLOSE, PROGRESS_FD)]
-        with contextlib.suppress(OSError):
-            return os.posix_spawn(program, [INIT_PROGRAM[0], str(max(1, lifetime_s))], {}, file_actions=actions)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            remember_parent()
-            die_with_parent()
-            _stdio_to_devnull()
-            os.closerange(3, 1 << 16)
-            while True:
-                signal.pause()
-        finally:
-            os._exit(0)
-    return pid
-
-
-def monitor(request: dict, modules: list[str]) -> dict:
-    """Set up the call's namespaces, start its init and the tool process, read the answer, build the frame.
-
-    The namespaces are the monitor's own (it runs no tool code and is gone after this call):
-    a PID namespace whose PID 1 is a waiting init (``start_init``), a mount namespace in
-    which only this call's scratch dir is visible, and an empty network namespace unless the
-    tool is networked. The tool process is the monitor's child in all of them.
-    """
-    isolation: dict[str, str] = {}
-    if os.geteuid() != 0:
-        isolation["userns"] = enter_user_namespace()
-        if isolation["userns"] == "userns" and request.get("max_processes"):
-            limit = int(request["max_processes"])
-            resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-            isolation["processes"] = f"{limit} per call (user namespace)"
-    elif request.get("uid") is not None and request.get("max_processes"):
-        isolation["processes"] = f"{request['max_processes']} per call (own uid)"
-    isolation.setdefault("processes", "unlimited per call")
-    isolation["pid"] = new_pid_namespace()
-    isolation["scratch"] = hide_other_calls(request["scratch_dir"], request["scratch_root"])
-    if isolation["scratch"] == "own-mount":
-        request = {**request, "scratch_dir": request["scratch_root"]}
-    isolation["network"] = "allowed" if request.get("network") else drop_network()
-    isolation["ipc"] = own_ipc()
-    pid_namespace = isolation["pid"] == "pidns"
-    init = start_init(int(request.get("timeout_s") or 60) + 60) if pid_namespace else None
-    answer_r, answer_w = os.pipe()
-    tool = os.fork()
-    if tool == 0:
-        try:
-            os.close(answer_r)
-            tool_process(request, answer_w, modules)
-        finally:
-            os._exit(1)
-    os.close(answer_w)
-    _stdio_to_devnull()  # only the tool holds the call's stdout and stderr: their EOF is its exit
-    data, too_big = _read_answer(answer_r, tool, limit=MAX_RESULT_BYTES + 65536)
-    os.close(answer_r)
-    if too_big:
-        os.kill(tool, signal.SIGKILL)  # the answer is refused whole: stop the writer
-    status = _wait_status(tool)
-    if init is not None:  # what the tool left was reparented to the init: count it, then end it all at once
-        left = len(_live(_children(init)))  # nothing of the call's can leave its PID namespace: no uid sweep
-        with contextlib.suppress(OSError):
-            os.kill(init, signal.SIGKILL)
-        if left:
-            _wait_status(init)  # returns once the kernel has killed and reaped everything in the namespace
-    else:
-        left = kill_leftovers(request.get("uid"))
-    header, _, body = data.partition(b"\n")
-    try:
-        isolation.update(json.loads(header).get("isolation", {}) if header else {})
-    except (ValueError, AttributeError):
-        pass
-    frame: dict[str, Any]
-    if too_big:
-        frame = _error("tool_output_invalid", f"the tool's result exceeds {MAX_RESULT_BYTES} bytes",
-                       limit_bytes=MAX_RESULT_BYTES)
-    elif not body:  # no answer: the parent names the death (it has the stderr)
-        frame = {"ok": False, "exit": os.waitstatus_to_exitcode(status)}
-    else:
-        try:
-            frame = _checked_answer(decode_object(body, what="the tool's result"))
-        except OutputError as exc:
-            frame = _error("tool_output_invalid", str(exc))
-    if left and (frame.get("ok") or frame.get("error", {}).get("type") == "tool_error"):
-        frame = _error("tool_left_process", f"the tool left {left} process(es) running after it returned; "
-                                            "they were killed", processes=left)
-    frame["isolation"] = isolation
-    frame["network"] = isolation.get("network", "")
-    return frame
-
-
-def traced_monitor(request: dict, modules: list[str]) -> dict:
-    """``monitor`` inside a ``sandbox {tool}`` span when the call carries a trace context.
-
-    The child has no network: its spans are recorded in memory and ride back in the result
-    frame (``spans``), which the worker hands to its own exporters. The span is the monitor's,
-    around the tool process's whole life; nothing the tool process writes becomes a span.
-    """
-    if not request.get("trace_context"):
-        return monitor(request, modules)
-    try:
-        from toolrail.tracing import ChildRecorder  # noqa: PLC0415 - preloaded by the fork server
-
-        recorder = ChildRecorder(request["trace_context"])
-    except Exception:  # noqa: BLE001 - tracing never stops a call
-        return monitor(request, modules)
-    with recorder.span(f"sandbox {request.get('tool')}", **{"gen_ai.tool.call.id": request.get("call_id"),
-                                                           "process.pid": _host_pid()}) as span:
-        frame = monitor(request, modules)
-        if span is not None:
-            error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
-            span.set_attribute("toolrail.call.ok", bool(frame.get("ok")))
-            if error.get("type") or "exit" in frame:
-                span.set_attribute("error.type", str(error.get("type") or "tool_crashed"))
-            for layer, value in (frame.get("isolation") or {}).items():
-                span.set_attribute(f"toolrail.sandbox.{layer}", str(value))
-    frame["spans"] = recorder.finished()
-    return frame
+# ----------------------------------------------------------------- a spawned call parent
 
 
 def main(argv: list[str]) -> int:
+    """A spawned call parent (no fork server): fds 0-2 and 4 are the call's, the result pipe is fd 3."""
     global _progress_pipe
     result_fd = int(argv[argv.index("--result-fd") + 1]) if "--result-fd" in argv else RESULT_FD
     progress_fd = int(argv[argv.index("--progress-fd") + 1]) if "--progress-fd" in argv else PROGRESS_FD
@@ -1011,7 +828,7 @@ def main(argv: list[str]) -> int:
         _progress_pipe = stat.S_ISFIFO(os.fstat(PROGRESS_FD).st_mode)
     except OSError:
         _progress_pipe = False
-    name_process(b"tr-monitor")
+    name_process(b"tr-call-parent")
     die_with_parent()
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
@@ -1021,9 +838,11 @@ def main(argv: list[str]) -> int:
     if not line:
         return 0
     request = json.loads(line)
+    from executor.sandbox_parent import traced_run_call  # noqa: PLC0415 - imports this module
+
     try:
-        frame = traced_monitor(request, modules)
-    except Exception as exc:  # noqa: BLE001 - the monitor's own failure is a typed sandbox error
+        frame = traced_run_call(request, modules)[0]
+    except Exception as exc:  # noqa: BLE001 - the call parent's own failure is a typed sandbox error
         frame = _error("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}")
     try:
         _write_all(RESULT_FD, json.dumps(frame, ensure_ascii=False).encode())
@@ -1032,7 +851,20 @@ def main(argv: list[str]) -> int:
     os._exit(0)
 
 
-#: Whether this monitor was given a progress pipe (at ``PROGRESS_FD``): only then may the tool process write there.
+#: Whether this process entered a user namespace of its own (a non-root call parent needs one for PID namespaces).
+_own_userns = False
+
+
+def in_own_user_namespace() -> bool:
+    return _own_userns
+
+
+def mark_own_user_namespace() -> None:
+    global _own_userns
+    _own_userns = True
+
+
+#: Whether this process was given a progress pipe (at ``PROGRESS_FD``): only then may the tool process write there.
 _progress_pipe = False
 
 #: Modules of ``TOOLRAIL_SANDBOX_PRELOAD`` that failed to import here, with the reason (``check_entrypoints``).
@@ -1097,71 +929,19 @@ def _strip_unsafe_path() -> None:
     sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
 
 
-def serve_forks(sock_fd: int) -> int:
-    """Fork server ("zygote"): import once, then fork one fresh monitor per call.
+def entry(argv: list[str]) -> int:
+    """``python -m executor.sandbox_child [--forkserver FD]``: a fork server, or one spawned call parent."""
+    _strip_unsafe_path()
+    if len(argv) > 2 and argv[1] == "--forkserver":
+        from executor.sandbox_parent import serve_forks  # noqa: PLC0415 - imports this module
 
-    Protocol on the Unix socket shared with one worker process, one call at a time:
-    the worker sends five fds (the call's stdin, stdout, stderr, result and progress pipes); we
-    fork, answer ``pid <pid>``, wait for the child and answer ``exit <pid> <status>``.
-    The child becomes exactly what a freshly spawned monitor is after its imports — its
-    own session, fds 0-4 on the call's pipes — and runs ``main``. Forking a pre-imported
-    process costs milliseconds where starting an interpreter and importing the tool
-    modules costs hundreds (bench/sandbox.py).
-
-    As root with per-call uids, the server first makes the interpreter and the tool
-    packages reachable for an unprivileged uid in a mount namespace of its own
-    (``make_reachable``), so that no tool process needs a capability to import.
-    """
-    import socket  # noqa: PLC0415
-
-    die_with_parent()
-    name_process(b"tr-forkserver")
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a monitor leaves (its init) is reaped here, not leaked
-    modules = preload_modules()
-    import tools.context  # noqa: F401, PLC0415
-
-    with contextlib.suppress(Exception):  # traced calls record their span in the child: import it once, here
-        import toolrail.tracing  # noqa: F401, PLC0415 - never start the SDK here: a thread it leaves makes every fork hang
-    _reachable_for_own_uid(modules)
-    configure_tool_logging()
-    # every call's confinement looks this up: computed here once, inherited by each fork
-    read_paths(modules, exclude=[os.environ.get("TOOLRAIL_SANDBOX_SCRATCH_ROOT", "")])
-    sock = socket.socket(fileno=sock_fd)
-    while True:
-        try:
-            message, fds, _flags, _addr = socket.recv_fds(sock, 256, 5)
-        except OSError:
-            return 0
-        if not message or len(fds) != 5:
-            for fd in fds:
-                os.close(fd)
-            return 0
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                sock.close()
-                os.setsid()
-                for target, fd in enumerate(fds):
-                    if fd != target:
-                        os.dup2(fd, target)
-                        os.close(fd)
-                code = main(["sandbox_child"])
-            finally:
-                os._exit(code or 0)
-        for fd in fds:
-            os.close(fd)
-        try:
-            sock.sendall(f"pid {pid}\n".encode())
-            _, status = os.waitpid(pid, 0)
-            sock.sendall(f"exit {pid} {status}\n".encode())
-            _reap()  # a call's init, killed as its monitor ended, was reparented here (subreaper)
-        except OSError:
-            return 0
+        return serve_forks(int(argv[2]))
+    return main(argv)
 
 
 if __name__ == "__main__":
-    _strip_unsafe_path()
-    if len(sys.argv) > 2 and sys.argv[1] == "--forkserver":
-        sys.exit(serve_forks(int(sys.argv[2])))
-    sys.exit(main(sys.argv))
+    # run as the package's module, not as ``__main__``: one copy of this module's state (the
+    # progress pipe, the preload errors) shared with ``executor.sandbox_parent``
+    from executor import sandbox_child as _module
+
+    sys.exit(_module.entry(sys.argv))

@@ -4,7 +4,7 @@ The MCP client spawns this module instead of the server's command; it confines i
 ``exec``s the command, so the server inherits every limit:
 
 - rlimits (address space, CPU seconds, open files, file size, no core dumps), the same kinds the
-  tool sandbox sets (``executor.sandbox._apply_limits``);
+  tool sandbox sets (``executor.sandbox._limits``);
 - a scratch directory of its own as working directory and ``HOME`` (the caller removes it);
 - an allow-listed environment (``PATH``, ``LANG``, ``LC_ALL``, ``TZ`` and nothing of the worker's);
 - no network unless the server was registered with ``network: true`` (a fresh network namespace,

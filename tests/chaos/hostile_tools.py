@@ -33,7 +33,7 @@ class EscapeArgs(BaseModel):
     mode: Literal["env_secret", "read_file", "write_file", "fork_bomb", "memory", "cpu", "network",
                   "leave_child", "leave_daemon", "signal_parent", "ok", "unix_socket", "forge_result", "non_object",
                   "deep_result", "huge_result", "recursion", "flood_stdout", "print_lines", "list_scratch_root",
-                  "keep_secret", "sys_path", "ipc_put", "ipc_get"]
+                  "keep_secret", "sys_path", "ipc_put", "ipc_get", "sleep"]
     target: str = Field(default="", max_length=500)
     amount: int = Field(default=0, ge=0, le=1_000_000_000)
 
@@ -128,6 +128,9 @@ def escape(args: EscapeArgs) -> dict[str, Any]:
             os._exit(0)
         os.wait()
         return {"daemonized": True}
+    if mode == "sleep":  # past the call's wall-clock limit: the sandbox must end it
+        time.sleep(args.amount)
+        return {"slept": args.amount}
     if mode in ("ipc_put", "ipc_get"):
         return _ipc(mode, target)
     if mode == "signal_parent":
@@ -177,7 +180,11 @@ def escape(args: EscapeArgs) -> dict[str, Any]:
             fh.write(target)
         time.sleep(args.amount or 3)
         return {"cwd": os.getcwd()}
-    return {"ok": True, "pid": os.getpid(), "uid": os.getuid(), "cwd": os.getcwd()}
+    try:
+        pid_ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pid_ns = None
+    return {"ok": True, "pid": os.getpid(), "uid": os.getuid(), "cwd": os.getcwd(), "pid_ns": pid_ns}
 
 
 def _try(action: Any) -> Any:

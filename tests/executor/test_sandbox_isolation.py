@@ -310,7 +310,8 @@ NON_ROOT_PROBE = textwrap.dedent('''
 
     box = ProcessSandbox(preload="tools.builtin,tests.chaos.hostile_tools")
     out = {{}}
-    for mode, target in (("ok", ""), ("fork_bomb", ""), ("ok", ""), ("read_file", "/etc/shadow")):
+    for mode, target in (("ok", ""), ("fork_bomb", ""), ("ok", ""), ("read_file", "/etc/shadow"), ("leave_child", ""),
+                         ("ipc_put", "secret"), ("ipc_get", "")):
         started = time.monotonic()
         try:
             result = box.run(ESCAPE_SPEC, CallRun("r", "j", mode, "k", {{"mode": mode, "target": target}}))
@@ -359,3 +360,6 @@ def test_a_fork_bomb_under_a_non_root_worker_hits_the_per_call_process_limit(tmp
     assert out["fork_bomb"]["seconds"] < ESCAPE_SPEC.timeout_s
     assert out["ok"]["result"]["ok"] is True  # the next call of the same worker is unaffected
     assert out["read_file"]["error"] == "sandbox_denied"
+    # what a call leaves is counted and killed, and nothing of one call's IPC reaches the next, here too
+    assert out["leave_child"]["error"] == "tool_left_process", out["leave_child"]
+    assert out["ipc_put"]["result"] == {"left": True} and "error" in out["ipc_get"], out["ipc_get"]
