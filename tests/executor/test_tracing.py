@@ -503,3 +503,50 @@ def test_a_worker_without_a_sink_relays_the_context_and_makes_no_spans() -> None
         assert probe["published"].split("-")[1] == "a" * 32, store  # the task's trace goes on in what it publishes
     assert seen["none"]["published"] == "00-" + "a" * 32 + "-" + "b" * 16 + "-01"  # no span of its own in between
     assert seen["none"]["after"] is False  # the context ends with the task
+
+
+_API_PROBE = """
+import json
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from executor.tracing_hooks import instrument_api
+from toolrail import tracing
+
+app = FastAPI()
+
+
+@app.get("/probe")
+def probe() -> dict:
+    return {"job": tracing.new_job_context("req-1"), "current": tracing.current_context()}
+
+
+instrument_api(app, runtime=None)
+parent = "00-" + "c" * 32 + "-" + "d" * 16 + "-01"
+with TestClient(app) as client:
+    joined = client.get("/probe", headers={"traceparent": parent}).json()
+    fresh = client.get("/probe").json()
+print(json.dumps({"recording": tracing.recording(), "instrumented": bool(getattr(app, "_is_instrumented_by_opentelemetry",
+                  False)), "joined": joined, "fresh": fresh}))
+"""
+
+
+def test_an_api_without_a_sink_makes_no_spans_and_the_job_joins_the_clients_trace() -> None:
+    """No sink: no FastAPI instrumentation, yet a client's ``traceparent`` is current for the request, so the job's
+    context continues the client's trace (and what the request publishes carries it); with a sink, the instrumentation."""
+    import subprocess
+
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "TOOLRAIL_TRACE_STORE"}
+    seen = {}
+    for store in ("none", "memory"):
+        out = subprocess.run([sys.executable, "-c", _API_PROBE], env={**base_env, "TOOLRAIL_TRACE_STORE": store},
+                             capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen[store] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["none"]["recording"] is False and seen["none"]["instrumented"] is False
+    assert seen["memory"]["recording"] is True and seen["memory"]["instrumented"] is True
+    for store, probe in seen.items():
+        assert probe["joined"]["job"]["traceparent"].split("-")[1] == "c" * 32, store
+        assert probe["fresh"]["job"]["traceparent"].split("-")[1] != "c" * 32, store  # no context leaks between requests
+    assert seen["none"]["joined"]["current"]["traceparent"] == "00-" + "c" * 32 + "-" + "d" * 16 + "-01"
