@@ -679,7 +679,7 @@ def configure_tool_logging() -> None:
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
                                     structlog.processors.TimeStamper(fmt="iso", utc=True),
                                     structlog.processors.JSONRenderer(ensure_ascii=False)],
-                        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+                        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr))  # one write per line
     _logging_configured = True
 
 

@@ -59,8 +59,9 @@ def configure_logging(*, json: bool | None = None, level: str | None = None, for
         if json
         else [*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
-        # the process's real stderr: Celery wraps sys.stderr in a logging proxy inside workers
-        logger_factory=structlog.PrintLoggerFactory(file=sys.__stderr__ or sys.stderr),
+        # the process's real stderr: Celery wraps sys.stderr in a logging proxy inside workers. One write per
+        # line (``print`` makes two under PYTHONUNBUFFERED): processes sharing the stream never splice lines
+        logger_factory=structlog.WriteLoggerFactory(file=sys.__stderr__ or sys.stderr),
         cache_logger_on_first_use=False,
     )
     _configured = True

@@ -28,6 +28,10 @@ OTHER_VARIABLES: dict[str, str] = {
     "TOOLRAIL_SANDBOX_PRELOAD": "Modules the sandbox's warm tool process imports before the first call (internal).",
     "TOOLRAIL_SANDBOX_PREWARM": "Set by a tool worker's main process: its pool processes start their sandbox at once (internal).",
     "TOOLRAIL_SANDBOX_OWN_UID": "Set by the sandbox for its tool process: 1 when each call runs under its own uid (internal).",
+    "TOOLRAIL_SANDBOX_SCRATCH_ROOT": "Set by the sandbox for its fork server: the scratch root, fenced off from what tools may read "
+                                     "(internal).",
+    "TOOLRAIL_SANDBOX_PARENT_PER_CALL": "Set by the sandbox for its fork server: 1 to fork a call parent per call instead of "
+                                        "being every call's parent (internal; ProcessSandbox(parent_per_call=True)).",
     "TOOLRAIL_LEDGER_URL": "Tool-process environment: the Redis of the demo ledger, given to networked tools only.",
     "TOOLRAIL_LEDGER_PREFIX": "Tool-process environment: key prefix of the demo ledger.",
     "TOOLRAIL_REQUEST_ID": "Tool-process environment: the request id of the call being run (set by the sandbox).",
