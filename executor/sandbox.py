@@ -264,6 +264,10 @@ class _ForkedCall:
         if self.returncode is None:
             self._server.ask_kill()
 
+    def abandon(self) -> None:
+        """The server never reported this call's end: close it (and what it runs); the next call starts another."""
+        self._server.close()
+
     def wait(self, timeout: float | None = None) -> int | None:
         if self.returncode is None:
             self.returncode = self._server.wait_exit(self.pid, timeout=timeout)
@@ -512,11 +516,15 @@ class ProcessSandbox:
                 streams = _collect(warm.fds, pending, timeout=spec.timeout_s,
                                    progress=ProgressReader.for_call(call, tool=spec.name))
             except subprocess.TimeoutExpired:
-                _end_call(proc, timed_out=True)
+                _end_call(proc, kill=True)
                 raise ToolTimeoutError(f"{spec.name} ran past its {spec.timeout_s:g} s limit and was killed",
                                        timeout_s=spec.timeout_s) from None
+            except BaseException:
+                _end_call(proc, kill=True)  # nothing the tool started outlives the call
+                raise
+            else:
+                _end_call(proc)
             finally:
-                _end_call(proc)  # nothing the tool started outlives the call
                 _release(warm)
             frame = _frame(spec, streams.get("result"))
             if isinstance(frame, dict) and "spans" in frame:  # the child's spans (it has no network): ours to export
@@ -770,14 +778,22 @@ def _limits(spec: ToolSpec, *, max_processes: int | None = None) -> dict[str, tu
     return limits
 
 
-def _end_call(proc: Any, *, timed_out: bool = False) -> None:
-    """After a call: wait for its end; on a timeout end it first (the fork server kills what it started)."""
-    if isinstance(proc, _ForkedCall) and proc.how == "ask":
-        if timed_out:
-            proc.kill()
-        proc.wait(timeout=5)
+def _end_call(proc: Any, *, kill: bool = False) -> None:
+    """After a call: wait for its end, ending it first when ``kill`` (a timeout, or a failure reading it).
+
+    A fork server that does not report the call's end within 5 s is out of step with this
+    worker: it is closed (killing what it runs) and the next call starts a fresh one.
+    """
+    if not (isinstance(proc, _ForkedCall) and proc.how == "ask"):
+        _kill_group(proc)
         return
-    _kill_group(proc)
+    if kill:
+        proc.kill()
+    if proc.wait(timeout=5) is None and not kill:
+        proc.kill()
+        proc.wait(timeout=5)
+    if proc.returncode is None:
+        proc.abandon()
 
 
 def _kill_group(proc: Any) -> None:

@@ -103,8 +103,8 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
     host_pid = _host_pid_of(tool)
     if on_tool is not None:
         on_tool(host_pid)
-    data, too_big, killed = _read_answer(answer_r, tool, limit=MAX_RESULT_BYTES + 65536, control=control,
-                                         kill=lambda: _kill_call(tool, init, session=session))
+    data, too_big, _killed = _read_answer(answer_r, tool, limit=MAX_RESULT_BYTES + 65536, control=control,
+                                          kill=lambda: _kill_call(tool, init, session=session))
     os.close(answer_r)
     if too_big:
         os.kill(tool, signal.SIGKILL)  # the answer is refused whole: stop the writer
@@ -484,6 +484,7 @@ def serve_forks(sock_fd: int) -> int:
     child.configure_tool_logging()
     # every call's confinement looks this up: computed here once, inherited by each fork
     child.read_paths(modules, exclude=[os.environ.get("TOOLRAIL_SANDBOX_SCRATCH_ROOT", "")])
+    os.set_inheritable(sock_fd, False)  # no call's process (the init is exec'd) may hold the worker's socket
     sock = socket.socket(fileno=sock_fd)
     reuse = os.environ.get("TOOLRAIL_SANDBOX_PARENT_PER_CALL") != "1" and _own_pid_namespace_for_children(sock)
     lines = _Lines(sock)
@@ -517,7 +518,8 @@ def _serve_one(sock: socket.socket, request: dict, modules: list[str], fds: list
 
         def started(host: int) -> None:
             announced.append(host)
-            sock.sendall(f"pid {host} ask\n".encode())
+            with contextlib.suppress(OSError):  # the worker is gone: its socket's EOF ends the call (``_read_answer``)
+                sock.sendall(f"pid {host} ask\n".encode())
 
         frame, status, pid = _safe_call(request, modules, stdio=(stdout, stderr, progress), session=True, control=sock,
                                         on_tool=started)

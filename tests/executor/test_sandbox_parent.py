@@ -127,3 +127,27 @@ def test_a_dying_fork_server_takes_its_call_with_it_and_is_replaced() -> None:
         assert run(box, "ok", call_id="next").result  # a new server serves the next call
     finally:
         box.close()
+
+
+def test_a_failure_reading_a_call_ends_it_and_the_server_stays_in_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a timeout: reading the call's pipes fails. The call is ended all the same (nothing of it lives on) and the
+    next call gets a server in step with this worker (the same one, or a fresh one)."""
+    import executor.sandbox as sandbox_module
+
+    box = ProcessSandbox(preload=PRELOAD)
+    real_collect = sandbox_module._collect
+
+    def failing_collect(*args, **kwargs):
+        time.sleep(0.3)  # the tool is running by now
+        raise RuntimeError("reading the call failed")
+
+    try:
+        monkeypatch.setattr(sandbox_module, "_collect", failing_collect)
+        with pytest.raises(SandboxError):
+            run(box, "sleep", amount=30, call_id="broken")
+        monkeypatch.setattr(sandbox_module, "_collect", real_collect)
+        time.sleep(0.2)
+        assert box._forkserver is None or call_processes(box) == []
+        assert run(box, "ok", call_id="next").result
+    finally:
+        box.close()
