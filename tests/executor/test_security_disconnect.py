@@ -144,4 +144,7 @@ def test_the_first_completion_loads_the_model_off_the_event_loop(tmp_path, runti
         get_settings.cache_clear()
     # Before: /healthz got no answer until the model had loaded (7-9 s here). The load still holds the GIL
     # in stretches (weights, torch set-up), so single answers may be slow, never the whole load long.
-    assert len(latencies) > 20 and statistics.median(latencies) < 0.1 and max(latencies) < 3.0, max(latencies)
+    # How many probes fit depends on how fast this machine loads the tiny model (18 on a quiet one): a few are enough
+    # to show the loop kept answering; a blocked loop shows as one probe as long as the load.
+    assert len(latencies) >= 5 and statistics.median(latencies) < 0.1 and max(latencies) < 3.0, (len(latencies),
+                                                                                                 max(latencies))
