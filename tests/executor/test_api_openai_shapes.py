@@ -4,6 +4,7 @@ conversations, ``GET /v1/models`` with the openai SDK, and one request id per re
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -187,16 +188,23 @@ def test_completion_id_header_and_logs_share_one_id(completions_api: str) -> Non
 
     capture = LogCapture()
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
+
+    def request_lines() -> list[dict]:
+        return [e for e in capture.entries if e.get("event") == "http.request" and e.get("path") == "/v1/chat/completions"]
+
     try:
         client = openai.OpenAI(base_url=f"{completions_api}/v1", api_key="unused", max_retries=0, timeout=120)
         raw = client.chat.completions.with_raw_response.create(
             model="toolrail", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         completion = raw.parse()
+        deadline = time.monotonic() + 5  # the access line is written once the response is sent: it may follow it
+        while not request_lines() and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         configure_logging(force=True)
     request_id = raw.headers["x-request-id"]
     assert completion.id == f"chatcmpl-{request_id}"
-    lines = [e for e in capture.entries if e.get("event") == "http.request" and e.get("path") == "/v1/chat/completions"]
+    lines = request_lines()
     assert lines and {e["request_id"] for e in lines} == {request_id}
     # the route of an included router is labelled with its full template, not its own suffix
     metrics = httpx.get(f"{completions_api}/metrics", timeout=10).text
