@@ -63,6 +63,7 @@ from executor.sandbox_child import (
     MAX_RESULT_DEPTH,
     SANDBOX_UID_BASE,
     OutputError,
+    close_all,
     decode_object,
 )
 from toolrail.logging import get_logger
@@ -313,16 +314,16 @@ class _ForkServer:
             socket.send_fds(self._sock, [f"call {len(request)}\n".encode()], theirs)
             self._sock.sendall(request)
         except OSError:
-            _close_all(ours.values())
+            close_all(ours.values())
             raise
         finally:
-            _close_all(theirs)
+            close_all(theirs)
         try:
             kind, pid, how = self._line(timeout).split()[:3]
             if kind != "pid":
                 raise ConnectionError(f"unexpected fork server reply {kind!r}")
         except (OSError, ValueError):
-            _close_all(ours.values())
+            close_all(ours.values())
             raise
         return _Warm(_ForkedCall(self, int(pid), how), time.monotonic(), ours)
 
@@ -349,14 +350,6 @@ class _ForkServer:
 def _python_argv(python: str) -> list[str]:
     """``python -m``, without the working directory first on ``sys.path`` where Python has ``-P`` (3.11+)."""
     return [python, "-P", "-m"] if sys.version_info >= (3, 11) else [python, "-m"]
-
-
-def _close_all(fds: Any) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 # ----------------------------------------------------------------- the sandbox
@@ -424,10 +417,10 @@ class ProcessSandbox:
                 env=self._env(), cwd="/", start_new_session=True, close_fds=True,
             )
         except OSError:
-            _close_all(ours.values())
+            close_all(ours.values())
             raise
         finally:
-            _close_all(theirs)
+            close_all(theirs)
         return _Warm(proc, time.monotonic(), ours)
 
     def _refill(self) -> None:
@@ -670,7 +663,7 @@ def _collect(fds: dict[str, int], request: bytes, *, timeout: float,
 
 def _release(warm: _Warm) -> None:
     """Close the parent's ends of a call's pipes."""
-    _close_all(warm.fds.values())
+    close_all(warm.fds.values())
     warm.fds = {}
 
 

@@ -855,6 +855,19 @@ def main(argv: list[str]) -> int:
 _own_userns = False
 
 
+def mark_progress_pipe(present: bool) -> None:
+    """This tool process holds the call's progress pipe at ``PROGRESS_FD`` (a fork server's call: set by its parent)."""
+    global _progress_pipe
+    _progress_pipe = present
+
+
+def close_all(fds: Any) -> None:
+    """Close each descriptor; one already closed is no error."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def in_own_user_namespace() -> bool:
     return _own_userns
 
@@ -942,6 +955,6 @@ def entry(argv: list[str]) -> int:
 if __name__ == "__main__":
     # run as the package's module, not as ``__main__``: one copy of this module's state (the
     # progress pipe, the preload errors) shared with ``executor.sandbox_parent``
-    from executor import sandbox_child as _module
+    from executor import sandbox_child as _module  # noqa: PLW0406 - the package's module, not this __main__ copy
 
     sys.exit(_module.entry(sys.argv))

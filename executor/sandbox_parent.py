@@ -44,6 +44,7 @@ from executor.sandbox_child import (
     _libc,
     _live,
     _reap,
+    close_all,
     decode_object,
     kill_leftovers,
     new_pid_namespace,
@@ -95,30 +96,38 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
             os._exit(1)
     os.close(answer_w)
     if stdio is not None:
-        _close_all(fd for fd in stdio if fd is not None)
+        close_all(fd for fd in stdio if fd is not None)
     else:
         _stdio_to_devnull()  # only the tool holds the call's stdout and stderr: their EOF is its exit
     if pid_namespace and _own_pid_ns is not None:
         _leave_call_pid_namespace()
-    host_pid = _host_pid_of(tool)
-    if on_tool is not None:
-        on_tool(host_pid)
-    data, too_big, _killed = _read_answer(answer_r, tool, limit=MAX_RESULT_BYTES + 65536, control=control,
-                                          kill=lambda: _kill_call(tool, init, session=session))
+    tool_fd = _pidfd(tool)  # one pidfd: the tool's host pid, then its exit
+    try:
+        host_pid = _host_pid_of(tool, tool_fd)
+        if on_tool is not None:
+            on_tool(host_pid)
+        data, too_big = _read_answer(answer_r, tool, tool_fd, limit=MAX_RESULT_BYTES + 65536, control=control,
+                                     kill=lambda: _kill_call(tool, init, session=session))
+    finally:
+        if tool_fd is not None:
+            os.close(tool_fd)
     os.close(answer_r)
     if too_big:
         os.kill(tool, signal.SIGKILL)  # the answer is refused whole: stop the writer
     status = _wait_status(tool)
     if init is not None:  # what the tool left was reparented to the init: count it, then end it all at once
         # nothing of the call's can leave its PID namespace: no uid sweep. /proc is the host's: its pids
-        left = len(_live(_children(_host_pid_of(init))))
+        init_fd = _pidfd(init)
+        left = len(_live(_children(_host_pid_of(init, init_fd))))
+        if init_fd is not None:
+            os.close(init_fd)
         with contextlib.suppress(OSError):
             os.kill(init, signal.SIGKILL)
         if left:
             _wait_status(init)  # the kernel has killed and reaped everything in the namespace once this returns
     else:
-        left = kill_leftovers(request.get("uid") or (child.SANDBOX_UID_BASE + host_pid if request.get("own_uid")
-                                                     and os.geteuid() == 0 else None))
+        left = kill_leftovers(child.SANDBOX_UID_BASE + host_pid if request.get("own_uid") and os.geteuid() == 0
+                              else None)  # the uid the tool process gave itself (``tool_namespaces``)
     return _frame(data, isolation, status=status, left=left, too_big=too_big), status, host_pid
 
 
@@ -189,7 +198,7 @@ def _as_call_stdio(stdio: tuple[int, int, int | None], answer_fd: int) -> int:
     os.dup2(high["err"], 2)
     if "progress" in high:
         os.dup2(high["progress"], child.PROGRESS_FD)
-    child._progress_pipe = "progress" in high
+    child.mark_progress_pipe("progress" in high)
     return high["answer"]
 
 
@@ -202,23 +211,25 @@ def _kill_call(tool: int, init: int | None, *, session: bool) -> None:
             os.kill(init, signal.SIGKILL)
 
 
-def _host_pid_of(pid: int) -> int:
-    """A child's pid as the host's ``/proc`` sees it (a fork server in a PID namespace of its own knows another)."""
-    if not _private_pid_ns:
-        return pid
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of child ``pid`` (None where the kernel has none: ``waitpid`` polling then sees its exit)."""
     try:
-        fd = os.pidfd_open(pid)
+        return os.pidfd_open(pid)
     except (AttributeError, OSError):
+        return None
+
+
+def _host_pid_of(pid: int, pidfd: int | None) -> int:
+    """A child's pid as the host's ``/proc`` sees it (a fork server in a PID namespace of its own knows another)."""
+    if not _private_pid_ns or pidfd is None:
         return pid
     try:
-        with open(f"/proc/self/fdinfo/{fd}") as fh:
+        with open(f"/proc/self/fdinfo/{pidfd}") as fh:
             for line in fh:
                 if line.startswith("Pid:"):
                     return int(line.split()[1])
     except (OSError, ValueError):
         pass
-    finally:
-        os.close(fd)
     return pid
 
 
@@ -273,21 +284,16 @@ def _is_open(fd: int) -> bool:
 # ----------------------------------------------------------------- reading the answer
 
 
-def _read_answer(answer_fd: int, tool: int, *, limit: int, control: socket.socket | None = None,
-                 kill: Any = None) -> tuple[bytes, bool, bool]:
-    """Read the tool's answer until the tool process has exited; ``(answer, too_big, killed)``.
+def _read_answer(answer_fd: int, tool: int, exited_fd: int | None, *, limit: int,
+                 control: socket.socket | None = None, kill: Any = None) -> tuple[bytes, bool]:
+    """Read the tool's answer until the tool process has exited; ``(answer, too_big)``.
 
-    The tool's exit is seen on a pidfd (or by polling ``waitpid`` where the kernel has none),
-    not on the pipe's EOF, which a leftover process holding the pipe could delay: what is
-    still in the pipe then is drained without waiting. Never more than ``limit`` bytes. A
-    ``kill`` line on ``control`` (the worker's timeout) ends the call at once.
+    The tool's exit is seen on its pidfd ``exited_fd`` (or by polling ``waitpid`` where the
+    kernel has none), not on the pipe's EOF, which a leftover process holding the pipe could
+    delay: what is still in the pipe then is drained without waiting. Never more than
+    ``limit`` bytes. A ``kill`` line on ``control`` (the worker's timeout) ends the call at once.
     """
     data = bytearray()
-    killed = False
-    try:
-        exited_fd: int | None = os.pidfd_open(tool)
-    except (AttributeError, OSError):
-        exited_fd = None
     poller = select.poll()
     poller.register(answer_fd, select.POLLIN)
     if exited_fd is not None:
@@ -295,43 +301,38 @@ def _read_answer(answer_fd: int, tool: int, *, limit: int, control: socket.socke
     if control is not None:
         poller.register(control.fileno(), select.POLLIN)
     answer_open = True
-    try:
-        while True:
-            ready = poller.poll(None if exited_fd is not None else 20)
-            exited = any(fd == exited_fd for fd, _ in ready) or (exited_fd is None and _exited(tool))
-            for fd, _ in ready:
-                if control is not None and fd == control.fileno():
-                    control.recv(64)  # ``kill`` (the worker's timeout), or EOF (the worker is gone): end the call
-                    poller.unregister(fd)
-                    control = None
-                    killed = True
-                    if kill is not None:
-                        kill()
-                    continue
-                if fd != answer_fd:
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    poller.unregister(answer_fd)
-                    answer_open = False
-                    continue
-                data += chunk
-                if len(data) > limit:
-                    return bytes(data[:limit]), True, killed
-            if exited:
-                if answer_open:
-                    os.set_blocking(answer_fd, False)
-                    with contextlib.suppress(BlockingIOError):
-                        while chunk := os.read(answer_fd, 65536):
-                            data += chunk
-                            if len(data) > limit:
-                                return bytes(data[:limit]), True, killed
-                return bytes(data), False, killed
-            if not answer_open and exited_fd is None:
-                time.sleep(0.002)
-    finally:
-        if exited_fd is not None:
-            os.close(exited_fd)
+    while True:
+        ready = poller.poll(None if exited_fd is not None else 20)
+        exited = any(fd == exited_fd for fd, _ in ready) or (exited_fd is None and _exited(tool))
+        for fd, _ in ready:
+            if control is not None and fd == control.fileno():
+                control.recv(64)  # ``kill`` (the worker's timeout), or EOF (the worker is gone): end the call
+                poller.unregister(fd)
+                control = None
+                if kill is not None:
+                    kill()
+                continue
+            if fd != answer_fd:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                poller.unregister(answer_fd)
+                answer_open = False
+                continue
+            data += chunk
+            if len(data) > limit:
+                return bytes(data[:limit]), True
+        if exited:
+            if answer_open:
+                os.set_blocking(answer_fd, False)
+                with contextlib.suppress(BlockingIOError):
+                    while chunk := os.read(answer_fd, 65536):
+                        data += chunk
+                        if len(data) > limit:
+                            return bytes(data[:limit]), True
+            return bytes(data), False
+        if not answer_open and exited_fd is None:
+            time.sleep(0.002)
 
 
 def _exited(pid: int) -> bool:
@@ -367,12 +368,6 @@ def _stdio_to_devnull() -> None:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
-
-
-def _close_all(fds: Any) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 # ----------------------------------------------------------------- the fork server
@@ -495,14 +490,14 @@ def serve_forks(sock_fd: int) -> int:
             return 0
         kind, _, size = line.partition(" ")
         if kind != "call" or len(fds) != 4:
-            _close_all(fds)
+            close_all(fds)
             if kind == "kill":
                 continue  # a timeout that crossed the call's end
             return 0
         try:
             request = json.loads(lines.exactly(int(size)))
         except (OSError, EOFError, ValueError):
-            _close_all(fds)
+            close_all(fds)
             return 0
         try:
             _serve_one(sock, request, modules, fds, reuse=reuse)
@@ -524,7 +519,7 @@ def _serve_one(sock: socket.socket, request: dict, modules: list[str], fds: list
         frame, status, pid = _safe_call(request, modules, stdio=(stdout, stderr, progress), session=True, control=sock,
                                         on_tool=started)
         if not announced:  # it failed before a tool process existed: the worker still waits for a pid
-            _close_all((stdout, stderr, progress))
+            close_all((stdout, stderr, progress))
             sock.sendall(b"pid 0 ask\n")
         _write_frame(result, frame)
         os.close(result)
@@ -541,7 +536,7 @@ def _serve_one(sock: socket.socket, request: dict, modules: list[str], fds: list
             code = 0
         finally:
             os._exit(code)
-    _close_all(fds)
+    close_all(fds)
     sock.sendall(f"pid {parent} group\n".encode())
     _, status = os.waitpid(parent, 0)
     sock.sendall(f"exit {parent} {status}\n".encode())
