@@ -86,12 +86,17 @@ def test_terminal_update_counts_the_job_once_and_leaves_active(counted) -> None:
     assert store.redis.zscore(store._active, job.job_id) is None  # noqa: SLF001
 
 
-def test_finish_call_records_outcome_and_metrics_once_in_one_round_trip(counted) -> None:
-    store, counter = counted
+def _job_with_two_calls(store) -> tuple[JobRecord, list[CallRecord]]:
     job, _ = store.create(_job())
     calls = [CallRecord(id=f"c{i}", index=i, name="get_weather", arguments={"city": "Paris"}, queue="tool.get_weather")
              for i in range(2)]
     store.set_calls(job.job_id, calls)
+    return job, calls
+
+
+def test_finish_call_records_outcome_and_metrics_once_in_one_round_trip(counted) -> None:
+    store, counter = counted
+    job, calls = _job_with_two_calls(store)
     done = calls[0].model_copy(update={"status": "succeeded", "result": {"t": 1}, "duration_s": 0.2})
     store.finish_call(job.job_id, done)  # loads the script once
     before = counter.sent
@@ -108,10 +113,7 @@ def test_finish_call_records_outcome_and_metrics_once_in_one_round_trip(counted)
 
 def test_finish_call_and_read_hands_back_the_job_as_its_step_ended(counted) -> None:
     store, counter = counted
-    job, _ = store.create(_job())
-    calls = [CallRecord(id=f"c{i}", index=i, name="get_weather", arguments={"city": "Paris"}, queue="tool.get_weather")
-             for i in range(2)]
-    store.set_calls(job.job_id, calls)
+    job, calls = _job_with_two_calls(store)
     store.update(job.job_id, lambda j: setattr(j, "status", "running"))
     first = calls[0].model_copy(update={"status": "succeeded", "result": {"t": 1}, "duration_s": 0.2})
     assert store.finish_call_and_read(job.job_id, first) == (1, None)  # loads the script once; the step goes on

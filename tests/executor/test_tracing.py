@@ -485,18 +485,24 @@ print(json.dumps({"recording": tracing.recording(), "spans": CeleryInstrumentor(
 """
 
 
-def test_a_worker_without_a_sink_relays_the_context_and_makes_no_spans() -> None:
-    """No sink: the task's context is current while it runs and goes into what it publishes (the job's trace goes
-    on in workers that record), without the Celery instrumentation's spans; with a sink, the instrumentation."""
+def _probe_without_and_with_a_sink(code: str) -> dict[str, dict]:
+    """Run ``code`` in a fresh interpreter with ``TOOLRAIL_TRACE_STORE`` none, then memory; its last line, parsed."""
     import subprocess
 
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "TOOLRAIL_TRACE_STORE"}
     seen = {}
     for store in ("none", "memory"):
-        out = subprocess.run([sys.executable, "-c", _RELAY_PROBE], env={**base_env, "TOOLRAIL_TRACE_STORE": store},
+        out = subprocess.run([sys.executable, "-c", code], env={**base_env, "TOOLRAIL_TRACE_STORE": store},
                              capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
         assert out.returncode == 0, out.stderr[-2000:]
         seen[store] = json.loads(out.stdout.strip().splitlines()[-1])
+    return seen
+
+
+def test_a_worker_without_a_sink_relays_the_context_and_makes_no_spans() -> None:
+    """No sink: the task's context is current while it runs and goes into what it publishes (the job's trace goes
+    on in workers that record), without the Celery instrumentation's spans; with a sink, the instrumentation."""
+    seen = _probe_without_and_with_a_sink(_RELAY_PROBE)
     assert seen["none"]["recording"] is False and seen["none"]["spans"] is False
     assert seen["memory"]["recording"] is True and seen["memory"]["spans"] is True
     for store, probe in seen.items():
@@ -535,15 +541,7 @@ print(json.dumps({"recording": tracing.recording(), "instrumented": bool(getattr
 def test_an_api_without_a_sink_makes_no_spans_and_the_job_joins_the_clients_trace() -> None:
     """No sink: no FastAPI instrumentation, yet a client's ``traceparent`` is current for the request, so the job's
     context continues the client's trace (and what the request publishes carries it); with a sink, the instrumentation."""
-    import subprocess
-
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "TOOLRAIL_TRACE_STORE"}
-    seen = {}
-    for store in ("none", "memory"):
-        out = subprocess.run([sys.executable, "-c", _API_PROBE], env={**base_env, "TOOLRAIL_TRACE_STORE": store},
-                             capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
-        assert out.returncode == 0, out.stderr[-2000:]
-        seen[store] = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = _probe_without_and_with_a_sink(_API_PROBE)
     assert seen["none"]["recording"] is False and seen["none"]["instrumented"] is False
     assert seen["memory"]["recording"] is True and seen["memory"]["instrumented"] is True
     for store, probe in seen.items():
