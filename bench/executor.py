@@ -19,7 +19,7 @@ and reports medians. Redis work per job is counted at one client from the server
 counters (``INFO stats``: commands processed, and read events — one per request batch a
 client sends, i.e. round trips), the bench client's own reads and the idle background
 (worker polls, heartbeats) subtracted. Usage:
-``python bench/executor.py [--quick] [--workers 2] [--repeat 3] [--compare /tmp/old]``.
+``python bench/executor.py [--quick] [--workers 2] [--api-workers 1] [--repeat 3] [--compare /tmp/old]``.
 """
 
 from __future__ import annotations
@@ -114,8 +114,9 @@ def _code_env(root: Path, url: str) -> dict[str, str]:
 
 @contextmanager
 def start_stack(label: str, root: Path, *, workers: int = 2, queues: tuple[str, ...] = ("decide", "tool.get_weather"),
-                env: dict[str, str] | None = None) -> Iterator[Stack]:
-    """Redis, a Celery worker pool and the API of the code at ``root`` (``env`` over the bench's), stopped on exit."""
+                env: dict[str, str] | None = None, api_workers: int = 1) -> Iterator[Stack]:
+    """Redis, a Celery worker pool and the API (``api_workers`` processes) of the code at ``root`` (``env`` over the
+    bench's), stopped on exit."""
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(data_dir=Path(tmp) / "redis") as server:
         env = {**_code_env(root, server.url), **(env or {})}
         worker = subprocess.Popen(
@@ -123,7 +124,8 @@ def start_stack(label: str, root: Path, *, workers: int = 2, queues: tuple[str, 
              "--pool", "prefork", "-n", f"bench-{label}-{free_port()}@%h", "--without-gossip", "--without-mingle",
              "--loglevel", "WARNING"], cwd=root, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
         port = free_port()
-        api = subprocess.Popen([sys.executable, "-m", "toolrail.cli", "serve", "--no-worker", "--port", str(port)],
+        api = subprocess.Popen([sys.executable, "-m", "toolrail.cli", "serve", "--no-worker", "--port", str(port),
+                                *(["--api-workers", str(api_workers)] if api_workers > 1 else [])],
                                cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
         http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, limits=httpx.Limits(max_connections=128))
@@ -229,10 +231,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests per level")
     parser.add_argument("--workers", type=int, default=2, help="Celery worker processes per stack (default 2)")
+    parser.add_argument("--api-workers", type=int, default=1,
+                        help="API processes per stack (toolrail serve --api-workers; default 1)")
     parser.add_argument("--levels", default="1,16,64")
     parser.add_argument("--repeat", type=int, default=1, help="runs of every level, interleaved; medians reported")
     parser.add_argument("--compare", type=Path, default=None, help="a checkout of other code to run side by side")
     parser.add_argument("--compare-label", default="before")
+    parser.add_argument("--compare-api-workers", type=int, default=None,
+                        help="API processes of the --compare stack (default: --api-workers; a tree without "
+                             "--api-workers needs 1)")
     parser.add_argument("--label", default="after")
     parser.add_argument("--no-counts", action="store_true", help="skip the Redis work count per job")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "executor.json"))
@@ -242,13 +249,14 @@ def main() -> int:
     load_before = os.getloadavg()
 
     with ExitStack() as stacks:
-        mine = stacks.enter_context(start_stack(args.label, ROOT, workers=args.workers,
+        mine = stacks.enter_context(start_stack(args.label, ROOT, workers=args.workers, api_workers=args.api_workers,
                                                 queues=("decide", "bench", "tool.get_weather")))
         os.environ["REDIS_URL"] = mine.url  # the bench's own Celery client publishes to this stack
         rows: dict[str, Callable[[], bool]] = dict(celery_runners(mine))
         stacked = [mine]
         if args.compare is not None:
-            other = stacks.enter_context(start_stack(args.compare_label, args.compare.resolve(), workers=args.workers))
+            other = stacks.enter_context(start_stack(args.compare_label, args.compare.resolve(), workers=args.workers,
+                                                     api_workers=args.compare_api_workers or args.api_workers))
             stacked.insert(0, other)
         for stack in stacked:
             rows.update({f"{name} [{stack.label}]" if args.compare else name: fn for name, fn in job_runners(stack).items()})
@@ -273,7 +281,8 @@ def main() -> int:
     load_after = os.getloadavg()
     results = {name: {level: _median_row(r) for level, r in by_level.items()} for name, by_level in runs.items()}
 
-    print(f"\n### executor benchmark ({args.workers} worker processes per stack, {os.cpu_count()} cores, "
+    print(f"\n### executor benchmark ({args.workers} worker processes and {args.api_workers} API process(es) per stack, "
+          f"{os.cpu_count()} cores, "
           f"median of {args.repeat} run(s); load average {load_before[0]:.2f} before, {load_after[0]:.2f} after)\n")
     print("| path | clients | jobs/s | p50 ms | p99 ms | throughput vs celery-noop | vs celery-fork | p99 overhead ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -10,6 +10,7 @@ and by inclusive time. Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import collections
 import importlib.util
 import subprocess
@@ -67,7 +68,7 @@ def main() -> int:
         for _ in range(10):
             fn()
         outs = {name: Path(tmp) / f"{name}.txt" for name in ("api", "worker")}
-        spies = [subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw", "--nonblocking", "--gil", "--rate",
+        spies = [subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw", "--nonblocking", *([] if os.environ.get("PYSPY_ALL_THREADS") else ["--gil"]), "--rate",
                                    "200", "--duration", str(int(args.seconds)), "-o", str(outs[name]), "-p", str(pid),
                                    *(["--subprocesses"] if name == "worker" else [])],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -99,10 +99,10 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def stack_round(root: Path, jobs: int, clients: int) -> dict:
+def stack_round(root: Path, jobs: int, clients: int, job: str = "api-sandboxed") -> dict:
     """One stack of the code at ``root``: CPU per job by role (ms), throughput, Redis work per job."""
     with bench_executor.start_stack("cpu", root) as stack:
-        run = bench_executor.job_runners(stack)["api-sandboxed"]
+        run = bench_executor.job_runners(stack)[job]
         bench_executor.run_level(run, 40, clients)  # warm: fork servers, scripts, connections
         pids = {"worker-main": [stack.worker_pid], "worker-pool": _children(stack.worker_pid), "api": [stack.api_pid],
                 "redis": [int(stack.client.info("server")["process_id"])], "bench-client": [os.getpid()]}
@@ -130,6 +130,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=200, help="jobs per stack round (16 clients)")
     parser.add_argument("--calls", type=int, default=300, help="calls per in-process round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--row", default="api-sandboxed", choices=["api-sandboxed", "api-validate"],
+                        help="the job the stack runs (api-validate: no worker work; the in-process round is skipped)")
     parser.add_argument("--compare", type=Path, default=None, help="a checkout of other code to run alternately")
     parser.add_argument("--compare-label", default="before")
     parser.add_argument("--label", default="after")
@@ -139,12 +141,12 @@ def main() -> int:
     inproc: dict[str, list[float]] = {label: [] for label, _ in trees}
     for n in range(args.rounds):
         for label, root in (trees if n % 2 == 0 else trees[::-1]):
-            inproc[label].append(in_process_round(root, args.calls))
-            stacks[label].append(stack_round(root, args.jobs, 16))
+            inproc[label].append(in_process_round(root, args.calls) if args.row == "api-sandboxed" else 0.0)
+            stacks[label].append(stack_round(root, args.jobs, 16, args.row))
             print(f"  [{n + 1}/{args.rounds}] {label}: in-process {inproc[label][-1]:.3f} ms/call; "
                   f"{ {k: round(v, 2) for k, v in stacks[label][-1].items()} }", file=sys.stderr)
     load = os.getloadavg()
-    print(f"\n### worker CPU per sandboxed job (medians of {args.rounds} alternating rounds, {os.cpu_count()} cores, "
+    print(f"\n### CPU per {args.row} job (medians of {args.rounds} alternating rounds, {os.cpu_count()} cores, "
           f"load average {load[0]:.2f})\n")
     cols = [*ROLES, "round_trips", "commands"]
     print("| tree | in-process worker ms/call | " + " | ".join(f"{c} ms" if c in ROLES else c for c in cols) + " | jobs/s |")
@@ -158,7 +160,8 @@ def main() -> int:
                                                               for c in cols) + f" | {med['throughput']:.1f} |")
     if args.compare:
         new, old = medians[args.label], medians[args.compare_label]
-        print(f"\n{args.label} / {args.compare_label}: in-process worker {new['in_process'] / old['in_process']:.2f}×, "
+        ratio = f"{new['in_process'] / old['in_process']:.2f}×" if old["in_process"] else "n/a"
+        print(f"\n{args.label} / {args.compare_label}: in-process worker {ratio}, "
               + ", ".join(f"{c} {new[c] / old[c]:.2f}×" for c in ROLES if old[c]))
     return 0
 

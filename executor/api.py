@@ -25,6 +25,7 @@ import asyncio
 import hashlib
 import hmac
 import inspect
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +38,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from jsonschema.exceptions import SchemaError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -57,21 +59,26 @@ from executor.store import TERMINAL_JOB, CallRecord, JobRecord
 from executor.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
 from toolrail import tracing
 from toolrail.logging import get_logger
-from toolrail.settings import Settings
+from toolrail.settings import Settings, get_settings
 from tools.errors import SchemaRejectedError, UnknownToolError
 from tools.patterns import validator_for
 from tools.schema_guard import check_client_schema
 from tools.spec import ToolSpec
 
-__all__ = ["ApiError", "JobCreate", "create_app"]
+__all__ = ["MULTIPROCESS_DIR_ENV", "ApiError", "JobCreate", "app_from_environment", "create_app"]
 
 log = get_logger("toolrail.api")
+
+#: prometheus_client's multiprocess directory: set (by ``toolrail serve --api-workers N``) before any API
+#: process imports prometheus_client, each process's counters and histograms live in files there and every
+#: scrape sums them, whichever process answers it.
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 # ----------------------------------------------------------------- auth
 
 
-def tenant_of(request: Request, authorization: Annotated[str | None, Header()] = None,
+async def tenant_of(request: Request, authorization: Annotated[str | None, Header()] = None,
               x_api_key: Annotated[str | None, Header()] = None) -> str:
     """The tenant of the caller's API key; ``default`` when no keys are configured."""
     tenants: dict[str, str] = request.app.state.tenants
@@ -99,6 +106,16 @@ def native_telemetry_off() -> dict[str, Any]:
     if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
         return {}
     return {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
+
+
+def app_from_environment() -> FastAPI:
+    """The API over this process's settings and ``REDIS_URL``: what each process of ``toolrail serve --api-workers N``
+    builds (uvicorn's factory)."""
+    from toolrail.logging import configure_logging  # noqa: PLC0415
+
+    configure_logging()
+    settings = get_settings()
+    return create_app(settings, Runtime.from_settings(settings))
 
 
 def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRecord], None] | None = None,
@@ -134,14 +151,18 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth)
     instrument_api(app, runtime)  # server spans (traceparent honoured or generated), links from job requests
     metrics = CollectorRegistry()
-    jobs_created = Counter("toolrail_jobs_created_total", "Jobs accepted", ["tenant"], registry=metrics)
+    shared_dir = os.environ.get(MULTIPROCESS_DIR_ENV)  # several API processes: their counters are summed at the scrape
+    counters = None if shared_dir else metrics
+    jobs_created = Counter("toolrail_jobs_created_total", "Jobs accepted", ["tenant"], registry=counters)
     http_latency = Histogram("toolrail_http_request_duration_seconds", "API latency", ["method", "route", "status"],
-                             registry=metrics, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+                             registry=counters, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+    if shared_dir:
+        metrics.register(MultiProcessCollector(None, path=shared_dir))
     metrics.register(_QueueDepth(runtime))
     metrics.register(OutcomeCollector(runtime.redis))
     readiness = Readiness(runtime.redis, ping_workers)
     started_at = int(time.time())
-    install_load_control(app, settings=settings, runtime=runtime, metrics=metrics)
+    install_load_control(app, settings=settings, runtime=runtime, metrics=metrics, counters=counters)
 
     app.add_middleware(Correlate, latency=http_latency)
 

@@ -6,11 +6,13 @@ import argparse
 import ipaddress
 import json
 import os
+import socket
 import sys
+import tempfile
 import time
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["register", "tcp_listener"]
 
 DEMO_PROMPT = "北京明天天气怎么样"
 DEMO_RUN_PROMPT = "What's the weather in Beijing tomorrow?"
@@ -27,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="worker processes (default: TOOLRAIL_WORKER_CONCURRENCY, 2)")
     serve.add_argument("--redis-url", default=None, metavar="URL",
                        help="use this Redis (e.g. redis://127.0.0.1:6379/0) instead of REDIS_URL or an embedded one")
+    serve.add_argument("--api-workers", type=int, default=None, metavar="N",
+                       help="API processes on the port (default: TOOLRAIL_API_WORKERS, 1); one process uses one core "
+                            "at most")
     serve.add_argument("--no-worker", action="store_true", help="API only (workers run elsewhere)")
     serve.set_defaults(handler=_serve)
 
@@ -87,6 +92,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     configure_logging()
     log = get_logger("toolrail.serve")
+    if args.api_workers is not None and args.api_workers < 1:
+        print(f"--api-workers must be at least 1, not {args.api_workers}", file=sys.stderr)
+        return 2
     settings = get_settings()
     host = args.host or settings.host
     port = args.port or settings.port
@@ -107,17 +115,51 @@ def _serve(args: argparse.Namespace) -> int:
 
             worker = start_worker(url, queues=["decide", *default_registry().queues()],
                                   concurrency=args.concurrency or settings.worker_concurrency)
-        from executor.api import create_app  # noqa: PLC0415
-        from executor.runtime import Runtime  # noqa: PLC0415
+        api_workers = args.api_workers or settings.api_workers
+        log.info("serve.listening", url=f"http://{host}:{port}", api_processes=api_workers)
+        if api_workers == 1:
+            from executor.api import create_app  # noqa: PLC0415
+            from executor.runtime import Runtime  # noqa: PLC0415
 
-        app = create_app(settings, Runtime.from_settings(settings, redis_url=url))
-        log.info("serve.listening", url=f"http://{host}:{port}")
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+            app = create_app(settings, Runtime.from_settings(settings, redis_url=url))
+            uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+        else:  # uvicorn's workers: each process builds its app from the environment (REDIS_URL is set above)
+            from executor.api import MULTIPROCESS_DIR_ENV  # noqa: PLC0415
+
+            with tempfile.TemporaryDirectory(prefix="toolrail-metrics-") as shared:
+                os.environ[MULTIPROCESS_DIR_ENV] = shared
+                _serve_processes(host, port, api_workers)
     finally:
         stop_process(worker)
         if embedded:
             embedded.stop()
     return 0
+
+
+def _serve_processes(host: str, port: int, processes: int) -> None:
+    """uvicorn's supervisor over ``processes`` API processes sharing one listening socket, bound here.
+
+    uvicorn binds that socket with ``proto`` 0 (``Config.bind_socket``); accepted sockets inherit it, and
+    asyncio sets ``TCP_NODELAY`` only on sockets whose ``proto`` is ``IPPROTO_TCP``: every keep-alive
+    request after the first then waits ~40 ms for the client's delayed ACK (Kludex/uvicorn#3149, open).
+    Bound here with ``IPPROTO_TCP``, every process's connections get ``TCP_NODELAY`` as one process's do.
+    """
+    import uvicorn  # noqa: PLC0415
+    from uvicorn.supervisors import Multiprocess  # noqa: PLC0415
+
+    config = uvicorn.Config("executor.api:app_from_environment", factory=True, workers=processes, host=host, port=port,
+                            log_level="warning", access_log=False)
+    Multiprocess(config, sockets=[tcp_listener(host, port)]).run()
+
+
+def tcp_listener(host: str, port: int) -> socket.socket:
+    """A bound TCP socket whose accepted connections asyncio gives ``TCP_NODELAY`` (its ``proto`` is ``IPPROTO_TCP``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.set_inheritable(True)
+    return listener
 
 
 def _is_loopback(host: str) -> bool:

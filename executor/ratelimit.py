@@ -102,15 +102,17 @@ def rate_limited(tenant_dependency: Callable[..., str]) -> Callable[..., str]:
     return dependency
 
 
-def install_load_control(app: FastAPI, *, settings: Any, runtime: Any, metrics: CollectorRegistry) -> RateLimiter:
-    """Rate limiter on ``app.state``, its 429 handler, and the load-control metrics."""
+def install_load_control(app: FastAPI, *, settings: Any, runtime: Any, metrics: CollectorRegistry,
+                         counters: CollectorRegistry | None) -> RateLimiter:
+    """Rate limiter on ``app.state``, its 429 handler, and the load-control metrics (the 429 counter in
+    ``counters``: ``None`` when several API processes share their counters through prometheus_client's files)."""
     from executor.breaker import BreakerCollector  # noqa: PLC0415 - sibling modules, imported where wired
     from executor.concurrency import ConcurrencyCollector  # noqa: PLC0415
 
     limiter = RateLimiter(runtime.redis, rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst)
     app.state.rate_limiter = limiter
     rejected = Counter("toolrail_rate_limited_total", "Requests answered 429 by the per-tenant rate limit", ["tenant"],
-                       registry=metrics)
+                       registry=counters)
     metrics.register(BreakerCollector(runtime))
     metrics.register(ConcurrencyCollector(runtime))
 

@@ -176,6 +176,17 @@ end
 return 1
 """
 
+#: The commands of one write (see _Commands), run together: one command for the client to send and parse
+#: instead of a MULTI/EXEC pipeline of one per write (the client's CPU per command is most of a job's store cost).
+_EXEC = """
+local i = 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  redis.call(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+"""
+
 
 #: A job's record, calls and discarded calls, read together (one command for the server, one reply to parse).
 _GET_JOB = """
@@ -292,6 +303,7 @@ class RedisJobStore:
         self._ttl = ttl_s
         self._finish = client.register_script(_FINISH_CALL)
         self._cas = client.register_script(_CAS)
+        self._exec = client.register_script(_EXEC)
         self._put_call = client.register_script(_PUT_CALL)
         self._add_call = client.register_script(_ADD_CALL)
         self._settle = client.register_script(_SETTLE_CALLS)
@@ -328,11 +340,12 @@ class RedisJobStore:
                     except JobNotFoundError:
                         time.sleep(0.02)
                 raise JobNotFoundError("job for this Idempotency-Key is not readable yet", job_id=existing.get("job_id"))
-        pipe = self.redis.pipeline()
-        pipe.set(self._k(job.job_id), job.model_dump_json(exclude={"calls", "discarded_calls"}), ex=self._ttl)
-        pipe.zadd(f"{self._p}:tenant:{job.tenant}:jobs", {job.job_id: job.created_at})
+        ttl, events = self._ttl, self._k(job.job_id, ":events")
+        pipe = _Commands()  # one script call: the server runs every write at once, the client parses one reply
+        pipe.command("SET", self._k(job.job_id), job.model_dump_json(exclude={"calls", "discarded_calls"}), "EX", ttl)
+        pipe.command("ZADD", f"{self._p}:tenant:{job.tenant}:jobs", repr(job.created_at), job.job_id)
         if job.status not in TERMINAL_JOB:
-            pipe.zadd(self._active, {job.job_id: job.updated_at})
+            pipe.command("ZADD", self._active, repr(job.updated_at), job.job_id)
         # A job stored already decided (its client's calls checked where it was submitted) shows every status
         # it passed through, as if queued and decided by a task; its calls, counter and metrics go in the same write.
         statuses = ["queued", "validating", job.status] if job.decision_s is not None else [job.status]
@@ -340,13 +353,14 @@ class RedisJobStore:
             event = {"type": "status", "status": status, "request_id": job.request_id}
             if status == job.status and job.error and job.status in TERMINAL_JOB:
                 event["error"] = job.error
-            pipe.xadd(self._k(job.job_id, ":events"), {"data": json.dumps(event, ensure_ascii=False, default=str)},
-                      maxlen=1000)
-        pipe.expire(self._k(job.job_id, ":events"), self._ttl)
+            pipe.command("XADD", events, "MAXLEN", "~", 1000, "*", "data", json.dumps(event, ensure_ascii=False, default=str))
+        pipe.command("EXPIRE", events, ttl)
         if job.calls:
-            pipe.hset(self._k(job.job_id, ":calls"), mapping={c.id: c.model_dump_json() for c in job.calls})
-            pipe.expire(self._k(job.job_id, ":calls"), self._ttl)
-            pipe.set(self._k(job.job_id, ":pending"), sum(c.status not in TERMINAL_CALL for c in job.calls), ex=self._ttl)
+            calls = self._k(job.job_id, ":calls")
+            pipe.command("HSET", calls, *(x for c in job.calls for x in (c.id, c.model_dump_json())))
+            pipe.command("EXPIRE", calls, ttl)
+            pipe.command("SET", self._k(job.job_id, ":pending"), sum(c.status not in TERMINAL_CALL for c in job.calls),
+                         "EX", ttl)
             for call in job.calls:
                 if call.status == "validated":
                     metrics.record_call(pipe, self._metrics, tool=metrics.NOT_RUN_TOOL, outcome="validated", seconds=None)
@@ -355,7 +369,7 @@ class RedisJobStore:
                                     reasks=max(0, len(job.attempts) - 1))
         if job.status in TERMINAL_JOB:
             metrics.record_job_finished(pipe, self._metrics, job.status)
-        pipe.execute()
+        self._exec(args=pipe.args)
         return job, True
 
     @_guard

@@ -66,6 +66,11 @@ class Settings(BaseSettings):
     """Bind address of the API. Anything but loopback requires `TOOLRAIL_API_KEYS`."""
     port: int = Field(default=8000, ge=0, le=65535)
     """Port of the API."""
+    api_workers: int = Field(default=1, ge=1, le=64)
+    """API processes `toolrail serve` runs on its port (uvicorn's workers). One process holds one core at most
+    (the GIL); give a busy API as many as it has cores. Rate limits, jobs and their metrics live in Redis and
+    hold across processes; `/metrics` sums the per-process series over all of them; the event-stream limit
+    (`TOOLRAIL_SSE_MAX_STREAMS_PER_TENANT`) holds per process."""
     api_keys: str = ""
     """`key:tenant` pairs, comma separated. Empty: no auth, loopback only."""
     max_body_bytes: int = Field(default=1_000_000, ge=1)
