@@ -25,6 +25,7 @@ client sends, i.e. round trips), the bench client's own reads and the idle backg
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import statistics
@@ -140,8 +141,46 @@ def start_stack(label: str, root: Path, *, workers: int = 2, queues: tuple[str, 
             stop_process(worker)
 
 
-def job_runners(stack: Stack) -> dict[str, Callable[[], bool]]:
-    """The api-* rows of one stack: submit a job, wait for its terminal status event."""
+class _KeepAlivePoster:
+    """POST JSON over one keep-alive ``http.client`` connection per client thread: the load generator's own CPU
+    per request is about a third of httpx's (bench/results/executor.md), so it leaves the two cores to the stack."""
+
+    def __init__(self, base: str) -> None:
+        self._host, self._port = base.removeprefix("http://").rsplit(":", 1)
+        self._local = threading.local()
+
+    def __call__(self, path: str, body: dict) -> tuple[int, dict]:
+        data = json.dumps(body).encode()
+        for attempt in (1, 2):  # a connection the server closed while idle is opened again once
+            conn = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = self._local.conn = http.client.HTTPConnection(self._host, int(self._port), timeout=60)
+            try:
+                conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+                reply = conn.getresponse()
+                return reply.status, json.loads(reply.read())
+            except (ConnectionError, http.client.HTTPException):
+                conn.close()
+                self._local.conn = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
+class _HttpxPoster:
+    """The same POST through the stack's shared ``httpx.Client`` (the load generator of earlier runs)."""
+
+    def __init__(self, http: httpx.Client) -> None:
+        self._http = http
+
+    def __call__(self, path: str, body: dict) -> tuple[int, dict]:
+        reply = self._http.post(path, json=body)
+        return reply.status_code, reply.json()
+
+
+def job_runners(stack: Stack, client: str = "stdlib") -> dict[str, Callable[[], bool]]:
+    """The api-* rows of one stack: submit a job (``client``: ``stdlib`` or ``httpx``), wait for its terminal
+    status event."""
 
     def wait_job(job_id: str) -> bool:
         key, last = f"tr:job:{job_id}:events", "0"
@@ -156,14 +195,16 @@ def job_runners(stack: Stack) -> dict[str, Callable[[], bool]]:
                         return data["status"] == "succeeded"
         return False
 
+    post = _KeepAlivePoster(stack.base) if client == "stdlib" else _HttpxPoster(stack.http)
+
     def api_validate() -> bool:
-        r = stack.http.post("/v1/jobs", json={"tools": [INLINE_TOOL], "tool_calls": [{"name": "echo_city", "arguments": {"city": "Paris"}}]})
-        return r.status_code == 202 and wait_job(r.json()["job_id"])
+        status, reply = post("/v1/jobs", {"tools": [INLINE_TOOL], "tool_calls": [{"name": "echo_city", "arguments": {"city": "Paris"}}]})
+        return status == 202 and wait_job(reply["job_id"])
 
     def api_sandboxed() -> bool:
-        r = stack.http.post("/v1/jobs", json={"tools": ["get_weather"], "tool_calls": [
+        status, reply = post("/v1/jobs", {"tools": ["get_weather"], "tool_calls": [
             {"name": "get_weather", "arguments": {"city": "Paris", "date": "today"}}]})
-        return r.status_code == 202 and wait_job(r.json()["job_id"])
+        return status == 202 and wait_job(reply["job_id"])
 
     return {"api-validate": api_validate, "api-sandboxed": api_sandboxed}
 
@@ -242,6 +283,9 @@ def main() -> int:
                              "--api-workers needs 1)")
     parser.add_argument("--label", default="after")
     parser.add_argument("--no-counts", action="store_true", help="skip the Redis work count per job")
+    parser.add_argument("--http-client", default="stdlib", choices=["stdlib", "httpx"],
+                        help="the load generator's HTTP client for the api-* rows (default stdlib: http.client, one "
+                             "keep-alive connection per client thread; httpx: the load generator of earlier runs)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "executor.json"))
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -259,7 +303,8 @@ def main() -> int:
                                                      api_workers=args.compare_api_workers or args.api_workers))
             stacked.insert(0, other)
         for stack in stacked:
-            rows.update({f"{name} [{stack.label}]" if args.compare else name: fn for name, fn in job_runners(stack).items()})
+            rows.update({f"{name} [{stack.label}]" if args.compare else name: fn
+                         for name, fn in job_runners(stack, args.http_client).items()})
         for fn in rows.values():  # warm-up
             for _ in range(5):
                 fn()
@@ -274,7 +319,7 @@ def main() -> int:
         work: dict[str, dict] = {}
         if not args.no_counts:
             for stack in stacked:
-                for name, fn in job_runners(stack).items():
+                for name, fn in job_runners(stack, args.http_client).items():
                     key = f"{name} [{stack.label}]" if args.compare else name
                     work[key] = redis_work(stack, fn)
                     print(f"  redis work {key}: {work[key]}", file=sys.stderr)
