@@ -1,6 +1,7 @@
-"""CPU per sandboxed job by process role, and the worker's own share of one call, this tree against ``--compare``.
+"""CPU per sandboxed (or validate-only) job by process role, and the worker's own share of one call, this tree
+against ``--compare``.
 
-    python bench/worker_cpu.py [--jobs 200] [--rounds 3] [--calls 300] [--compare /tmp/old]
+    python bench/worker_cpu.py [--row api-sandboxed|api-validate] [--jobs 200] [--rounds 3] [--calls 300] [--compare /tmp/old]
 
 Two measurements, each alternating the trees round by round so that machine noise hits both alike:
 
@@ -104,7 +105,8 @@ def stack_round(root: Path, jobs: int, clients: int, job: str = "api-sandboxed")
     with bench_executor.start_stack("cpu", root) as stack:
         run = bench_executor.job_runners(stack)[job]
         bench_executor.run_level(run, 40, clients)  # warm: fork servers, scripts, connections
-        pids = {"worker-main": [stack.worker_pid], "worker-pool": _children(stack.worker_pid), "api": [stack.api_pid],
+        pids = {"worker-main": [stack.worker_pid], "worker-pool": _children(stack.worker_pid),
+                "api": [stack.api_pid, *_children(stack.api_pid)],  # an API of several processes: all of them
                 "redis": [int(stack.client.info("server")["process_id"])], "bench-client": [os.getpid()]}
         before = {role: sum(map(_cpu_ticks, group)) for role, group in pids.items()}
         level = bench_executor.run_level(run, jobs, clients)
