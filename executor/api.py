@@ -66,7 +66,8 @@ from tools.patterns import validator_for
 from tools.schema_guard import check_client_schema
 from tools.spec import ToolSpec
 
-__all__ = ["MULTIPROCESS_DIR_ENV", "ApiError", "JobCreate", "app_from_environment", "create_app"]
+__all__ = ["MULTIPROCESS_DIR_ENV", "ApiError", "JobCreate", "app_from_environment", "create_app",
+           "freeze_startup_objects"]
 
 log = get_logger("toolrail.api")
 
@@ -80,7 +81,7 @@ MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 async def tenant_of(request: Request, authorization: Annotated[str | None, Header()] = None,
-              x_api_key: Annotated[str | None, Header()] = None) -> str:
+                    x_api_key: Annotated[str | None, Header()] = None) -> str:
     """The tenant of the caller's API key; ``default`` when no keys are configured."""
     tenants: dict[str, str] = request.app.state.tenants
     if not tenants:
@@ -116,7 +117,18 @@ def app_from_environment() -> FastAPI:
 
     configure_logging()
     settings = get_settings()
-    return create_app(settings, Runtime.from_settings(settings))
+    app = create_app(settings, Runtime.from_settings(settings))
+    freeze_startup_objects()
+    return app
+
+
+def freeze_startup_objects() -> None:
+    """For a process that serves the API: everything built so far (imports, the app, its models and schemas)
+    lives as long as the process. Frozen, the collector no longer walks it, and its first full collection
+    under load no longer stalls every request in flight (110-150 ms at 16 clients; bench/results/executor.md).
+    Not for a process that builds and drops apps (tests): what it froze would never be collected."""
+    gc.collect()
+    gc.freeze()
 
 
 def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRecord], None] | None = None,
@@ -143,11 +155,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                                     stale_after_s=settings.visibility_timeout_s + limit,
                                     redecide=enqueue, rerun=rerun).start()
         async with _.state.mcp_bridge.running():  # /mcp's session manager, the MCP tools' refresh (mcpbridge)
-            # Everything built so far (the app, its models, schemas and imports) lives as long as the process:
-            # frozen, the collector no longer walks it, and its first full collection under load no longer
-            # stalls every request in flight (~110-150 ms at 16 clients; bench/results/executor.md).
-            gc.collect()
-            gc.freeze()
             yield
         if reconciler is not None:
             reconciler.stop()

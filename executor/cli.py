@@ -118,10 +118,11 @@ def _serve(args: argparse.Namespace) -> int:
         api_workers = args.api_workers or settings.api_workers
         log.info("serve.listening", url=f"http://{host}:{port}", api_processes=api_workers)
         if api_workers == 1:
-            from executor.api import create_app  # noqa: PLC0415
+            from executor.api import create_app, freeze_startup_objects  # noqa: PLC0415
             from executor.runtime import Runtime  # noqa: PLC0415
 
             app = create_app(settings, Runtime.from_settings(settings, redis_url=url))
+            freeze_startup_objects()
             uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
         else:  # uvicorn's workers: each process builds its app from the environment (REDIS_URL is set above)
             from executor.api import MULTIPROCESS_DIR_ENV  # noqa: PLC0415
