@@ -14,7 +14,9 @@ a second stack runs that code's API and workers on a Redis of its own, and its a
 interleaved with this tree's at every level: before and after, measured side by side.
 
 Latency is submit → terminal state stored (waited on with a blocking read of the job's event
-stream, so polling adds nothing). ``--repeat`` runs every level that many times, interleaved,
+stream, so polling adds nothing). The api-* rows post over one keep-alive ``http.client`` connection
+per client thread (``--http-client httpx``: the shared httpx client of earlier runs, whose own CPU
+per job exceeded the API's at 64 clients). ``--repeat`` runs every level that many times, interleaved,
 and reports medians. Redis work per job is counted at one client from the server's own
 counters (``INFO stats``: commands processed, and read events — one per request batch a
 client sends, i.e. round trips), the bench client's own reads and the idle background
