@@ -136,6 +136,17 @@ class JobStore(Protocol):
     def events(self, job_id: str, *, last_id: str = "0", block_ms: int = 15000) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
 
+def _run_commands(first: int) -> str:
+    """Lua that runs the commands laid out flat in ARGV from ``ARGV[first]`` on (see :class:`_Commands`)."""
+    return f"""local i = {first}
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  redis.call(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+"""
+
+
 _FINISH_CALL = """
 local target = KEYS[1]
 local current = redis.call('HGET', KEYS[1], ARGV[1])
@@ -151,13 +162,8 @@ redis.call('HSET', target, ARGV[1], ARGV[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', 1000, '*', 'data', ARGV[3])
 local remaining = -2
 if target == KEYS[1] then remaining = redis.call('DECR', KEYS[2]) end
-local i = 5
-while i <= #ARGV do  -- the outcome's metrics (see _Commands), counted in the same step that made it final
-  local n = tonumber(ARGV[i])
-  redis.call(unpack(ARGV, i + 1, i + n))
-  i = i + n + 1
-end
-if remaining == 0 and ARGV[4] == '1' then  -- the step's last call: the job as it stands now, for advancing the run
+-- the outcome's metrics, counted in the same step that made the call final
+""" + _run_commands(5) + """if remaining == 0 and ARGV[4] == '1' then  -- the step's last call: the job as it stands now, for advancing the run
   return {remaining, redis.call('GET', KEYS[5]), redis.call('HVALS', KEYS[1]), redis.call('HVALS', KEYS[4])}
 end
 return remaining
@@ -165,27 +171,11 @@ return remaining
 
 #: Compare-and-set of a job record in one round trip (WATCH + GET + MULTI/EXEC took three): the commands
 #: (see _Commands) run only while KEYS[1] still holds ARGV[1], the value the caller read; 0 when it changed.
-_CAS = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-local i = 2
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  redis.call(unpack(ARGV, i + 1, i + n))
-  i = i + n + 1
-end
-return 1
-"""
+_CAS = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n" + _run_commands(2) + "return 1\n"
 
 #: The commands of one write (see _Commands), run together: one command for the client to send and parse
 #: instead of a MULTI/EXEC pipeline of one per write (the client's CPU per command is most of a job's store cost).
-_EXEC = """
-local i = 1
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  redis.call(unpack(ARGV, i + 1, i + n))
-  i = i + n + 1
-end
-"""
+_EXEC = _run_commands(1)
 
 
 #: A job's record, calls and discarded calls, read together (one command for the server, one reply to parse).
