@@ -51,7 +51,7 @@ from executor.api_bodies import run_fields as _run_fields
 from executor.api_middleware import BodyGuard, Correlate
 from executor.errors import (ApprovalConflictError, ExecutorError, IdempotencyConflictError, InvalidApprovalError,
                              JobNotFoundError, StoreUnavailableError)
-from executor.metrics import OutcomeCollector
+from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector
 from executor.ratelimit import install_load_control, rate_limited
 from executor.readiness import Readiness
 from executor.runtime import Runtime
@@ -66,15 +66,9 @@ from tools.patterns import validator_for
 from tools.schema_guard import check_client_schema
 from tools.spec import ToolSpec
 
-__all__ = ["MULTIPROCESS_DIR_ENV", "ApiError", "JobCreate", "app_from_environment", "create_app",
-           "freeze_startup_objects"]
+__all__ = ["ApiError", "JobCreate", "app_from_environment", "create_app"]
 
 log = get_logger("toolrail.api")
-
-#: prometheus_client's multiprocess directory: set (by ``toolrail serve --api-workers N``) before any API
-#: process imports prometheus_client, each process's counters and histograms live in files there and every
-#: scrape sums them, whichever process answers it.
-MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 # ----------------------------------------------------------------- auth
@@ -111,24 +105,21 @@ def native_telemetry_off() -> dict[str, Any]:
 
 
 def app_from_environment() -> FastAPI:
-    """The API over this process's settings and ``REDIS_URL``: what each process of ``toolrail serve --api-workers N``
-    builds (uvicorn's factory)."""
+    """The API a serving process runs, over its settings and ``REDIS_URL``: ``toolrail serve`` builds it, and so
+    does each process of ``--api-workers N`` (uvicorn's factory).
+
+    Everything built here (imports, the app, its models and schemas) lives as long as the process, so it is
+    frozen: the collector no longer walks it, and its first full collection under load no longer stalls every
+    request in flight (110-150 ms at 16 clients; bench/results/executor.md). Not for a process that builds and
+    drops apps (tests: ``create_app``): what it froze would never be collected."""
     from toolrail.logging import configure_logging  # noqa: PLC0415
 
     configure_logging()
     settings = get_settings()
     app = create_app(settings, Runtime.from_settings(settings))
-    freeze_startup_objects()
-    return app
-
-
-def freeze_startup_objects() -> None:
-    """For a process that serves the API: everything built so far (imports, the app, its models and schemas)
-    lives as long as the process. Frozen, the collector no longer walks it, and its first full collection
-    under load no longer stalls every request in flight (110-150 ms at 16 clients; bench/results/executor.md).
-    Not for a process that builds and drops apps (tests): what it froze would never be collected."""
     gc.collect()
     gc.freeze()
+    return app
 
 
 def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRecord], None] | None = None,

@@ -117,15 +117,12 @@ def _serve(args: argparse.Namespace) -> int:
                                   concurrency=args.concurrency or settings.worker_concurrency)
         api_workers = args.api_workers or settings.api_workers
         log.info("serve.listening", url=f"http://{host}:{port}", api_processes=api_workers)
-        if api_workers == 1:
-            from executor.api import create_app, freeze_startup_objects  # noqa: PLC0415
-            from executor.runtime import Runtime  # noqa: PLC0415
+        if api_workers == 1:  # the app is built from the environment, as each of several processes builds it
+            from executor.api import app_from_environment  # noqa: PLC0415
 
-            app = create_app(settings, Runtime.from_settings(settings, redis_url=url))
-            freeze_startup_objects()
-            uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+            uvicorn.run(app_from_environment(), host=host, port=port, log_level="warning", access_log=False)
         else:  # uvicorn's workers: each process builds its app from the environment (REDIS_URL is set above)
-            from executor.api import MULTIPROCESS_DIR_ENV  # noqa: PLC0415
+            from executor.metrics import MULTIPROCESS_DIR_ENV  # noqa: PLC0415
 
             with tempfile.TemporaryDirectory(prefix="toolrail-metrics-") as shared:
                 os.environ[MULTIPROCESS_DIR_ENV] = shared

@@ -32,8 +32,13 @@ from typing import Any
 import redis
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-__all__ = ["CALL_BUCKETS", "DECISION_BUCKETS", "NOT_RUN_TOOL", "OutcomeCollector", "metrics_key", "record_call", "record_decision",
+__all__ = ["CALL_BUCKETS", "DECISION_BUCKETS", "MULTIPROCESS_DIR_ENV", "NOT_RUN_TOOL", "OutcomeCollector", "metrics_key", "record_call", "record_decision",
            "record_guard", "record_job_finished", "record_step", "record_webhook"]
+
+#: prometheus_client's multiprocess directory. Set (by ``toolrail serve --api-workers N``) before any API
+#: process imports prometheus_client, each process keeps its own counters and histograms in files there
+#: and every scrape sums them, whichever process answers it.
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 CALL_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DECISION_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
