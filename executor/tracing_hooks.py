@@ -252,12 +252,12 @@ def instrument_api(app: Any, runtime: Any, **setup_options: Any) -> None:
     client's trace, and what the request publishes carries it), and Celery gets the relay.
     The instrumentation cost about 0.85 ms of the API's CPU per job that way (bench/worker_cpu.py).
     """
-    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor  # noqa: PLC0415
-
     instrument_celery("api", **setup_options)
     if not tracing.recording():
         app.add_middleware(_IncomingContext)
         return
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor  # noqa: PLC0415 - only where spans are made
+
     FastAPIInstrumentor.instrument_app(app, tracer_provider=tracing.setup("api", **setup_options),
                                        excluded_urls="/healthz,/readyz,/metrics",
                                        exclude_spans=["receive", "send"])
