@@ -153,20 +153,23 @@ class _KeepAlivePoster:
 
     def __call__(self, path: str, body: dict) -> tuple[int, dict]:
         data = json.dumps(body).encode()
-        for attempt in (1, 2):  # a connection the server closed while idle is opened again once
-            conn = getattr(self._local, "conn", None)
-            if conn is None:
-                conn = self._local.conn = http.client.HTTPConnection(self._host, int(self._port), timeout=60)
-            try:
-                conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
-                reply = conn.getresponse()
-                return reply.status, json.loads(reply.read())
-            except (ConnectionError, http.client.HTTPException):
-                conn.close()
-                self._local.conn = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return self._post(path, data)
+        except (ConnectionError, http.client.HTTPException):  # the server closed it while idle: once more, anew
+            return self._post(path, data)
+
+    def _post(self, path: str, data: bytes) -> tuple[int, dict]:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = http.client.HTTPConnection(self._host, int(self._port), timeout=60)
+        try:
+            conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            return reply.status, json.loads(reply.read())
+        except (ConnectionError, http.client.HTTPException):
+            conn.close()
+            self._local.conn = None
+            raise
 
 
 class _HttpxPoster:

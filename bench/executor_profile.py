@@ -10,7 +10,6 @@ and by inclusive time. Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import collections
 import importlib.util
 import subprocess
@@ -62,13 +61,16 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--limit", type=int, default=15)
+    parser.add_argument("--all-threads", action="store_true",
+                        help="sample every thread, waiting ones too (default: only the thread holding the GIL, i.e. CPU)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, start_stack("profile", args.root.resolve()) as stack:
         fn = job_runners(stack)[args.row]
         for _ in range(10):
             fn()
         outs = {name: Path(tmp) / f"{name}.txt" for name in ("api", "worker")}
-        spies = [subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw", "--nonblocking", *([] if os.environ.get("PYSPY_ALL_THREADS") else ["--gil"]), "--rate",
+        spies = [subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw", "--nonblocking",
+                                   *([] if args.all_threads else ["--gil"]), "--rate",
                                    "200", "--duration", str(int(args.seconds)), "-o", str(outs[name]), "-p", str(pid),
                                    *(["--subprocesses"] if name == "worker" else [])],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
