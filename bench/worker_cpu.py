@@ -39,6 +39,8 @@ _spec = importlib.util.spec_from_file_location("bench_executor", Path(__file__).
 bench_executor = sys.modules["bench_executor"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_executor)
 
+from executor.sandbox_child import children  # noqa: E402 - ROOT is on sys.path once bench/executor.py is loaded
+
 IN_PROCESS = r'''
 import json, os, sys, tempfile, time, uuid
 from pathlib import Path
@@ -87,26 +89,13 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                raw = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(raw[raw.rindex(")") + 2:].split()[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
 def stack_round(root: Path, jobs: int, clients: int, job: str = "api-sandboxed") -> dict:
     """One stack of the code at ``root``: CPU per job by role (ms), throughput, Redis work per job."""
     with bench_executor.start_stack("cpu", root) as stack:
         run = bench_executor.job_runners(stack)[job]
         bench_executor.run_level(run, 40, clients)  # warm: fork servers, scripts, connections
-        pids = {"worker-main": [stack.worker_pid], "worker-pool": _children(stack.worker_pid),
-                "api": [stack.api_pid, *_children(stack.api_pid)],  # an API of several processes: all of them
+        pids = {"worker-main": [stack.worker_pid], "worker-pool": children(stack.worker_pid),
+                "api": [stack.api_pid, *children(stack.api_pid)],  # an API of several processes: all of them
                 "redis": [int(stack.client.info("server")["process_id"])], "bench-client": [os.getpid()]}
         before = {role: sum(map(_cpu_ticks, group)) for role, group in pids.items()}
         level = bench_executor.run_level(run, jobs, clients)

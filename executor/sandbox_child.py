@@ -436,7 +436,7 @@ def confine(*, uid: int | None, scratch_dir: str, read: list[str], network: bool
 # ----------------------------------------------------------------- leftovers
 
 
-def _children(pid: int | None = None) -> list[int]:
+def children(pid: int | None = None) -> list[int]:
     """Live children of ``pid`` (default: this process), read from ``/proc``."""
     out: list[int] = []
     me = pid or _host_pid()
@@ -482,11 +482,11 @@ def kill_leftovers(uid: int | None = None) -> int:
     call's init, which the call parent counts and kills). A call's own uid is swept through ``/proc`` too.
     """
     _reap()
-    found = len(_live(_children()))
+    found = len(_live(children()))
     if not found and uid is None:
         return 0
     for _ in range(200):  # a fork bomb keeps spawning while we kill: repeat until quiet
-        victims = _live(_children())
+        victims = _live(children())
         if uid is not None:
             victims += _live([int(e) for e in os.listdir("/proc") if e.isdigit() and _owned_by(e, uid)])
         for pid in victims:

@@ -38,12 +38,12 @@ from executor.sandbox_child import (
     MAX_RESULT_BYTES,
     OutputError,
     _checked_answer,
-    _children,
     _error,
     _host_pid,
     _libc,
     _live,
     _reap,
+    children,
     close_all,
     decode_object,
     kill_leftovers,
@@ -118,7 +118,7 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
     if init is not None:  # what the tool left was reparented to the init: count it, then end it all at once
         # nothing of the call's can leave its PID namespace: no uid sweep. /proc is the host's: its pids
         init_fd = _pidfd(init)
-        left = len(_live(_children(_host_pid_of(init, init_fd))))
+        left = len(_live(children(_host_pid_of(init, init_fd))))
         if init_fd is not None:
             os.close(init_fd)
         with contextlib.suppress(OSError):

@@ -17,6 +17,7 @@ import pytest
 from test_api_operations import _sample
 
 from executor.cli import tcp_listener
+from executor.sandbox_child import children
 from toolrail.redis_embed import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,16 +28,12 @@ INLINE = {"type": "function", "function": {"name": "echo_city", "parameters": {
 def _spawned_children(pid: int) -> list[int]:
     """The API processes uvicorn's supervisor spawned under ``pid`` (not multiprocessing's resource tracker)."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for child in children(pid):
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
         except OSError:
             continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid and b"spawn_main" in cmdline:
-            found.append(int(entry))
     return found
 
 
