@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import redis
 
+from executor.sandbox_child import children
 from executor.stack import start_worker, wait_for_workers, wait_http_ok
 from executor.store import TERMINAL_JOB
 from toolrail.redis_embed import EmbeddedRedis, free_port
@@ -133,7 +134,7 @@ class ChaosStack:
         for name, proc in self.procs.items():
             if proc.poll() is None:
                 out.append((name, proc.pid, True))
-                out.extend((name, child, False) for child in _children(proc.pid))
+                out.extend((name, child, False) for child in children(proc.pid))
         return out
 
     def supervise(self) -> None:
@@ -302,17 +303,6 @@ def run_chaos(stack: ChaosStack, *, kills: int, kill_every_s: float, jobs_per_s:
                     "worker_crash_restarts": stack.crash_restarts, "load_s": round(load_s, 1),
                     "total_s": round(time.monotonic() - started, 1)})
     return figures
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                out.extend(int(p) for p in fh.read().split())
-    except (OSError, ValueError):
-        pass
-    return out
 
 
 def _killpg(pid: int, sig: int) -> None:
