@@ -25,6 +25,7 @@ from decider.prompt import FEEDBACK_NAME
 from tools.errors import PatternBudgetError, UnsupportedPatternError
 from tools.evidence import DEFAULT_ROLES, ConversationValues, conversation_text
 from tools.patterns import compile_pattern
+from tools.schema_walk import declared_types
 from tools.spec import ToolSpec
 from tools.validation import validate
 
@@ -76,20 +77,15 @@ def _spans(pattern: str, text: str) -> list[str]:
 
 
 def _number_fits(value: float, node: Mapping[str, Any]) -> bool:
-    if "integer" in _types(node) and not float(value).is_integer():
+    if "integer" in declared_types(node) and not float(value).is_integer():
         return False
     return not validate(int(value) if float(value).is_integer() else value, {k: v for k, v in node.items()
                                                                              if not k.startswith("x-")})
 
 
-def _types(node: Mapping[str, Any]) -> set[str]:
-    kind = node.get("type")
-    return {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else set()
-
-
 def _candidates(node: Mapping[str, Any], raw: str, values: ConversationValues) -> list[Any] | None:
     """The values this field may take in this request, or None to leave it open."""
-    types = _types(node)
+    types = declared_types(node)
     if "enum" in node:
         aliases = node.get("x-aliases") if isinstance(node.get("x-aliases"), Mapping) else {}
         named = [v for v in node["enum"] if isinstance(v, str) and values.has_text(v)
@@ -116,10 +112,10 @@ def _candidates(node: Mapping[str, Any], raw: str, values: ConversationValues) -
 def _narrow(node: Any, raw: str, values: ConversationValues, path: str, out: dict[str, list[Any]]) -> Any:
     if not isinstance(node, Mapping) or "$ref" in node:
         return node
-    if "object" in _types(node) and isinstance(node.get("properties"), Mapping):
+    if "object" in declared_types(node) and isinstance(node.get("properties"), Mapping):
         props = {name: _narrow(sub, raw, values, f"{path}/{name}", out) for name, sub in node["properties"].items()}
         return {**node, "properties": props} if any(props[n] is not node["properties"][n] for n in props) else node
-    if "array" in _types(node) and isinstance(node.get("items"), Mapping):
+    if "array" in declared_types(node) and isinstance(node.get("items"), Mapping):
         items = _narrow(node["items"], raw, values, f"{path}/*", out)
         if items is node["items"]:
             return node

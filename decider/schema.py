@@ -31,6 +31,7 @@ import jsonschema
 
 from decider.errors import UnsupportedSchemaError
 from tools.patterns import validation_errors as _safe_validation_errors
+from tools.schema_walk import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMA, declared_types, map_subschemas, pointer
 from tools.spec import ToolSpec
 
 __all__ = [
@@ -94,10 +95,17 @@ TEXT_ANSWER_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-_SCHEMA_DICT_KEYWORDS = ("properties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LIST_KEYWORDS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_KEYWORDS = ("additionalProperties", "items", "contains", "not", "if", "then", "else",
-                    "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+_WALKED = frozenset((*SINGLE_SCHEMA, *SCHEMA_MAPS, *SCHEMA_LISTS))
+#: Annotations the grammar has no use for.
+_ANNOTATIONS = frozenset(("title", "examples", "$comment", "$schema", "$id", "deprecated", "readOnly", "writeOnly",
+                          "nullable"))
+
+
+def _grammar_drops(key: str, node: Mapping[str, Any]) -> bool:
+    """Whether the grammar form of ``node`` leaves keyword ``key`` out (validation still enforces it)."""
+    return (key.startswith("x-") or key in _ANNOTATIONS or key in ("then", "else", "contains")
+            or key in POSTCHECK_KEYWORDS and key != "oneOf"  # ignored by the grammar; postchecked
+            or key in ("minLength", "maxLength") and "format" in node)  # ignored next to a format; postchecked
 
 
 @dataclass(frozen=True)
@@ -148,12 +156,6 @@ def validation_errors(schema: Mapping[str, Any], instance: Any) -> list[str]:
     return _safe_validation_errors(schema, instance)
 
 
-def _pointer(path: str, *parts: Any) -> str:
-    for part in parts:
-        path += "/" + str(part).replace("~", "~0").replace("/", "~1")
-    return path
-
-
 def prepare_schema(schema: Mapping[str, Any]) -> PreparedSchema:
     """Check ``schema`` for the constraint engine and build its grammar form.
 
@@ -184,7 +186,7 @@ def _to_grammar(node: Any, path: str, postchecks: list[Postcheck]) -> Any:
             raise UnsupportedSchemaError(keyword, path, f"unsupported JSON Schema feature {keyword!r} at {path or '/'}: {reason}")
     ref = node.get("$ref")
     if isinstance(ref, str) and not ref.startswith("#"):
-        raise UnsupportedSchemaError("$ref", _pointer(path, "$ref"),
+        raise UnsupportedSchemaError("$ref", pointer(path, "$ref"),
                                      f"unsupported JSON Schema feature '$ref' at {path or '/'}: only local references (#/...) are resolved, got {ref!r}")
     for keyword, reason in POSTCHECK_KEYWORDS.items():
         if keyword in node and not (keyword == "oneOf" and len(node["oneOf"]) <= 1):
@@ -193,8 +195,8 @@ def _to_grammar(node: Any, path: str, postchecks: list[Postcheck]) -> Any:
     if isinstance(pattern, str):
         for regex, feature in _REGEX_UNSUPPORTED:
             if regex.search(pattern):
-                raise UnsupportedSchemaError(feature, _pointer(path, "pattern"),
-                                             f"unsupported JSON Schema feature {feature!r} at {_pointer(path, 'pattern')}: {pattern!r}")
+                raise UnsupportedSchemaError(feature, pointer(path, "pattern"),
+                                             f"unsupported JSON Schema feature {feature!r} at {pointer(path, 'pattern')}: {pattern!r}")
     fmt = node.get("format")
     if isinstance(fmt, str) and fmt not in ENFORCED_FORMATS:
         postchecks.append(Postcheck(f"format:{fmt}", path, "format not enforced by the grammar"))
@@ -207,28 +209,11 @@ def _to_grammar(node: Any, path: str, postchecks: list[Postcheck]) -> Any:
     node = dict(node)
     if "allOf" in node:
         node = _merge_all_of(node, path)
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key.startswith("x-") or key in ("title", "examples", "$comment", "$schema", "$id", "deprecated",
-                                           "readOnly", "writeOnly", "nullable"):
-            continue
-        if key in POSTCHECK_KEYWORDS and key != "oneOf":
-            continue  # the grammar ignores it; validation enforces it
-        if key in ("then", "else", "contains"):
-            continue
-        if key in ("minLength", "maxLength") and "format" in node:
-            continue  # ignored by the grammar next to a format; postchecked
-        if key in _SCHEMA_DICT_KEYWORDS and isinstance(value, Mapping):
-            out[key] = {name: _to_grammar(sub, _pointer(path, key, name), postchecks) for name, sub in value.items()}
-        elif key in _SCHEMA_LIST_KEYWORDS and isinstance(value, list):
-            out["anyOf" if key == "oneOf" else key] = [_to_grammar(sub, _pointer(path, key, i), postchecks) for i, sub in enumerate(value)]
-        elif key in _SCHEMA_KEYWORDS:
-            if isinstance(value, list):  # draft-4 tuple ``items``
-                out["prefixItems"] = [_to_grammar(sub, _pointer(path, key, i), postchecks) for i, sub in enumerate(value)]
-            else:
-                out[key] = _to_grammar(value, _pointer(path, key), postchecks)
-        else:
-            out[key] = copy.deepcopy(value)
+    kept = {key: value if key in _WALKED else copy.deepcopy(value) for key, value in node.items()
+            if not _grammar_drops(key, node)}
+    out = map_subschemas(kept, lambda sub, where: _to_grammar(sub, where, postchecks), path)
+    out = {("anyOf" if key == "oneOf" else "prefixItems" if key == "items" and isinstance(value, list) else key): value
+           for key, value in out.items()}  # oneOf decoded as anyOf; draft-4 tuple ``items``
     if "anyOf" in out and len(out["anyOf"]) == 1 and set(out) == {"anyOf"}:
         out = out["anyOf"][0] if isinstance(out["anyOf"][0], dict) else out
     aliases = node.get("x-aliases")
@@ -261,8 +246,8 @@ def _merge_all_of(node: dict[str, Any], path: str) -> dict[str, Any]:
         if branch is True:
             continue
         if not isinstance(branch, Mapping) or "$ref" in branch or "allOf" in branch and len(branch["allOf"]) > 1:
-            raise UnsupportedSchemaError("allOf", _pointer(path, "allOf", index),
-                                         f"unsupported JSON Schema feature 'allOf' at {_pointer(path, 'allOf', index)}: "
+            raise UnsupportedSchemaError("allOf", pointer(path, "allOf", index),
+                                         f"unsupported JSON Schema feature 'allOf' at {pointer(path, 'allOf', index)}: "
                                          "only branches of plain keywords can be merged for the grammar")
         for key, value in branch.items():
             if key not in merged or merged[key] == value:
@@ -273,7 +258,7 @@ def _merge_all_of(node: dict[str, Any], path: str) -> dict[str, Any]:
                 props = dict(merged[key])
                 for name, sub in value.items():
                     if name in props and props[name] != sub:
-                        raise UnsupportedSchemaError("allOf", _pointer(path, "allOf", index, "properties", name),
+                        raise UnsupportedSchemaError("allOf", pointer(path, "allOf", index, "properties", name),
                                                      f"unsupported JSON Schema feature 'allOf' at {path or '/'}: "
                                                      f"branches constrain property {name!r} differently")
                     props[name] = sub
@@ -287,7 +272,7 @@ def _merge_all_of(node: dict[str, Any], path: str) -> dict[str, Any]:
             elif key in ("description", "title"):
                 continue
             else:
-                raise UnsupportedSchemaError("allOf", _pointer(path, "allOf", index, key),
+                raise UnsupportedSchemaError("allOf", pointer(path, "allOf", index, key),
                                              f"unsupported JSON Schema feature 'allOf' at {path or '/'}: "
                                              f"branches disagree on {key!r}")
     return merged
@@ -298,25 +283,21 @@ def _hoist_defs(grammar: dict[str, Any], prefix: str, defs: dict[str, Any]) -> d
     grammar = copy.deepcopy(grammar)
     local = {**grammar.pop("definitions", {}), **grammar.pop("$defs", {})}
 
-    def rewrite(node: Any) -> Any:
-        if isinstance(node, dict):
-            out = {}
-            for key, value in node.items():
-                if key == "$ref" and isinstance(value, str):
-                    if value == "#":
-                        raise UnsupportedSchemaError("$ref", "", "a tool's parameters cannot refer to their own root ('#')")
-                    match = re.match(r"^#/(?:\$defs|definitions)/(.+)$", value)
-                    out[key] = f"#/$defs/{prefix}{match.group(1)}" if match else value
-                else:
-                    out[key] = rewrite(value)
-            return out
-        if isinstance(node, list):
-            return [rewrite(item) for item in node]
+    def rewrite(node: Any, where: str) -> Any:
+        if not isinstance(node, Mapping):
+            return node
+        node = map_subschemas(node, rewrite, where)
+        ref = node.get("$ref")
+        if ref == "#":
+            raise UnsupportedSchemaError("$ref", where, "a tool's parameters cannot refer to their own root ('#')")
+        match = re.match(r"^#/(?:\$defs|definitions)/(.+)$", ref) if isinstance(ref, str) else None
+        if match:
+            node["$ref"] = f"#/$defs/{prefix}{match.group(1)}"
         return node
 
     for name, sub in local.items():
-        defs[f"{prefix}{name}"] = rewrite(sub)
-    return rewrite(grammar)
+        defs[f"{prefix}{name}"] = rewrite(sub, pointer("/$defs", name))
+    return rewrite(grammar, "")
 
 
 def _call_branch(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -402,14 +383,10 @@ def bound_free_text(grammar: Any, *, string_max: int | None, array_max: int | No
     bounded: list[str] = []
 
     def visit(node: Any, where: str) -> Any:
-        if isinstance(node, list):
-            return [visit(item, _pointer(where, i)) for i, item in enumerate(node)]
         if not isinstance(node, Mapping):
             return node
-        out = {key: visit(value, _pointer(where, key)) if isinstance(value, (Mapping, list)) and key not in ("enum", "const", "default", "required")
-               else value for key, value in node.items()}
-        kind = out.get("type")
-        kinds = set(kind) if isinstance(kind, list) else {kind}
+        out = map_subschemas(node, visit, where)
+        kinds = declared_types(out)
         if string_max and "string" in kinds and not ({"maxLength", "enum", "const", "pattern", "format"} & set(out)):
             out["maxLength"] = string_max
             bounded.append(f"{where or '/'}: maxLength {string_max}")

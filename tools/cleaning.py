@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tools.errors import AmbiguousOutputError, CleaningError
+from tools.schema_walk import declared_types, described_values
 
 __all__ = [
     "TEXT_STEPS",
@@ -402,31 +403,11 @@ def clean_text(text: str, steps: tuple[TextStep, ...] = TEXT_STEPS) -> tuple[Any
 # ---------------------------------------------------------------- value steps
 
 
-def _types(schema: dict[str, Any]) -> set[str]:
-    t = schema.get("type")
-    if isinstance(t, str):
-        return {t}
-    if isinstance(t, list):
-        return set(t)
-    if "enum" in schema:
-        return {"enum"} if schema["enum"] else set()
-    if "const" in schema:
-        return {"const"}
-    return set()
-
-
-def _walk_objects(value: Any, schema: dict[str, Any], fn: Callable[[dict, dict, str], list[str]], path: str = "") -> list[str]:
+def _walk_objects(value: Any, schema: dict[str, Any], fn: Callable[[dict, dict, str], list[str]]) -> list[str]:
     """Apply ``fn(obj, prop_schemas, path)`` to ``value`` and every nested object the schema describes."""
-    notes: list[str] = []
-    if isinstance(value, dict) and isinstance(schema.get("properties"), dict):
-        notes += fn(value, schema["properties"], path)
-        for key, sub in schema["properties"].items():
-            if key in value and isinstance(sub, dict):
-                notes += _walk_objects(value[key], sub, fn, f"{path}/{key}")
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            notes += _walk_objects(item, schema["items"], fn, f"{path}/{i}")
-    return notes
+    return [note for path, obj, node in described_values(value, schema)
+            if isinstance(obj, dict) and isinstance(node.get("properties"), dict)
+            for note in fn(obj, node["properties"], path)]
 
 
 def _copy_along(value: Any, schema: Any) -> Any:
@@ -490,7 +471,7 @@ def coerce_scalars(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
         for key, sub in props.items():
             if key not in obj or not isinstance(sub, dict):
                 continue
-            current, types = obj[key], _types(sub)
+            current, types = obj[key], declared_types(sub)
             new = current
             if isinstance(current, str) and types == {"integer"}:
                 s = current.strip().replace(",", "") if re.fullmatch(r"\s*[+-]?\d{1,3}(,\d{3})+\s*", current) else current.strip()

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tools.evidence import ConversationValues
+from tools.schema_walk import declared_types, pointer, subschemas
 
 __all__ = ["Finding", "check_grounding", "declaration_errors", "grounded_paths"]
 
@@ -41,22 +42,8 @@ def _resolve(node: Any, root: Mapping[str, Any]) -> Any:
     return node
 
 
-def _types(node: Mapping[str, Any]) -> set[str]:
-    kind = node.get("type")
-    if isinstance(kind, str):
-        return {kind}
-    if isinstance(kind, list):
-        return set(kind)
-    for key in ("anyOf", "oneOf"):
-        if isinstance(node.get(key), list):
-            return set().union(*(_types(n) for n in node[key] if isinstance(n, Mapping)))
-    if "enum" in node:
-        return {type(v).__name__.replace("str", "string") for v in node["enum"]}
-    return set()
-
-
 def _default_grounded(node: Mapping[str, Any]) -> bool:
-    types = _types(node)
+    types = declared_types(node, inferred=True)
     if types & {"number", "integer"}:
         return True
     return "string" in types and any(k in node for k in ("pattern", "format", "enum", "const"))
@@ -69,7 +56,7 @@ def _leaves(node: Any, root: Mapping[str, Any], path: str, listed: frozenset[str
         return
     own = node.get("x-grounded")
     marked = own if isinstance(own, bool) else inherited
-    types = _types(node)
+    types = declared_types(node, inferred=True)
     if "object" in types or "properties" in node:
         local = frozenset(own) if isinstance(own, list) else frozenset()
         for name, sub in (node.get("properties") or {}).items():
@@ -82,7 +69,7 @@ def _leaves(node: Any, root: Mapping[str, Any], path: str, listed: frozenset[str
     for key in ("anyOf", "oneOf"):
         branches = node.get(key)
         if isinstance(branches, list) and any(isinstance(_resolve(b, root), Mapping) and
-                                               "object" in _types(_resolve(b, root)) for b in branches):
+                                               "object" in declared_types(_resolve(b, root), inferred=True) for b in branches):
             for branch in branches:
                 yield from _leaves(branch, root, path, frozenset(), side_effects, marked)
             return
@@ -100,27 +87,14 @@ def grounded_paths(parameters: Mapping[str, Any], *, side_effects: bool) -> dict
 def declaration_errors(parameters: Mapping[str, Any]) -> list[str]:
     """Problems with a schema's ``x-grounded`` declarations (a listed field that does not exist)."""
     errors = []
-
-    def visit(node: Any, path: str) -> None:
-        node = _resolve(node, parameters)
-        if not isinstance(node, Mapping):
-            return
+    for path, node in subschemas(parameters):
         flag = node.get("x-grounded")
-        props = node.get("properties") or {}
-        if flag is not None and not isinstance(flag, (bool, list)):
+        props = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
+        if flag is not None and not (isinstance(flag, bool) or isinstance(flag, list) and all(isinstance(n, str) for n in flag)):
             errors.append(f"{path or '/'}: x-grounded must be true, false or a list of field names")
-        if isinstance(flag, list):
-            for name in flag:
-                if name not in props:
-                    errors.append(f"{path}/{name}: x-grounded names a field that does not exist")
-        for name, sub in props.items():
-            visit(sub, f"{path}/properties/{name}")
-        if isinstance(node.get("items"), Mapping):
-            visit(node["items"], f"{path}/items")
-        for name, sub in (node.get("$defs") or {}).items():
-            visit(sub, f"{path}/$defs/{name}")
-
-    visit(parameters, "")
+        elif isinstance(flag, list):
+            errors += [f"{pointer(path, name)}: x-grounded names a field that does not exist"
+                       for name in flag if name not in props]
     return errors
 
 

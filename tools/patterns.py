@@ -45,6 +45,7 @@ from jsonschema import Draft202012Validator, FormatChecker, ValidationError, val
 from jsonschema._utils import extras_msg  # the message jsonschema itself writes for extra properties
 
 from tools.errors import PatternBudgetError, UnsupportedPatternError
+from tools.schema_walk import pointer, subschemas
 
 __all__ = [
     "DEFAULT_MAX_MATCHES",
@@ -59,7 +60,6 @@ __all__ = [
     "check_schema_patterns",
     "compile_pattern",
     "match_budget",
-    "subschemas",
     "validation_errors",
     "validator_for",
 ]
@@ -312,42 +312,7 @@ def _unicode_escape(pattern: str, i: int) -> tuple[str, int]:
     return f"\\x{{{code:x}}}", end
 
 
-# ----------------------------------------------------------------- schema walk
-
-#: Keywords whose value is one subschema.
-_ONE_SCHEMA = ("additionalProperties", "unevaluatedProperties", "items", "additionalItems", "unevaluatedItems",
-               "contains", "propertyNames", "not", "if", "then", "else")
-#: Keywords whose value maps names to subschemas.
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-#: Keywords whose value is a list of subschemas.
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-
-
-def _pointer(path: str, part: Any) -> str:
-    return f"{path}/{str(part).replace('~', '~0').replace('/', '~1')}"
-
-
-def subschemas(schema: Any, path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Every schema object inside ``schema`` (itself first) with its JSON pointer; data keywords skipped."""
-    stack: list[tuple[str, Any]] = [(path, schema)]
-    while stack:
-        where, node = stack.pop()
-        if not isinstance(node, Mapping):
-            continue
-        yield where, node
-        children: list[tuple[str, Any]] = []
-        for key in _ONE_SCHEMA:
-            if key in node:
-                children.append((_pointer(where, key), node[key]))
-        for key in _SCHEMA_MAPS:
-            if isinstance(node.get(key), Mapping):
-                children += [(_pointer(_pointer(where, key), name), sub) for name, sub in node[key].items()]
-        for key in _SCHEMA_LISTS:
-            if isinstance(node.get(key), list):
-                children += [(_pointer(_pointer(where, key), index), sub) for index, sub in enumerate(node[key])]
-        if isinstance(node.get("items"), list):  # draft 4-7 tuple form
-            children += [(_pointer(_pointer(where, "items"), index), sub) for index, sub in enumerate(node["items"])]
-        stack.extend(reversed(children))
+# ----------------------------------------------------------------- schema patterns
 
 
 def check_schema_patterns(schema: Any, *, path: str = "") -> None:
@@ -358,11 +323,11 @@ def check_schema_patterns(schema: Any, *, path: str = "") -> None:
     for where, node in subschemas(schema, path):
         if "pattern" in node:
             if not isinstance(node["pattern"], str):
-                raise UnsupportedPatternError(_pointer(where, "pattern"), repr(node["pattern"]), "a pattern must be a string")
-            compile_pattern(node["pattern"], path=_pointer(where, "pattern"))
+                raise UnsupportedPatternError(pointer(where, "pattern"), repr(node["pattern"]), "a pattern must be a string")
+            compile_pattern(node["pattern"], path=pointer(where, "pattern"))
         if isinstance(node.get("patternProperties"), Mapping):
             for key in node["patternProperties"]:
-                compile_pattern(key, path=_pointer(_pointer(where, "patternProperties"), key))
+                compile_pattern(key, path=pointer(where, "patternProperties", key))
 
 
 # ----------------------------------------------------------------- formats

@@ -26,7 +26,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from tools.errors import SchemaRejectedError
-from tools.patterns import check_schema_patterns, subschemas
+from tools.patterns import check_schema_patterns
+from tools.schema_walk import subschemas
 
 __all__ = [
     "DEFAULT_MAX_EXPANDED",

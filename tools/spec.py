@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tools.grounding import declaration_errors
+from tools.schema_walk import declared_types, subschemas
 
 __all__ = ["ToolSpec", "strict_schema"]
 
@@ -30,26 +31,19 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
 def strict_schema(schema: dict[str, Any], *, allow_extra: bool = False) -> dict[str, Any]:
-    """Return a copy of ``schema`` with ``additionalProperties: false`` on every object.
+    """Return a copy of ``schema`` with ``additionalProperties: false`` on every object schema.
 
-    ``$defs`` references are inlined by pydantic's ``model_json_schema`` when possible;
-    nested objects get the same treatment wherever they appear.
+    Objects are found by :func:`tools.schema_walk.subschemas`: a parameter *named*
+    ``properties`` or ``type`` is a field, never an object schema. A schema-valued
+    ``additionalProperties`` (a map: ``{"additionalProperties": {"type": "integer"}}``) is kept;
+    only a missing or boolean one becomes ``false``.
     """
     schema = copy.deepcopy(schema)
-
-    def visit(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "object" or "properties" in node:
-                if not allow_extra:
-                    node["additionalProperties"] = False
-                node.setdefault("properties", {})
-            for value in node.values():
-                visit(value)
-        elif isinstance(node, list):
-            for item in node:
-                visit(item)
-
-    visit(schema)
+    for _, node in subschemas(schema):
+        if "object" in declared_types(node) or "properties" in node:
+            if not allow_extra and not isinstance(node.get("additionalProperties"), dict):
+                node["additionalProperties"] = False
+            node.setdefault("properties", {})
     schema.pop("title", None)
     return schema
 
@@ -138,6 +132,8 @@ class ToolSpec(BaseModel):
         if not isinstance(fn, dict) or "name" not in fn:
             raise ValueError("a function spec needs a 'name'")
         params = fn.get("parameters") or {"type": "object", "properties": {}}
-        if not isinstance(params, dict) or params.get("type", "object") != "object":
-            raise ValueError(f"function {fn['name']!r}: 'parameters' must be a JSON Schema object")
+        if not isinstance(params, dict):
+            raise ValueError(f"function {fn['name']!r}: /parameters must be a JSON Schema object")
+        if params.get("type", "object") != "object":
+            raise ValueError(f"function {fn['name']!r}: /parameters/type must be 'object', got {params['type']!r}")
         return cls(name=fn["name"], description=fn.get("description", "") or "", parameters=strict_schema(params))

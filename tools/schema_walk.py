@@ -1,0 +1,150 @@
+"""The one walk over JSON Schemas: which values of a schema are schemas, and which are data.
+
+Every stage that reads a schema (strict mode, grammar preparation, bounding, typed candidates,
+grounding, cleaning, pattern and ``$ref`` checks) walks it through this module, so each reads
+the same document the same way:
+
+- the names inside ``properties``, ``patternProperties``, ``$defs``, ``definitions``,
+  ``dependentSchemas`` and ``dependencies`` are *data* (a parameter may be called ``type``,
+  ``format``, ``properties`` or ``$ref``); only their values are subschemas;
+- ``items`` (a schema, or the draft 4-7 list), ``prefixItems``, ``additionalProperties``,
+  ``unevaluatedProperties``, ``additionalItems``, ``unevaluatedItems``, ``contains``,
+  ``propertyNames``, ``not``, ``if``/``then``/``else`` and ``anyOf``/``oneOf``/``allOf`` hold
+  subschemas; a boolean there (``additionalProperties: false``) is a schema with no keywords;
+- every other keyword's value (``enum``, ``const``, ``default``, ``examples``, ``required``,
+  ``x-*`` extensions) is data and is never walked.
+
+:func:`subschemas` lists every schema object with its JSON Pointer; :func:`map_subschemas`
+rebuilds one node with each direct subschema replaced (for stages that rewrite);
+:func:`declared_types` reads a node's ``type``; :func:`described_values` pairs an instance with
+the schema nodes that describe its parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+__all__ = [
+    "SCHEMA_LISTS",
+    "SCHEMA_MAPS",
+    "SINGLE_SCHEMA",
+    "children",
+    "declared_types",
+    "described_values",
+    "map_subschemas",
+    "pointer",
+    "subschemas",
+]
+
+#: Keywords whose value is one subschema (``items`` may also be a draft 4-7 list).
+SINGLE_SCHEMA = ("additionalProperties", "unevaluatedProperties", "items", "additionalItems", "unevaluatedItems",
+                 "contains", "propertyNames", "not", "if", "then", "else")
+#: Keywords whose value maps names (data) to subschemas; ``dependencies`` values may be name lists.
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+#: Keywords whose value is a list of subschemas.
+SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+
+_JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null",
+               list: "array", dict: "object"}
+
+
+def pointer(path: str, *parts: Any) -> str:
+    """``path`` extended by ``parts`` as JSON Pointer tokens (``~`` and ``/`` escaped)."""
+    for part in parts:
+        path += "/" + str(part).replace("~", "~0").replace("/", "~1")
+    return path
+
+
+def _slots(node: Mapping[str, Any]) -> Iterator[tuple[str, str | int | None, Any]]:
+    """``(keyword, name or index or None, subschema)`` for each direct subschema of ``node``, in key order."""
+    for key, value in node.items():
+        if key in SINGLE_SCHEMA:
+            if isinstance(value, list) and key == "items":
+                yield from ((key, index, sub) for index, sub in enumerate(value))
+            else:
+                yield key, None, value
+        elif key in SCHEMA_MAPS and isinstance(value, Mapping):
+            yield from ((key, name, sub) for name, sub in value.items() if isinstance(sub, (Mapping, bool)))
+        elif key in SCHEMA_LISTS and isinstance(value, list):
+            yield from ((key, index, sub) for index, sub in enumerate(value))
+
+
+def children(node: Any, path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Each direct subschema object of ``node`` (booleans skipped) with its JSON Pointer."""
+    if not isinstance(node, Mapping):
+        return
+    for key, slot, sub in _slots(node):
+        if isinstance(sub, Mapping):
+            yield (pointer(path, key) if slot is None else pointer(path, key, slot)), sub
+
+
+def subschemas(schema: Any, path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every schema object inside ``schema`` (itself first, then depth-first) with its JSON Pointer.
+
+    A node is yielded before its children are read: a caller may change it in place (strict mode).
+    """
+    stack: list[tuple[str, Any]] = [(path, schema)]
+    while stack:
+        where, node = stack.pop()
+        if not isinstance(node, Mapping):
+            continue
+        yield where, node
+        stack.extend(reversed(list(children(node, where))))
+
+
+def map_subschemas(node: Mapping[str, Any], fn: Callable[[Any, str], Any], path: str = "") -> dict[str, Any]:
+    """A shallow copy of ``node`` with each direct subschema ``sub`` replaced by ``fn(sub, its pointer)``.
+
+    Boolean subschemas are passed to ``fn`` too; data keywords are copied by reference.
+    """
+    out = dict(node)
+    for key, slot, sub in _slots(node):
+        where = pointer(path, key) if slot is None else pointer(path, key, slot)
+        if slot is None:
+            out[key] = fn(sub, where)
+        else:
+            if out[key] is node[key]:
+                out[key] = dict(node[key]) if isinstance(node[key], Mapping) else list(node[key])
+            out[key][slot] = fn(sub, where)
+    return out
+
+
+def declared_types(node: Any, *, inferred: bool = False) -> set[str]:
+    """The type names ``node`` declares in ``type`` (a string or a list of them).
+
+    With ``inferred``, a node without ``type`` admits the union of its ``anyOf``/``oneOf``
+    branches' types, else the JSON types of its ``enum``/``const`` values. Empty when unknown.
+    """
+    if not isinstance(node, Mapping):
+        return set()
+    kind = node.get("type")
+    if isinstance(kind, str):
+        return {kind}
+    if isinstance(kind, list):
+        return {k for k in kind if isinstance(k, str)}
+    if not inferred:
+        return set()
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list):
+            return set().union(*(declared_types(branch, inferred=True) for branch in node[key]))
+    values = node["enum"] if isinstance(node.get("enum"), list) else [node["const"]] if "const" in node else []
+    return {_JSON_TYPES.get(type(value), "unknown") for value in values}
+
+
+def described_values(value: Any, schema: Any, path: str = "") -> Iterator[tuple[str, Any, Mapping[str, Any]]]:
+    """``(instance pointer, part, its schema)`` for ``value`` and each part ``properties``/``items`` describe.
+
+    Parents come before their parts and a part is read only after its parent was yielded, so a
+    caller may rewrite a parent's fields before they are walked.
+    """
+    if not isinstance(schema, Mapping):
+        return
+    yield path, value, schema
+    if isinstance(value, dict) and isinstance(schema.get("properties"), Mapping):
+        for key, sub in schema["properties"].items():
+            if key in value:
+                yield from described_values(value[key], sub, pointer(path, key))
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for index in range(len(value)):
+            yield from described_values(value[index], schema["items"], pointer(path, index))
