@@ -41,7 +41,7 @@ checkov:
 	bash scripts/checkov.sh
 
 demo: $(STAMP) model
-	$(VENV)/bin/toolrail demo
+	TOOLRAIL_DEMO_TOOLS=get_weather $(VENV)/bin/toolrail demo
 
 serve: $(STAMP)
 	$(VENV)/bin/toolrail serve

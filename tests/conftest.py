@@ -18,6 +18,8 @@ _SESSION_REDIS: EmbeddedRedis | None = None
 
 def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook
     global _SESSION_REDIS
+    # The suite was written against the built-in demo tools; the platform offers none unless enabled.
+    os.environ.setdefault("TOOLRAIL_DEMO_TOOLS", "all")
     if os.environ.get("TOOLRAIL_TEST_REDIS_URL"):
         os.environ["REDIS_URL"] = os.environ["TOOLRAIL_TEST_REDIS_URL"]
         return

@@ -164,6 +164,10 @@ class Settings(BaseSettings):
     """How long a call waits for a concurrency slot before it is retried later."""
     sandbox_network: bool = False
     """Give tools that declare `networked` network access in the sandbox."""
+    demo_tools: str = ""
+    """Built-in demo tools to register, comma-separated (`get_weather`, `query_balance`, `transfer`, `stress`) or
+    `all`. Unset: none, so a model is never offered a tool that exists to misbehave (`stress`) or moves demo money
+    (`transfer`); `make demo` enables `get_weather`."""
 
     # ------------------------------------------------------------------ throughput
     dispatch_while_decoding: bool = True

@@ -1,6 +1,8 @@
 """The tool registry: name → ``ToolSpec``, and where each tool came from.
 
-The default registry holds the built-in tools plus the tools registered by
+The default registry holds the built-in demo tools that ``TOOLRAIL_DEMO_TOOLS`` enables (none by
+default: ``stress`` exists to misbehave, ``transfer`` moves demo money; a model must not be
+offered them unasked) plus the tools registered by
 
 - every module named in ``TOOLRAIL_TOOL_MODULES`` (comma separated) that defines
   ``register(registry)`` — local modules on the worker's module search path;
@@ -11,7 +13,7 @@ The default registry holds the built-in tools plus the tools registered by
 Loading never stops at the first bad tool. A module that fails to import, a tool whose
 name is taken, or a tool function whose signature cannot take its arguments is refused
 with the module, the tool and the reason (``Registry.problems``); the other tools load.
-The worker refuses to start when a module failed to import (``executor.toolcheck``).
+The worker refuses to start when a module failed to import (``executor.sandbox.toolcheck``).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ __all__ = [
     "Problem",
     "Registry",
     "ToolRegistrationError",
+    "DEMO_TOOLS",
     "builtin_specs",
     "check_signature",
+    "demo_tools_from_settings",
     "default_registry",
     "load_registry",
     "tool_modules_from_env",
@@ -194,8 +198,34 @@ def _is_model(annotation: Any, func: Callable[..., Any]) -> bool:
     return isinstance(annotation, type) and hasattr(annotation, "model_validate")
 
 
-def builtin_specs() -> list[ToolSpec]:
-    """The built-in tools."""
+#: The built-in demo tools, registered only when named in ``TOOLRAIL_DEMO_TOOLS`` (or ``all``).
+DEMO_TOOLS = ("get_weather", "query_balance", "transfer", "stress")
+
+
+def builtin_specs(names: Iterable[str] = DEMO_TOOLS) -> list[ToolSpec]:
+    """The built-in demo tools named in ``names`` (default: all of them)."""
+    wanted = set(names)
+    return [spec for spec in _all_builtin_specs() if spec.name in wanted]
+
+
+def demo_tools_from_settings(value: str | None = None) -> tuple[str, ...]:
+    """The demo tools a ``TOOLRAIL_DEMO_TOOLS`` value enables (default: the process settings'):
+    comma-separated names, or ``all``; an unknown name is an error, not ignored."""
+    if value is None:
+        from toolrail.settings import get_settings  # noqa: PLC0415 - read where the registry is built
+
+        value = get_settings().demo_tools
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if names == ["all"]:
+        return DEMO_TOOLS
+    unknown = sorted(set(names) - set(DEMO_TOOLS))
+    if unknown:
+        raise ToolRegistrationError(f"TOOLRAIL_DEMO_TOOLS names {', '.join(unknown)}: the demo tools are "
+                                    f"{', '.join(DEMO_TOOLS)} (or all)", unknown=unknown)
+    return tuple(name for name in DEMO_TOOLS if name in names)
+
+
+def _all_builtin_specs() -> list[ToolSpec]:
     return [
         ToolSpec.from_model("get_weather", WeatherArgs, entrypoint="tools.builtin:get_weather", timeout_s=5, memory_mb=512),
         ToolSpec.from_model("query_balance", BalanceArgs, entrypoint="tools.builtin:query_balance", timeout_s=5,
@@ -230,9 +260,11 @@ def _register_from(registry: Registry, source: str, load: Callable[[], Any]) -> 
                                          kind="register"))
 
 
-def load_registry(*, modules: Iterable[str] = (), entry_points: bool = True) -> Registry:
-    """Built-ins, then ``modules``, then the ``toolrail.tools`` entry points; refusals in ``problems``."""
-    registry = Registry(builtin_specs())
+def load_registry(*, modules: Iterable[str] = (), entry_points: bool = True,
+                  demo_tools: Iterable[str] | None = None) -> Registry:
+    """The enabled demo tools (``demo_tools``; None: ``TOOLRAIL_DEMO_TOOLS``), then ``modules``, then the
+    ``toolrail.tools`` entry points; refusals in ``problems``."""
+    registry = Registry(builtin_specs(demo_tools_from_settings() if demo_tools is None else demo_tools))
     for module_name in modules:
         _register_from(registry, f"module {module_name}", lambda m=module_name: importlib.import_module(m))
     if entry_points:
@@ -245,7 +277,7 @@ def load_registry(*, modules: Iterable[str] = (), entry_points: bool = True) -> 
 
 @lru_cache(maxsize=1)
 def default_registry() -> Registry:
-    """Built-ins plus the modules in ``TOOLRAIL_TOOL_MODULES`` and the ``toolrail.tools`` entry points."""
+    """The enabled demo tools plus the modules in ``TOOLRAIL_TOOL_MODULES`` and the ``toolrail.tools`` entry points."""
     registry = load_registry(modules=tool_modules_from_env())
     if registry.problems:
         from toolrail.logging import get_logger  # noqa: PLC0415 - tools/ stays free of logging at import
