@@ -12,9 +12,14 @@ __all__ = ["register"]
 
 
 def _load_decider(model: str | None) -> Any:
-    from decider.service import EmbeddedDecider
+    """The decider the worker would use (``TOOLRAIL_DECIDER``, ``TOOLRAIL_MODEL``), ``--model`` overriding the model."""
+    from decider.model import resolve_model
+    from decider.service import get_default_decider
+    from toolrail.settings import get_settings
 
-    return EmbeddedDecider.load(model)
+    settings = get_settings().model_copy(update={"model": model}) if model else get_settings()
+    resolve_model(settings)  # a model that is not there: one line now, before anything loads
+    return get_default_decider(settings)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -69,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate = subparsers.add_parser("generate", help="print JSON that validates against a JSON Schema")
     generate.add_argument("--schema", required=True, help="JSON Schema file")
     generate.add_argument("--prompt", required=True, help="what to generate")
-    generate.add_argument("--model", default=None, help="local HF model directory (default: SmolLM2-135M-Instruct)")
+    generate.add_argument("--model", default=None, help="local HF model directory (default: TOOLRAIL_MODEL, else the packaged model)")
     generate.add_argument("--max-tokens", type=int, default=256)
     generate.add_argument("--max-reasks", type=int, default=2)
     generate.add_argument("--request-id", default=None)
@@ -79,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     decide.add_argument("--tools", required=True, help="JSON file: a list of OpenAI function tool definitions")
     decide.add_argument("--prompt", required=True)
     decide.add_argument("--tool-choice", default="auto", choices=["auto", "required", "none"])
-    decide.add_argument("--model", default=None)
+    decide.add_argument("--model", default=None, help="local HF model directory (default: TOOLRAIL_MODEL, else the packaged model)")
     decide.add_argument("--max-tokens", type=int, default=256)
     decide.add_argument("--request-id", default=None)
     decide.set_defaults(handler=_decide)

@@ -695,13 +695,16 @@ class EmbeddedEngine:
             first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
             scores = [float(first[c[0]]) for c in conts]
             if width > 1:  # the prompt's KV once, repeated for every continuation
-                cache = out.past_key_values
+                # transformers 5 renamed `past_key_values` to `cache` (the old name warns on every call):
+                # the output's own key says which name this version takes back
+                cache_arg = "cache" if "cache" in out else "past_key_values"
+                cache = out[cache_arg]
                 cache.batch_repeat_interleave(len(conts))
                 ids = torch.tensor([c + [0] * (width - len(c)) for c in conts], device=self.device)
                 mask = torch.tensor([[1] * len(prompt_ids) + [1] * len(c) + [0] * (width - len(c)) for c in conts],
                                     device=self.device)
-                logits = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask, past_key_values=cache,
-                                                      use_cache=False).logits.float(), dim=-1)
+                logits = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask, use_cache=False,
+                                                      **{cache_arg: cache}).logits.float(), dim=-1)
                 for row, c in enumerate(conts):
                     scores[row] += float(sum(logits[row, i - 1, c[i]] for i in range(1, len(c))))
         return scores

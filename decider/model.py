@@ -8,7 +8,9 @@ under ``<cache_dir>/models/smollm2-135m-instruct/``. Later loads read that copy 
 Nothing here talks to a model hub: every load is ``local_files_only``.
 
 Any local Hugging Face model directory (``config.json`` + weights + tokenizer) works in
-place of the default: ``resolve_model_path("/path/to/model")``.
+place of the default: ``TOOLRAIL_MODEL=/path/to/model``. A process resolves its model at start
+with ``resolve_model(settings)``, which refuses anything else (a hub id, a missing path) with a
+one-line reason.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from toolrail.settings import DEFAULT_CACHE_DIR
+from decider.errors import DeciderPermanentError
+
+if TYPE_CHECKING:
+    from toolrail.settings import Settings
 
 __all__ = [
     "DEFAULT_MODEL_DTYPE",
@@ -43,6 +48,7 @@ __all__ = [
     "find_gguf",
     "model_info",
     "pull_model",
+    "resolve_model",
     "resolve_model_path",
     "tiny_random_model",
 ]
@@ -61,7 +67,7 @@ DEFAULT_MODEL_DTYPE = "bfloat16"
 MARKER_FILENAME = "toolrail-model.json"
 
 
-class ModelError(RuntimeError):
+class ModelError(DeciderPermanentError):
     """The model could not be located, installed, verified or converted."""
 
 
@@ -93,17 +99,11 @@ class ModelInfo:
 
 
 def _cache_root(cache_dir: Path | str | None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("TOOLRAIL_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    try:
-        from toolrail.settings import get_settings
+    if cache_dir is None:
+        from toolrail.settings import Settings  # noqa: PLC0415
 
-        return Path(get_settings().cache_dir).expanduser()
-    except Exception:  # settings are optional here; a broken env must not block the default path
-        return DEFAULT_CACHE_DIR
+        cache_dir = Settings().cache_dir
+    return Path(cache_dir).expanduser()
 
 
 def default_model_dir(cache_dir: Path | str | None = None) -> Path:
@@ -294,6 +294,9 @@ def resolve_model_path(model: str | os.PathLike[str] | None = None, *, cache_dir
     """A loadable local model directory: ``model`` if given, else the default (pulled if needed)."""
     if model is not None:
         path = Path(model).expanduser()
+        if not path.exists():
+            raise ModelError(f"{model}: no such directory (a model hub id is not accepted: nothing is downloaded; "
+                             "put the model in a directory and name that)")
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not a Hugging Face model directory (no config.json)")
         return path
@@ -303,6 +306,21 @@ def resolve_model_path(model: str | os.PathLike[str] | None = None, *, cache_dir
     if not pull:
         raise ModelError(f"default model not found at {target}; run `toolrail model pull`")
     return pull_model(cache_dir)
+
+
+def resolve_model(settings: Settings, *, pull: bool = True) -> Path | None:
+    """The model directory this process decides with, checked at process start (before any job).
+
+    ``TOOLRAIL_MODEL`` (a local model directory), else the packaged default, pulled when missing.
+    None when the decider needs no local model (``TOOLRAIL_DECIDER=custom|none``). Raises
+    :class:`ModelError` whose message is one line naming the variable.
+    """
+    if settings.decider not in ("embedded", "triton"):
+        return None
+    try:
+        return resolve_model_path(settings.model, cache_dir=settings.cache_dir, pull=pull)
+    except ModelError as exc:
+        raise ModelError(f"TOOLRAIL_MODEL={settings.model or '(default)'}: {exc}") from None
 
 
 def _dir_size(path: Path) -> int:

@@ -23,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pull.add_argument("--quiet", action="store_true", help="no progress bar")
     pull.set_defaults(handler=_pull)
 
-    info = commands.add_parser("info", help="describe the default model (or --model PATH) without pulling")
-    info.add_argument("--model", default=None, help="a local Hugging Face model directory")
+    info = commands.add_parser("info", help="describe the model in effect (TOOLRAIL_MODEL or the default) without pulling")
+    info.add_argument("--model", default=None, help="a local Hugging Face model directory (default: TOOLRAIL_MODEL)")
     info.add_argument("--cache-dir", default=None)
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(handler=_info)
@@ -45,8 +45,9 @@ def _pull(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     from decider.model import model_info
+    from toolrail.settings import get_settings
 
-    info = model_info(args.model, cache_dir=args.cache_dir)
+    info = model_info(args.model or get_settings().model, cache_dir=args.cache_dir)
     if args.json:
         print(json.dumps(info.as_dict(), indent=2))
         return 0 if info.present else 1

@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -61,6 +61,9 @@ from decider.schema import (
 )
 from tools.check import call_key
 from tools.spec import ToolSpec
+
+if TYPE_CHECKING:
+    from toolrail.settings import Settings
 
 __all__ = [
     "BackendDecider",
@@ -693,37 +696,35 @@ _DEFAULT_LOCK = threading.Lock()
 _DEFAULT: dict[tuple[str, str | None], BackendDecider] = {}
 
 
-def get_default_decider(settings: Any) -> BackendDecider:
+def get_default_decider(settings: Settings) -> BackendDecider:
     """The process-wide decider for ``settings.decider`` (``embedded`` or ``triton``), built once."""
-    kind = getattr(settings, "decider", "embedded")
-    model = getattr(settings, "model", None)
-    key = (kind, model)
+    from decider.model import resolve_model
+
+    key = (settings.decider, settings.model)
     with _DEFAULT_LOCK:
         if key in _DEFAULT:
             return _DEFAULT[key]
-        candidates = getattr(settings, "decider_candidates", None)
-        if kind == "embedded":
+        candidates = settings.decider_candidates
+        if settings.decider == "embedded":
             config = EMBEDDED_PROFILE if candidates is None else dataclasses.replace(EMBEDDED_PROFILE, candidates=candidates)
-            decider: BackendDecider = EmbeddedDecider.load(model, config=config)
-        elif kind == "triton":
+            decider: BackendDecider = EmbeddedDecider.load(str(resolve_model(settings)), config=config)
+        elif settings.decider == "triton":
             decider = _triton_decider(settings)
         else:
-            raise DeciderPermanentError(f"no decider configured (TOOLRAIL_DECIDER={kind!r})")
+            raise DeciderPermanentError(f"no decider configured (TOOLRAIL_DECIDER={settings.decider!r})")
         _DEFAULT[key] = decider
         return decider
 
 
-def _triton_decider(settings: Any) -> BackendDecider:
+def _triton_decider(settings: Settings) -> BackendDecider:
     """A decider over the Triton backend; the prompt is rendered here with the model's tokenizer."""
     from transformers import AutoTokenizer
 
-    from decider import triton as triton_module  # type: ignore[attr-defined]
-    from decider.model import resolve_model_path
+    from decider.model import resolve_model
+    from decider.triton import TritonBackend
 
-    backend_cls = getattr(triton_module, "TritonBackend")
-    factory = getattr(backend_cls, "from_settings", None)
-    backend = factory(settings) if callable(factory) else backend_cls(url=settings.triton_url, model_name=settings.triton_model)
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(settings.model)), local_files_only=True)
-    config = DeciderConfig(candidates=bool(getattr(settings, "decider_candidates", None)), call_bias=None)
+    backend = TritonBackend.from_settings(settings)
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(settings)), local_files_only=True)
+    config = DeciderConfig(candidates=bool(settings.decider_candidates), call_bias=None)
     return BackendDecider(backend, tokenizer=tokenizer, context_length=getattr(backend, "context_length", None),
                           config=config)

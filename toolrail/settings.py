@@ -1,13 +1,18 @@
 """Typed settings, read from the environment (prefix ``TOOLRAIL_``) at entry points only.
 
 Every field's docstring is its documentation: ``toolrail config docs`` renders this class into
-``docs/configuration.md`` and a test fails when the two disagree.
+``docs/configuration.md`` and a test fails when the two disagree. A ``TOOLRAIL_*`` variable that
+names nothing (a typo) is not ignored in silence: ``get_settings`` logs one warning naming the nearest
+real variable.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import difflib
+import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -15,7 +20,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DEFAULT_CACHE_DIR", "OTHER_VARIABLES", "Settings", "env_names", "get_settings"]
+__all__ = ["DEFAULT_CACHE_DIR", "OTHER_VARIABLES", "Settings", "env_names", "get_settings", "unknown_variables"]
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "toolrail"
 
@@ -107,7 +112,10 @@ class Settings(BaseSettings):
     """`module:function` called with the settings, returning an object with `decide(DecideRequest) -> Decision`
     (`decider=custom`): your own backend, or a scripted one in tests."""
     model: str | None = None
-    """Model of the embedded decider (hub id or local directory; default: the small packaged instruct model)."""
+    """Model of the embedded decider (and the tokenizer of the Triton one): the path of a local Hugging Face
+    model directory (`config.json`, weights, tokenizer), `~` expanded. Unset: the small packaged instruct model
+    (`toolrail model pull`). Nothing is downloaded from a model hub: a hub id is refused. Resolved when a
+    process starts; a path that is not a model directory stops it with one line."""
     triton_url: str = "127.0.0.1:8001"
     """`host:port` of Triton's gRPC endpoint (`decider=triton`)."""
     triton_model: str = "llmapi"
@@ -230,6 +238,13 @@ class Settings(BaseSettings):
     mcp_allow_private_urls: bool | None = None
     """Whether an MCP server URL may resolve to a loopback, private or link-local address. Unset: allowed
     only when no API keys are configured."""
+    mcp_max_timeout_s: float = Field(default=120.0, gt=0, le=600)
+    """Ceiling on an MCP server's `timeout_s` and `idle_timeout_s` (tenant-chosen, on workers every tenant
+    shares): a registration above it is refused (422 `timeout_above_ceiling`); a stored value above it
+    (registered before the ceiling was lowered) is clamped at every call."""
+    mcp_max_concurrent_per_tenant: int = Field(default=4, ge=1, le=1024)
+    """MCP calls one tenant may have in flight across all workers (a call past it goes back to its queue
+    and holds no worker), and MCP registrations and refreshes in flight per API process (429 past it)."""
     mcp_refresh_interval_s: float = Field(default=300.0, ge=0)
     """Seconds between refreshes of every registered MCP server's tools by each API process; 0: off
     (`notifications/tools/list_changed` and `POST /v1/mcp-servers/{name}/refresh` still refresh)."""
@@ -294,7 +309,29 @@ def env_names(name: str) -> list[str]:
     return [f"{Settings.model_config.get('env_prefix', '')}{name}".upper()]
 
 
+def unknown_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """``TOOLRAIL_*`` names in ``environ`` (default: this process's) that no setting or other variable has,
+    each with the nearest real name (or None when nothing is near)."""
+    environ = os.environ if environ is None else environ
+    known = {alias for field in Settings.model_fields for alias in env_names(field)} | set(OTHER_VARIABLES)
+    by_stem = {name.removeprefix("TOOLRAIL_"): name for name in known}  # the shared prefix would make all look near
+    unknown = sorted(name for name in environ if name.startswith("TOOLRAIL_") and name not in known)
+    nearest = {name: difflib.get_close_matches(name.removeprefix("TOOLRAIL_"), by_stem, n=1) for name in unknown}
+    return {name: by_stem[stems[0]] if stems else None for name, stems in nearest.items()}
+
+
+_warned_unknown = False
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """Settings from the environment, cached per process."""
-    return Settings()
+    """Settings from the environment, cached per process; unknown ``TOOLRAIL_*`` variables are logged once."""
+    global _warned_unknown
+    settings = Settings()
+    if not _warned_unknown:
+        _warned_unknown = True
+        for name, nearest in unknown_variables().items():
+            from toolrail.logging import get_logger  # noqa: PLC0415 - logging reads the settings itself
+
+            get_logger("toolrail.settings").warning("settings.unknown_variable", variable=name, did_you_mean=nearest)
+    return settings

@@ -38,7 +38,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
@@ -50,6 +50,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from toolrail.trace_sinks import BoundedMemoryExporter, ChildRecorder, RedisSpanExporter, span_from_dict
+
+if TYPE_CHECKING:
+    from toolrail.settings import Settings
 
 __all__ = [
     "CONTENT_ENV",
@@ -106,7 +109,7 @@ _state: dict[str, Any] = {"pid": None, "provider": None, "kind": None, "processo
 # ----------------------------------------------------------------- setup
 
 
-def setup(kind: str, *, settings: Any = None, memory: bool = False, redis_client: Any = None,
+def setup(kind: str, *, settings: Settings | None = None, memory: bool = False, redis_client: Any = None,
           exporters: Sequence[SpanExporter] = ()) -> TracerProvider:
     """Install (once per process, again after a fork) the tracer provider of a process ``kind``.
 
@@ -124,12 +127,11 @@ def setup(kind: str, *, settings: Any = None, memory: bool = False, redis_client
                           provider=_new_provider(kind, settings))
         provider: TracerProvider = _state["provider"]
         wanted: list[tuple[str, Any]] = []  # (name, processor factory): built only when not there yet
-        endpoint = getattr(settings, "otlp_endpoint", None) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        if endpoint:
+        if settings.otlp_endpoint:
             wanted.append(("otlp", _otlp_processor))
-        if getattr(settings, "trace_store", "none") == "memory":
+        if settings.trace_store == "memory":
             wanted.append(("bounded", lambda: BatchSpanProcessor(BoundedMemoryExporter())))
-        if getattr(settings, "trace_store", "none") == "redis":
+        if settings.trace_store == "redis":
             def redis_processor() -> SpanProcessor:
                 client = redis_client if redis_client is not None else _redis_of(settings)
                 return BatchSpanProcessor(RedisSpanExporter(client, ttl_s=settings.trace_store_ttl_s,
@@ -157,11 +159,11 @@ def _otlp_processor() -> SpanProcessor:
     return BatchSpanProcessor(OTLPSpanExporter())
 
 
-def _new_provider(kind: str, settings: Any) -> TracerProvider:
+def _new_provider(kind: str, settings: Settings) -> TracerProvider:
     service = os.environ.get("OTEL_SERVICE_NAME") or f"toolrail-{kind}"
     resource = Resource.create({"service.name": service, "service.namespace": "toolrail", "process.pid": os.getpid(),
                                 "toolrail.process.kind": kind,
-                                "deployment.environment.name": getattr(settings, "environment", "") or "local"})
+                                "deployment.environment.name": settings.environment or "local"})
     provider = TracerProvider(resource=resource)
     trace.set_tracer_provider(provider) if _global_unset() else _ProxySwap.swap(provider)
     return provider
@@ -179,11 +181,12 @@ class _ProxySwap:
         trace._TRACER_PROVIDER = provider  # noqa: SLF001 - OTel allows one set per process; a fork is a new process
 
 
-def _redis_of(settings: Any) -> Any:
+def _redis_of(settings: Settings) -> Any:
     import redis  # noqa: PLC0415
 
-    url = getattr(settings, "redis_url", None) or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    from toolrail.redis_embed import redis_url  # noqa: PLC0415
+
+    return redis.Redis.from_url(redis_url(settings), socket_timeout=5, socket_connect_timeout=5)
 
 
 def recording() -> bool:
