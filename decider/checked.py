@@ -12,15 +12,21 @@ declared grounding), re-asks the decider with the exact errors, and returns a
 
 Contract findings — a grounded value the conversation does not state, or a side-effecting call
 identical to one the conversation already made — are re-asked once; if the model insists, the
-decision ends ``needs_review``: such a call never runs unreviewed. A decoder that
+decision ends ``needs_review``: such a call never runs unreviewed. A text answer that is a tool
+call written as text (an offered tool's call in JSON, or ``tool(...)``) is not an answer: it is a
+``call_as_text`` finding, re-asked once with calls required, then review. A decoder that
 hits a bound (``GenerationBoundError``) ends the decision at once as ``failed`` — a re-ask would
-hit the same bound. Transport errors propagate untouched (they are the caller's to retry).
+hit the same bound; the calls that closed before the bound and pass their checks are kept on it
+(``calls``), for a caller whose contract is to answer with them (the OpenAI endpoint's
+``finish_reason: "length"``); the job API runs none of them. Transport errors propagate untouched
+(they are the caller's to retry).
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +36,7 @@ import structlog
 from opentelemetry import trace
 
 from decider.errors import GenerationBoundError, InvalidRequestError
+from decider.parser import parse_output
 from decider.prompt import reask_messages
 from decider.protocol import DecideRequest, Decider, Decision
 from tools.calls import ToolCall, call_id
@@ -40,6 +47,7 @@ from tools.check import (
     answered_calls,
     check_output,
     check_tool_calls,
+    extract_calls,
     flag_repeated_calls,
     flag_repeated_side_effects,
     prior_calls,
@@ -54,6 +62,8 @@ logger = structlog.get_logger(__name__)
 DEFAULT_MAX_REASKS = 2
 #: Re-asks spent on grounding findings alone: once with the reason, then review.
 MAX_GROUNDING_REASKS = 1
+#: The validator of a text answer that is a tool call written as text (re-asked once with calls required).
+CALL_AS_TEXT = "call_as_text"
 
 #: A client's own output as attempt 0: raw model text, or calls already split (any common shape).
 ClientOutput = str | Sequence[Mapping[str, Any]]
@@ -127,6 +137,44 @@ def _check_decision(decision: Decision, specs: Mapping[str, Any], evidence: Conv
     return check_output(decision.raw_output, specs, evidence=evidence)
 
 
+def _written_call(content: str, specs: Mapping[str, Any]) -> str | None:
+    """The offered tool a text answer calls in writing (a JSON call object or ``name(...)``), else None."""
+    try:
+        pairs = extract_calls(content)[0]
+    except Exception:  # noqa: BLE001 - text that does not even clean up as JSON holds no JSON call
+        pairs = []
+    for name, _ in pairs:
+        if name in specs:
+            return name
+    for name in specs:
+        if re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", content):
+            return name
+    return None
+
+
+def _flag_call_as_text(check: OutputCheck, specs: Mapping[str, Any]) -> None:
+    if check.content is None or check.calls or check.errors:
+        return
+    name = _written_call(check.content, specs)
+    if name is not None:
+        check.errors.append({"path": "", "validator": CALL_AS_TEXT, "tool": name, "message": (
+            f"the answer is a call of {name} written as text; a call must be made as a tool call, not described"
+            " in the answer")})
+
+
+def _bound_calls(exc: GenerationBoundError, request: DecideRequest, specs: Mapping[str, Any],
+                 evidence: ConversationValues | None, enforce: Callable[[OutputCheck], None]) -> list[CallCheck]:
+    """The calls that closed before ``exc``'s bound and pass every check a whole output's calls get."""
+    closed = parse_output(exc.output, request_id=request.request_id, attempt=request.attempt).closed_calls
+    if not closed:
+        return []
+    check = check_tool_calls([c.model_dump() for c in closed], specs, evidence=evidence)
+    enforce(check)
+    for checked, call in zip(check.calls, closed):
+        checked.index = call.index
+    return [c for c in check.calls if c.ok] if not check.errors else []
+
+
 def _enforce(check: OutputCheck, specs: Mapping[str, Any], prior: Mapping[str, str], *, require: bool,
              answered: Mapping[str, str] | None = None) -> None:
     """The request-level checks every attempt gets, client's or decider's: no repeated side effect, no repeat
@@ -155,6 +203,9 @@ def _review_error(check: OutputCheck, attempts: int) -> dict[str, Any]:
     if errors and all(e.get("validator") == "repeated_side_effect" for e in errors):
         return {"type": "repeated_side_effect", "message": "a side-effecting call the conversation already made was "
                 "proposed again; a person must confirm it", "details": {"errors": errors}}
+    if errors and all(e.get("validator") == CALL_AS_TEXT for e in errors):
+        return {"type": CALL_AS_TEXT, "message": "the model wrote a tool call as text, also when calls were required; "
+                "a person must decide", "details": {"errors": errors}}
     if grounded and len(grounded) == len(errors):
         fields = sorted({f"{e.get('tool')}{e.get('path')}" for e in grounded})
         return {"type": "ungrounded_values", "message": f"values not stated in the conversation: {', '.join(fields)} "
@@ -252,7 +303,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
     attempts: list[CheckedAttempt] = []
     messages = list(request.messages)
     grounding_reasks = 0
-    text_only = False
+    text_only = calls_required = False
     check: OutputCheck | None = None
     raw = ""
 
@@ -286,6 +337,8 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
             if grounding_only and not exhausted:
                 exhausted = grounding_reasks >= MAX_GROUNDING_REASKS
                 grounding_reasks += 0 if exhausted else 1
+            written = bool(errors) and all(e.get("validator") == CALL_AS_TEXT for e in errors)
+            exhausted = exhausted or (written and calls_required)  # re-asked once with calls required already
             if exhausted:
                 logger.warning("decider.needs_review", request_id=request.request_id, attempts=len(attempts))
                 return CheckedDecision(request.request_id, "needs_review", attempts,
@@ -294,11 +347,14 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
             messages = reask_messages(messages, output=raw, errors=errors)
             # every call repeats one already answered: the re-ask offers the answer only (recorded on the attempt)
             text_only = bool(errors) and all(e.get("validator") == "repeated_call" for e in errors)
+            calls_required = calls_required or written
         number = len(attempts)
         started = time.perf_counter()
         update: dict[str, Any] = {"messages": messages, "attempt": number}
         if text_only:
             update["tool_choice"] = "none"
+        elif calls_required and request.tool_choice == "auto":
+            update["tool_choice"] = "required"
         try:
             decision = _decide(decider, request.model_copy(update=update), chat,
                                _early_reporter(on_call, number, specs, evidence, lambda c: _enforce(
@@ -306,13 +362,21 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
         except GenerationBoundError as exc:
             failed = OutputCheck(calls=[], errors=[{"path": "", "message": str(exc), "validator": exc.reason}])
             record(_attempt(number, "decider", exc.output, failed, latency_s=time.perf_counter() - started))
-            return CheckedDecision(request.request_id, "failed", attempts, error={
+            kept = _bound_calls(exc, request.model_copy(update={"attempt": number}), specs, evidence, lambda c: _enforce(
+                c, specs, prior, require=False, answered=answered))
+            return CheckedDecision(request.request_id, "failed", attempts, calls=kept, error={
                 "type": "generation_bound", "message": str(exc), "details": {"reason": exc.reason, "tokens": exc.tokens}})
         raw = decision.raw_output
         check = _check_decision(decision, specs, evidence)
-        _enforce(check, specs, prior, require=require, answered=answered)
-        platform = decision.platform if not text_only else {**decision.platform, "reask_tool_choice": "none", "why": (
-            "every call of the previous attempt repeated one whose result the conversation holds")}
+        if request.tool_choice == "auto":
+            _flag_call_as_text(check, specs)
+        _enforce(check, specs, prior, require=require or update.get("tool_choice") == "required", answered=answered)
+        platform = dict(decision.platform)
+        if text_only:
+            platform.update(reask_tool_choice="none", why="every call of the previous attempt repeated one whose "
+                            "result the conversation holds")
+        elif update.get("tool_choice") == "required":
+            platform.update(reask_tool_choice="required", why="the previous answer was a tool call written as text")
         record(_attempt(number, "decider", raw, check, platform=platform, usage=decision.usage,
                         latency_s=time.perf_counter() - started))
     status: Literal["calls", "text"] = "calls" if check.calls else "text"

@@ -10,7 +10,9 @@ SDK's ``extra_body``): ``min_tool_calls``, ``max_tool_calls``, ``max_reasks``.
 The request id comes from ``X-Request-ID`` (else a new one) and is returned in that header and
 in the completion id ``chatcmpl-<request_id>``; tool-call ids are ``call_<request_id>_<n>``.
 Errors are ``{"error": {"type", "message", "details"}}`` with a 4xx status for anything the
-caller can fix, raised before any decoding.
+caller can fix, raised before any decoding. A generation bound (``max_tokens``, a cut repetition loop)
+is not an error: as OpenAI answers it, a 200 with ``finish_reason: "length"`` and whatever complete
+(and checked) calls the output holds.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from decider.errors import (
     BackendUnavailableError,
     DeciderError,
     DeciderRetryableError,
+    GenerationBoundError,
     InvalidRequestError,
     OutputValidationError,
     PromptTooLongError,
@@ -234,8 +237,23 @@ def _checked_decision(checked: CheckedDecision) -> Decision:
     content = checked.content
     if checked.status == "needs_review" and not checked.calls and content is None:
         content = f"No call was made: {(checked.error or {}).get('message', 'the proposed calls failed their checks')}."
+    if checked.status == "failed" and not checked.calls:
+        content = _cut_text_answer(last.raw_output)
     return Decision(request_id=checked.request_id, raw_output=last.raw_output, tool_calls=checked.tool_calls,
                     content=None if checked.calls else content, usage=usage, platform=last.platform)
+
+
+def _cut_text_answer(raw: str) -> str:
+    """What a text answer cut at a bound had said (the ``{"content": "`` branch, read up to the cut)."""
+    if not raw.lstrip().startswith("{"):
+        return ""
+    for end in range(len(raw), max(0, len(raw) - 8), -1):  # a cut may split an escape sequence
+        try:
+            value = json.loads(raw[:end] + '"}')
+        except ValueError:
+            continue
+        return value.get("content", "") if isinstance(value, dict) and isinstance(value.get("content"), str) else ""
+    return ""
 
 
 def _finish(reason: str, backend_reason: str | None) -> str:
@@ -335,20 +353,32 @@ class _ChatCompletions:
         max_reasks = body.max_reasks if body.max_reasks is not None else DEFAULT_MAX_REASKS
         extension: dict[str, Any] | None = None
         if plan.mode == "json":
-            value, decision = await decider.agenerate_json(schema, decide.messages, request_id=request_id,
-                                                           max_tokens=decide.max_tokens, max_reasks=max_reasks,
-                                                           seed=decide.seed, temperature=temperature, top_p=top_p)
-            finish_reason = "stop"
+            try:
+                value, decision = await decider.agenerate_json(schema, decide.messages, request_id=request_id,
+                                                               max_tokens=decide.max_tokens, max_reasks=max_reasks,
+                                                               seed=decide.seed, temperature=temperature, top_p=top_p)
+                finish_reason = "stop"
+            except GenerationBoundError as exc:  # cut (a loop): the text so far, as a length stop
+                decision = Decision(request_id=request_id, raw_output=exc.output, content=exc.output,
+                                    usage={"prompt_tokens": plan.prompt_tokens, "completion_tokens": exc.tokens})
+                finish_reason = "length"
         elif plan.mode == "tools":
             checked = await asyncio.to_thread(decide_checked, decider, decide, max_reasks=max_reasks)
-            if checked.status == "failed":
+            if checked.status == "failed" and (checked.error or {}).get("type") != "generation_bound":
                 error = checked.error or {}
-                return error_response(502, error.get("type", "generation_bound"), error.get("message", ""), request_id,
+                return error_response(502, error.get("type", "failed"), error.get("message", ""), request_id,
                                       **error.get("details", {}), toolrail=checked.record())
-            decision, extension, finish_reason = _checked_decision(checked), checked.record(), None
+            # a generation bound is an answer, as OpenAI gives it: 200, finish_reason "length", the complete calls
+            decision, extension = _checked_decision(checked), checked.record()
+            finish_reason = "length" if checked.status == "failed" else None
         else:
-            decision = await decider.arun(plan)
-            finish_reason = None
+            try:
+                decision = await decider.arun(plan)
+                finish_reason = None
+            except GenerationBoundError as exc:
+                decision = Decision(request_id=request_id, raw_output=exc.output, content=exc.output,
+                                    usage={"prompt_tokens": plan.prompt_tokens, "completion_tokens": exc.tokens})
+                finish_reason = "length"
         message, reason = _message(decision, plan)
         payload = {
             "id": _completion_id(request_id), "object": "chat.completion", "created": int(time.time()),
@@ -416,6 +446,12 @@ class _ChatCompletions:
                     if include_usage:
                         payload = {**base, "choices": [], "usage": _usage(decision)}
                         yield f"data: {json.dumps(payload)}\n\n"
+        except GenerationBoundError as exc:  # an answer cut at a bound, as OpenAI streams it: finish_reason "length"
+            yield chunk({}, "length")
+            if include_usage:
+                usage = {"prompt_tokens": plan.prompt_tokens, "completion_tokens": exc.tokens,
+                         "total_tokens": plan.prompt_tokens + exc.tokens}
+                yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
         except DeciderError as exc:
             error = {"error": {"type": type(exc).__name__, "message": str(exc), "details": {}}}
             yield f"data: {json.dumps(error)}\n\n"

@@ -57,6 +57,8 @@ class ParsedOutput:
     content: str | None = None
     #: Why the text is not a complete decision (truncated JSON, unexpected shape); None when it is.
     problem: str | None = None
+    #: The calls whose JSON object closed, arguments an object: what a text cut at a bound still holds whole.
+    closed_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass
@@ -253,12 +255,14 @@ class ToolCallStreamParser:
                 return ParsedOutput(tool_calls=[call])
             return ParsedOutput(problem="output is a JSON object that is neither a text answer nor a tool call")
         calls = [self._call(element) for element in self._elements if element.name is not None]
+        closed = [call for call, element in zip(calls, [e for e in self._elements if e.name is not None])
+                  if element.closed and call.arguments is not None]
         problem = None
         if not self._done:
             problem = "output ended before the tool-call array was closed"
         elif any(not e.closed or e.name is None for e in self._elements):
             problem = "a tool call has no name or is incomplete"
-        return ParsedOutput(tool_calls=calls, problem=problem)
+        return ParsedOutput(tool_calls=calls, problem=problem, closed_calls=closed)
 
 
 def _loads_or(text: str | None, default: Any) -> Any:

@@ -211,3 +211,50 @@ def test_a_repeatable_tool_may_be_called_again() -> None:
     repeat = '[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}]'
     result = decide_checked(ScriptedDecider([repeat]), _after_result(spec), max_reasks=2)
     assert result.status == "calls" and len(result.attempts) == 1
+
+
+# ------------------------------------------------------------------ bounds and calls written as text
+
+def test_a_bound_keeps_the_calls_that_closed_before_it_checked() -> None:
+    cut = GOOD[:-1] + ', {"name": "get_weather", "arguments": {"city": "北'
+    decider = ScriptedDecider([GenerationBoundError("max_tokens", "cut", output=cut, tokens=40)])
+    result = decide_checked(decider, _request(), max_reasks=2)
+    assert result.status == "failed" and result.error["type"] == "generation_bound"
+    assert [(c.name, c.arguments["city"], c.arguments["date"]) for c in result.calls] == [
+        ("get_weather", "Beijing", "tomorrow")]
+    assert len(decider.requests) == 1
+
+
+def test_a_bound_keeps_no_call_that_fails_its_check() -> None:
+    decider = ScriptedDecider([GenerationBoundError("max_tokens", "cut", output=BAD[:-1] + ", {")])
+    result = decide_checked(decider, _request(), max_reasks=2)
+    assert result.status == "failed" and result.calls == []
+
+
+@pytest.mark.parametrize("written", [
+    'get_weather(city="Beijing", date="tomorrow")',
+    '[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}]',
+])
+def test_a_call_written_as_text_is_reasked_once_with_calls_required(written: str) -> None:
+    import json
+
+    decider = ScriptedDecider([json.dumps({"content": written}), GOOD])
+    result = decide_checked(decider, _request(), max_reasks=2)
+    assert result.status == "calls" and result.calls[0].name == "get_weather"
+    assert [e["validator"] for e in result.attempts[0].errors] == ["call_as_text"]
+    assert decider.requests[0].tool_choice == "auto" and decider.requests[1].tool_choice == "required"
+    assert result.attempts[1].platform["reask_tool_choice"] == "required"
+
+
+def test_a_call_written_as_text_again_goes_to_review() -> None:
+    text = '{"content": "get_weather(city=\\"Beijing\\")"}'
+    decider = ScriptedDecider([text, text, text])
+    result = decide_checked(decider, _request(), max_reasks=2)
+    assert result.status == "needs_review" and result.error["type"] == "call_as_text"
+    assert len(decider.requests) == 2
+
+
+def test_a_text_answer_that_names_a_tool_is_an_answer() -> None:
+    decider = ScriptedDecider(['{"content": "I can look that up with get_weather if you tell me the city."}'])
+    result = decide_checked(decider, _request(), max_reasks=2)
+    assert result.status == "text" and not result.attempts[0].errors

@@ -130,3 +130,17 @@ def test_prompt_too_long_is_400(client):
         client.chat.completions.create(model="toolrail", messages=[{"role": "user", "content": "word " * 3000}],
                                        tools=_tools(marker_tools()))
     assert info.value.body["type"] == "context_length_exceeded"
+
+
+def test_a_generation_bound_is_a_200_with_finish_reason_length(client):
+    kwargs = dict(model="toolrail", messages=[{"role": "user", "content": MARKER_TEXT}], tools=_tools(marker_tools()),
+                  tool_choice="required", max_tokens=3)
+    completion = client.chat.completions.create(**kwargs)  # the SDK raises on any error status
+    choice = completion.choices[0]
+    assert choice.finish_reason == "length"
+    assert not choice.message.tool_calls  # three tokens close no call: none is sent half-written
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for streamed in chunk.choices:
+            finish = streamed.finish_reason or finish
+    assert finish == "length"
