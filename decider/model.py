@@ -15,6 +15,7 @@ one-line reason.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -26,7 +27,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,21 +36,9 @@ if TYPE_CHECKING:
     from toolrail.settings import Settings
 
 __all__ = [
-    "DEFAULT_MODEL_DTYPE",
-    "DEFAULT_MODEL_NAME",
-    "GGUF_FILENAME",
-    "GGUF_SHA256",
-    "MODEL_PACKAGE",
-    "MODEL_PACKAGE_MODULE",
-    "ModelError",
-    "ModelInfo",
-    "default_model_dir",
-    "find_gguf",
-    "model_info",
-    "pull_model",
-    "resolve_model",
-    "resolve_model_path",
-    "tiny_random_model",
+    "DEFAULT_MODEL_DTYPE", "DEFAULT_MODEL_NAME", "GGUF_FILENAME", "GGUF_SHA256", "MODEL_PACKAGE",
+    "MODEL_PACKAGE_MODULE", "ModelError", "ModelInfo", "default_model_dir", "find_gguf", "model_info",
+    "pull_model", "resolve_model", "resolve_model_path", "tiny_random_model",
 ]
 
 #: The registry package that carries the default model's weights.
@@ -71,7 +59,7 @@ class ModelError(DeciderPermanentError):
     """The model could not be located, installed, verified or converted."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelInfo:
     """What ``toolrail model info`` reports."""
 
@@ -86,16 +74,7 @@ class ModelInfo:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly view."""
-        return {
-            "name": self.name,
-            "path": str(self.path),
-            "present": self.present,
-            "source": self.source,
-            "dtype": self.dtype,
-            "size_bytes": self.size_bytes,
-            "gguf_path": str(self.gguf_path) if self.gguf_path else None,
-            "gguf_sha256": self.gguf_sha256,
-        }
+        return {**dataclasses.asdict(self), "path": str(self.path), "gguf_path": str(self.gguf_path) if self.gguf_path else None}
 
 
 def _cache_root(cache_dir: Path | str | None) -> Path:
@@ -133,30 +112,12 @@ def _progress(enabled: bool) -> Iterator[Any]:
     if not enabled:
         yield None
         return
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        SpinnerColumn,
-        TaskProgressColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    columns = (
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, transient=False, console=_stderr_console()) as progress:
-        yield progress
-
-
-def _stderr_console() -> Any:
     from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-    return Console(stderr=True)
+    columns = (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
+    with Progress(*columns, transient=False, console=Console(stderr=True)) as progress:
+        yield progress
 
 
 def _install_package(progress: Any) -> None:
@@ -205,9 +166,7 @@ def _convert(gguf_path: Path, target: Path, *, dtype: str, progress: Any) -> Non
         source_dir, filename = str(gguf_path.parent), gguf_path.name
         tokenizer = AutoTokenizer.from_pretrained(source_dir, gguf_file=filename, local_files_only=True)
         step_done("tokenizer")
-        quantized = AutoModelForCausalLM.from_pretrained(
-            source_dir, gguf_file=filename, dtype=torch.float32, local_files_only=True
-        )
+        quantized = AutoModelForCausalLM.from_pretrained(source_dir, gguf_file=filename, dtype=torch.float32, local_files_only=True)
         step_done("dequantize")
         # save_pretrained on the GGUF-loaded object fails (it still claims a quantization
         # config); a fresh model built from the same config loads its state dict cleanly.
@@ -241,13 +200,8 @@ def _torch_dtype(dtype: str) -> Any:
         raise ModelError(f"unsupported dtype {dtype!r}; use bfloat16, float16 or float32") from None
 
 
-def pull_model(
-    cache_dir: Path | str | None = None,
-    *,
-    dtype: str = DEFAULT_MODEL_DTYPE,
-    progress: bool = True,
-    force: bool = False,
-) -> Path:
+def pull_model(cache_dir: Path | str | None = None, *, dtype: str = DEFAULT_MODEL_DTYPE, progress: bool = True,
+               force: bool = False) -> Path:
     """Make sure the converted default model exists and return its directory.
 
     Idempotent: a complete earlier conversion is returned as is. Otherwise installs
@@ -272,13 +226,8 @@ def pull_model(
         try:
             started = time.perf_counter()
             _convert(gguf_path, staging, dtype=dtype, progress=bar)
-            marker = {
-                "name": DEFAULT_MODEL_NAME,
-                "source": f"{MODEL_PACKAGE}:{GGUF_FILENAME}",
-                "gguf_sha256": GGUF_SHA256,
-                "dtype": dtype,
-                "converted_in_s": round(time.perf_counter() - started, 1),
-            }
+            marker = {"name": DEFAULT_MODEL_NAME, "source": f"{MODEL_PACKAGE}:{GGUF_FILENAME}", "gguf_sha256": GGUF_SHA256,
+                      "dtype": dtype, "converted_in_s": round(time.perf_counter() - started, 1)}
             (staging / MARKER_FILENAME).write_text(json.dumps(marker, indent=2) + "\n")
             if target.exists():
                 shutil.rmtree(target)
@@ -341,29 +290,13 @@ def model_info(model: str | os.PathLike[str] | None = None, *, cache_dir: Path |
     path = default_model_dir(cache_dir)
     present = _is_converted(path)
     marker = json.loads((path / MARKER_FILENAME).read_text()) if present else {}
-    return ModelInfo(
-        name=DEFAULT_MODEL_NAME,
-        path=path,
-        present=present,
-        source=marker.get("source", f"{MODEL_PACKAGE}:{GGUF_FILENAME}"),
-        dtype=marker.get("dtype", ""),
-        size_bytes=_dir_size(path) if present else 0,
-        gguf_path=find_gguf(),
-    )
+    return ModelInfo(name=DEFAULT_MODEL_NAME, path=path, present=present, source=marker.get("source", f"{MODEL_PACKAGE}:{GGUF_FILENAME}"),
+                     dtype=marker.get("dtype", ""), size_bytes=_dir_size(path) if present else 0, gguf_path=find_gguf())
 
 
-def tiny_random_model(
-    directory: Path | str,
-    *,
-    tokenizer_dir: Path | str | None = None,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    max_position_embeddings: int = 512,
-    initializer_range: float = 0.5,
-    seed: int = 0,
-) -> Path:
+def tiny_random_model(directory: Path | str, *, tokenizer_dir: Path | str | None = None, hidden_size: int = 64,
+                      num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, max_position_embeddings: int = 512,
+                      initializer_range: float = 0.5, seed: int = 0) -> Path:
     """Build and save a tiny random-init Llama that shares the default model's tokenizer.
 
     For engine-mechanics tests: it loads in well under a second and decodes hundreds of
@@ -378,20 +311,11 @@ def tiny_random_model(
     if _is_converted(directory):
         return directory
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or resolve_model_path()), local_files_only=True)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        initializer_range=initializer_range,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+                         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                         max_position_embeddings=max_position_embeddings, initializer_range=initializer_range,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     directory.mkdir(parents=True, exist_ok=True)
