@@ -179,6 +179,7 @@ def build(
         options=plan.options.key_options(),
         commands=plan.commands(),
         files=hash_tree(plan.out_dir, cache=hash_cache),
+        sizing=plan.sizing.to_dict() if plan.sizing else {},
     )
     manifest.write(plan.out_dir)
     if hash_cache is not None:

@@ -44,12 +44,14 @@ def _add_build_options(parser: argparse.ArgumentParser, *, required: bool) -> No
     group.add_argument("--output-root", type=Path, default=None, help="where build directories go (default: engines)")
     group.add_argument("--trtllm-src", type=Path, default=None, help="TensorRT-LLM source checkout of the pinned version (examples/)")
     group.add_argument("--python", default=None, help="interpreter for the example scripts (default: python3)")
+    group.add_argument("--task-memory-limit-mib", type=int, default=None,
+                       help="host memory of the Triton task (default: its share of the GPU's catalog instance)")
 
 
 _OPTION_FIELDS = (
     "model", "gpu", "trtllm_version", "backend", "revision", "model_type", "tp", "pp", "dtype", "quantization",
     "calib_dataset", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "kv_cache_free_gpu_mem_fraction",
-    "workers", "output_root", "trtllm_src", "python",
+    "workers", "output_root", "trtllm_src", "python", "task_memory_limit_mib",
 )
 
 
@@ -145,8 +147,10 @@ def cmd_triton_repo(args: argparse.Namespace) -> int:
         flavor = args.flavor
         model = args.model
         llm_api_options: dict[str, Any] = {}
+        bls_instances = None
         if args.build_dir is not None:
             manifest = Manifest.read(args.build_dir)
+            bls_instances = manifest.sizing.get("bls_instances")
             flavor = flavor or manifest.backend
             model = model or manifest.model
             if manifest.backend == "engine":
@@ -186,6 +190,7 @@ def cmd_triton_repo(args: argparse.Namespace) -> int:
             model_code_from=args.model_code_from,
             copy_model_code=not args.configs_only,
             server_root=args.server_root,
+            bls_instance_count=bls_instances,
         )
         result = write_triton_repo(opts, tokenizer, stop_token_ids=stops)
     except (EngineBuildError, FileNotFoundError, ValueError, OSError) as exc:
@@ -204,16 +209,22 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     try:
         if args.print_layout:
-            layout = publish_layout(Manifest.read(args.build_dir).key, engine_root=args.engine_root)
+            manifest = Manifest.read(args.build_dir)
+            layout = publish_layout(manifest.key, backend=manifest.backend, engine_root=args.engine_root)
             print(" ".join(f"--{key.replace('_', '-')} {value}" for key, value in layout.items()))
             return 0
         if not args.to:
             raise PlanError("give --to s3://bucket[/prefix] (or --print-layout)")
         result = publish(args.build_dir, args.to, repo_dir=args.repo, tokenizer_dir=args.tokenizer,
-                         engine_root=args.engine_root, log=lambda line: print(line, file=sys.stderr))
+                         engine_root=args.engine_root, hub_egress=args.hub_egress,
+                         log=lambda line: print(line, file=sys.stderr))
+        if args.tfvars is not None:
+            args.tfvars.write_text(json.dumps(result.deploy, indent=2, sort_keys=True) + "\n")
     except (EngineBuildError, FileNotFoundError, ValueError, OSError) as exc:
         return _fail(exc)
-    print(f"published {len(result.files)} files; set the stack's engine manifest to {result.manifest_uri}")
+    print(f"published {len(result.files)} files; manifest {result.manifest_uri}")
+    print(f"terraform engine variable: {json.dumps(result.deploy['engine'], sort_keys=True)}"
+          + (f" (written to {args.tfvars})" if args.tfvars else ""))
     return 0
 
 
@@ -276,6 +287,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pub.add_argument("--repo", type=Path, default=None, help="the generated model repository (default: <build-dir>/triton_repo)")
     pub.add_argument("--tokenizer", type=Path, default=None, help="tokenizer dir (default: the build's local model dir)")
     pub.add_argument("--engine-root", default="/engines", help="where the entrypoint puts builds on the GPU host")
+    pub.add_argument("--hub-egress", action="store_true",
+                     help="pytorch build of a hub id: the deployment gives the task a route to the hub (engine.hub_egress)")
+    pub.add_argument("--tfvars", type=Path, default=None,
+                     help="write terraform's engine variable here, e.g. terraform/envs/dev/engine.auto.tfvars.json")
     pub.add_argument("--print-layout", action="store_true",
                      help="print the triton-repo server-path options for this build's published layout and exit")
     pub.set_defaults(handler=cmd_publish)

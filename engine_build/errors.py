@@ -7,7 +7,8 @@
     ├── PlanError                    the requested build cannot be planned as given
     │   ├── UnknownGPUError          (carries ``name`` and ``known``)
     │   ├── UnsupportedVersionError  (carries ``version`` and ``reason``)
-    │   └── UnknownModelFamilyError  (carries ``model_type``)
+    │   ├── UnknownModelFamilyError  (carries ``model_type``)
+    │   └── DoesNotFitError          the build cannot fit its GPU or its task (carries ``numbers``)
     ├── BuildStepError               a build step failed (carries ``step``, ``returncode``, ``log_path``)
     ├── TokenizerInfoError           the tokenizer cannot be described for xgrammar
     └── ConfigCheckError             a Triton model config does not match what the client sends
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "BuildStepError",
     "ConfigCheckError",
+    "DoesNotFitError",
     "EngineBuildError",
     "MissingRequirementError",
     "NoGPUError",
@@ -81,6 +84,14 @@ class UnknownModelFamilyError(PlanError):
             f"no convert_checkpoint recipe for model_type {model_type!r}"
             + (f"; known: {', '.join(self.known)}" if self.known else "")
         )
+
+
+class DoesNotFitError(PlanError):
+    """Weights, KV cache and processes do not fit the GPU or the task's host memory."""
+
+    def __init__(self, message: str, numbers: dict[str, Any]) -> None:
+        self.numbers = numbers
+        super().__init__(message)
 
 
 class BuildStepError(EngineBuildError):

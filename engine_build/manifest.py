@@ -128,6 +128,8 @@ class Manifest:
     options: dict[str, Any]
     commands: list[list[str]] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
+    #: The plan's GPU and task sizing (``engine_build.sizing.TaskSizing.to_dict``); empty when not sized.
+    sizing: dict[str, Any] = field(default_factory=dict)
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     manifest_version: int = MANIFEST_VERSION
 

@@ -2,7 +2,7 @@
 
 Two backends:
 
-- ``engine`` (TensorRT-LLM 0.19 up to 1.x, legacy): ``convert_checkpoint.py`` of the model's
+- ``engine`` (TensorRT-LLM 0.19 up to 1.0.x, legacy): ``convert_checkpoint.py`` of the model's
   family (or ``quantize.py`` for FP8, calibrated on a local dataset) → ``trtllm-build`` with
   paged KV cache and paged context FMHA (needed for KV-cache reuse). The engine runs only on the
   planned SM and TRT-LLM version. 0.19 is the floor: xgrammar reached the executor in 0.16,
@@ -10,9 +10,18 @@ Two backends:
   tensorrtllm_backend v0.19.0 (its v0.18.2 ``tensorrt_llm/config.pbtxt`` has neither).
 - ``pytorch`` (TensorRT-LLM ≥ 1.0, the default there): no compile step; the plan is an LLM-API
   options file (``extra_llm_api_options`` for ``trtllm-serve``, the LLM arguments of the Triton
-  LLM-API model) with guided decoding on.
+  LLM-API model) with guided decoding on and the overlap scheduler off: the PyTorch executor
+  refuses guided decoding with it (TensorRT-LLM ``tensorrt_llm/_torch/pyexecutor/_util.py``,
+  ``create_py_executor_instance``: ``if not pytorch_backend_config.disable_overlap_scheduler:
+  raise ValueError("Guided decoding is not supported with overlap scheduler.")``), and 1.0.0's
+  behaviour has not been confirmed on a GPU yet.
 
-Both end with the xgrammar tokenizer-info file and a manifest. Planning runs nothing.
+Both backends are planned only inside the window toolrail has checked, ``[floor, CHECKED_MAX_VERSION)``:
+engines are tied to their exact TensorRT-LLM version and the Triton templates, the LLM-API
+arguments and the image pin (``docker/Dockerfile.triton``) move with each release. The engine
+build ends with the xgrammar tokenizer-info file (the C++ backend reads it; the LLM API builds
+its own, so the pytorch build writes none). Every plan with a local model sizes its GPU and its
+Triton task (:mod:`engine_build.sizing`) and is refused when they cannot fit. Planning runs nothing.
 """
 
 from __future__ import annotations
@@ -32,10 +41,12 @@ from engine_build.errors import (
 )
 from engine_build.gpus import GPU, resolve_gpu
 from engine_build.manifest import FileHashCache, build_key, model_fingerprint
+from engine_build.sizing import TaskSizing, host_share_mib, read_model_shape, size_task, weight_files
 
 __all__ = [
     "ALL_MODELS_MOVED_VERSION",
     "BACKENDS",
+    "CHECKED_MAX_VERSION",
     "CONTRIB_FAMILIES",
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_MAX_INPUT_LEN",
@@ -68,6 +79,9 @@ EXAMPLES_MOVED_VERSION = Version("0.18.0")
 ALL_MODELS_MOVED_VERSION = Version("0.20.0")
 #: The PyTorch backend became the default (and the LLM-API Triton model the way to serve it).
 PYTORCH_MIN_VERSION = Version("1.0.0")
+#: First release toolrail has not checked (exclusive upper bound of both backends): 1.0.x is what
+#: the pinned image (Triton 25.10) carries; widen after scripts/gpu_check.sh passes on the next one.
+CHECKED_MAX_VERSION = Version("1.1.0")
 
 #: HF ``model_type`` → the examples directory whose ``convert_checkpoint.py`` converts it.
 FAMILIES: dict[str, str] = {
@@ -125,6 +139,8 @@ class BuildOptions:
     output_root: Path = Path("engines")
     trtllm_src: Path = Path("TensorRT-LLM")
     python: str = "python3"
+    #: Host memory the Triton task may use (MiB); default: its share of the GPU's catalog instance.
+    task_memory_limit_mib: int | None = None
 
     def key_options(self) -> dict[str, Any]:
         """The options that change the artefact (paths and tooling don't)."""
@@ -180,6 +196,8 @@ class BuildPlan:
     #: LLM-API arguments (pytorch backend; also recorded for engine builds).
     llm_api_options: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    #: GPU and task memory (None when the model's config.json is not local).
+    sizing: TaskSizing | None = None
 
     @property
     def engine_dir(self) -> Path:
@@ -218,6 +236,7 @@ class BuildPlan:
             ],
             "llm_api_options": self.llm_api_options,
             "notes": list(self.notes),
+            "sizing": self.sizing.to_dict() if self.sizing else None,
         }
 
 
@@ -248,6 +267,12 @@ def _choose_backend(requested: str, version: Version) -> Literal["engine", "pyto
         raise PlanError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
     if requested == "auto":
         requested = "pytorch" if version >= PYTORCH_MIN_VERSION else "engine"
+    if Version(version.base_version) >= CHECKED_MAX_VERSION:  # 1.1.0rc0 is a 1.1 release too
+        raise UnsupportedVersionError(
+            str(version),
+            f"toolrail has checked TensorRT-LLM up to {CHECKED_MAX_VERSION} (exclusive): the Triton templates, "
+            "LLM-API arguments and image pin of a newer release must be checked (scripts/gpu_check.sh) first",
+        )
     if requested == "pytorch" and version < PYTORCH_MIN_VERSION:
         raise UnsupportedVersionError(str(version), f"the pytorch backend needs TensorRT-LLM >= {PYTORCH_MIN_VERSION}")
     if requested == "engine" and version < ENGINE_MIN_VERSION:
@@ -400,6 +425,8 @@ def _llm_api_options(opts: BuildOptions, *, backend: str) -> dict[str, Any]:
         },
     }
     if backend == "pytorch":
+        # Guided decoding with the overlap scheduler is refused by the PyTorch executor (module docstring).
+        options["disable_overlap_scheduler"] = True
         options["cuda_graph_config"] = {"enable_padding": True, "max_batch_size": opts.max_batch_size}
         if opts.quantization == "fp8":
             options["kv_cache_config"]["dtype"] = "fp8"
@@ -433,6 +460,14 @@ def plan_build(opts: BuildOptions, *, hash_cache: FileHashCache | None = None) -
     steps: list[Step] = []
     if backend == "engine":
         steps, notes = _engine_steps(opts, version, model_type, out_dir)
+        steps.append(
+            Step(
+                name="tokenizer-info",
+                description="xgrammar tokenizer info for the C++ guided-decoding backend",
+                action="tokenizer_info",
+                output=out_dir / "tokenizer_info" / "xgrammar_tokenizer_info.json",
+            )
+        )
     else:
         if opts.quantization == "fp8":
             notes.append(
@@ -446,14 +481,11 @@ def plan_build(opts: BuildOptions, *, hash_cache: FileHashCache | None = None) -
                 output=out_dir / "llm_api_options.yaml",
             )
         )
-    steps.append(
-        Step(
-            name="tokenizer-info",
-            description="xgrammar tokenizer info for the C++ guided-decoding backend",
-            action="tokenizer_info",
-            output=out_dir / "tokenizer_info" / "xgrammar_tokenizer_info.json",
-        )
-    )
+    sizing = plan_sizing(opts, backend=backend, gpu=gpu)
+    if sizing is None:
+        notes.append("not sized: the model's config.json is not local (publish sizes it from the files it uploads)")
+    else:
+        notes.append(sizing.summary())
     return BuildPlan(
         key=key,
         options=opts,
@@ -465,4 +497,34 @@ def plan_build(opts: BuildOptions, *, hash_cache: FileHashCache | None = None) -
         steps=tuple(steps),
         llm_api_options=_llm_api_options(opts, backend=backend),
         notes=tuple(notes),
+        sizing=sizing,
+    )
+
+
+def plan_sizing(opts: BuildOptions, *, backend: str, gpu: GPU, model_dir: Path | None = None,
+                weight_bytes: int | None = None, largest_file_bytes: int | None = None,
+                bls_instances: int | None = None) -> TaskSizing | None:
+    """Size the build's GPU and Triton task; None without a local ``config.json``.
+
+    Without ``weight_bytes`` the served weights are estimated: the checkpoint's safetensors
+    (parameters × 1 byte for FP8, 2 otherwise), or the parameter count from the config.
+    """
+    model_dir = model_dir or Path(opts.model)
+    shape = read_model_shape(model_dir) if model_dir.is_dir() else None
+    if shape is None:
+        return None
+    served = 1 if opts.quantization == "fp8" else 2
+    if weight_bytes is None:
+        files = weight_files(model_dir)
+        checkpoint = sum(f.stat().st_size for f in files)
+        params = checkpoint // shape.checkpoint_dtype_bytes if files else shape.params
+        weight_bytes = params * served
+        largest_file_bytes = max((f.stat().st_size for f in files), default=weight_bytes)
+    limit = opts.task_memory_limit_mib or host_share_mib(gpu.name, opts.tp * opts.pp)
+    return size_task(
+        backend=backend, gpu=gpu, shape=shape, weight_bytes=weight_bytes,
+        largest_file_bytes=largest_file_bytes or weight_bytes, tp=opts.tp * opts.pp,
+        max_batch_size=opts.max_batch_size, max_seq_len=opts.max_seq_len, max_num_tokens=opts.max_num_tokens,
+        kv_cache_free_gpu_mem_fraction=opts.kv_cache_free_gpu_mem_fraction,
+        kv_dtype_bytes=1 if opts.quantization == "fp8" else 2, host_limit_mib=limit, bls_instances=bls_instances,
     )

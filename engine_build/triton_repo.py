@@ -81,6 +81,8 @@ class RepoOptions:
     batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
     max_queue_delay_microseconds: int = 0
     instance_count: int = 1
+    #: BLS instances (engine flavour): the plan's bound (``sizing.bls_instances``); None = one per batch slot.
+    bls_instance_count: int | None = None
     #: ``tensorrtllm`` (C++, reads the tokenizer-info file) or ``python`` for the engine flavor.
     triton_backend: Literal["tensorrtllm", "python"] = "tensorrtllm"
     #: LLM-API arguments for the pytorch flavor (``BuildPlan.llm_api_options``).
@@ -102,7 +104,8 @@ class RepoResult:
     root: Path
     entry_model: str
     models: tuple[str, ...]
-    tokenizer_info_path: Path
+    #: The xgrammar tokenizer-info file (engine flavour; the LLM API needs none).
+    tokenizer_info_path: Path | None
     files: dict[str, str]
     notes: tuple[str, ...] = ()
 
@@ -145,8 +148,9 @@ def template_values(opts: RepoOptions, tokenizer_info: str) -> dict[str, str]:
         "preprocessing_instance_count": opts.instance_count,
         "postprocessing_instance_count": opts.instance_count,
         # The BLS's execute() is synchronous: one instance serves one request at a time, so
-        # run as many as the engine batches (docs/model_config.md line 210, v0.19.0).
-        "bls_instance_count": opts.max_batch_size,
+        # run as many as the engine batches (docs/model_config.md line 210, v0.19.0) - or as
+        # many as the task's host memory holds (each imports torch; engine_build/sizing.py).
+        "bls_instance_count": min(opts.bls_instance_count or opts.max_batch_size, opts.max_batch_size),
         "logits_datatype": "TYPE_FP32",
         "encoder_input_features_data_type": "TYPE_FP16",
         "prompt_embedding_table_data_type": "TYPE_FP16",
@@ -235,7 +239,7 @@ def _engine_configs(opts: RepoOptions, tokenizer_info: str) -> dict[str, mc.Mode
     return configs
 
 
-def _llmapi_config(opts: RepoOptions, tokenizer_info: str) -> mc.ModelConfig:
+def _llmapi_config(opts: RepoOptions) -> mc.ModelConfig:
     config = mc.ModelConfig(name=LLMAPI_MODEL, backend="python", max_batch_size=opts.max_batch_size)
     config.model_transaction_policy.decoupled = True
     for spec in CLIENT_INPUTS:
@@ -247,15 +251,10 @@ def _llmapi_config(opts: RepoOptions, tokenizer_info: str) -> mc.ModelConfig:
         config.output.add(name=spec.name, data_type=spec.data_type, dims=list(spec.dims))
     config.output.add(name="finish_reason", data_type=mc.TYPE_STRING, dims=[-1])
     _cpu_instances(config, 1)
+    # Only what llmapi_model.py reads: the LLM API builds its grammar tokenizer info itself.
     _set_params(
         config,
-        {
-            "guided_decoding_backend": GUIDED_DECODING_BACKEND,
-            "llm_api_options": "llm_api_options.yaml",
-            "model": opts.model,
-            "tokenizer_dir": opts.tokenizer_dir or opts.model,
-            "xgrammar_tokenizer_info_path": tokenizer_info,
-        },
+        {"guided_decoding_backend": GUIDED_DECODING_BACKEND, "llm_api_options": "llm_api_options.yaml", "model": opts.model},
     )
     return config
 
@@ -265,7 +264,7 @@ def build_configs(opts: RepoOptions) -> dict[str, mc.ModelConfig]:
     if opts.flavor == "engine":
         return _engine_configs(opts, opts.server_path(f"tensorrt_llm/{TOKENIZER_INFO_NAME}"))
     if opts.flavor == "pytorch":
-        return {LLMAPI_MODEL: _llmapi_config(opts, opts.server_path(f"{LLMAPI_MODEL}/{TOKENIZER_INFO_NAME}"))}
+        return {LLMAPI_MODEL: _llmapi_config(opts)}
     raise ValueError(f"unknown flavor {opts.flavor!r}")
 
 
@@ -295,7 +294,6 @@ def write_triton_repo(opts: RepoOptions, tokenizer: Any, *, stop_token_ids: list
         (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
     if opts.flavor == "engine":
         entry = ENGINE_ENTRY_MODEL
-        info_dir = root / "tensorrt_llm"
         code_models = _CODE_MODELS + (("tensorrt_llm",) if opts.triton_backend == "python" else ())
         assert opts.model_code_from is not None  # build_configs refused without it
         if opts.copy_model_code:
@@ -315,14 +313,14 @@ def write_triton_repo(opts: RepoOptions, tokenizer: Any, *, stop_token_ids: list
         stop_token_ids = [end_id]
         # Triton needs a version directory for an ensemble even though it has no files.
         (root / "ensemble" / "1").mkdir(parents=True, exist_ok=True)
+        info_path: Path | None = write_tokenizer_info(tokenizer, root / "tensorrt_llm", stop_token_ids=stop_token_ids)
     else:
         entry = LLMAPI_MODEL
-        info_dir = root / LLMAPI_MODEL
+        info_path = None
         (root / LLMAPI_MODEL / "1" / "model.py").write_text(_llmapi_model_source())
         (root / LLMAPI_MODEL / "llm_api_options.yaml").write_text(
             yaml.safe_dump({"model": opts.model, "backend": "pytorch", **dict(opts.llm_api_options)}, sort_keys=True)
         )
-    info_path = write_tokenizer_info(tokenizer, info_dir, stop_token_ids=stop_token_ids)
 
     # Read back what is on disk: it must parse and take exactly what the client sends, guided.
     require_servable(load_repository(root), entry)

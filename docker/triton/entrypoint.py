@@ -4,10 +4,17 @@ The ECS task sets ``TOOLRAIL_ENGINE_MANIFEST_URI`` (``s3://bucket/engines/<build
 uploaded last by ``toolrail engine publish``, after every file it lists). Before ``tritonserver``
 starts, this script
 
-1. reads the manifest and refuses an engine built for another TensorRT-LLM version or GPU SM than
-   this container and this GPU (a TensorRT engine runs only where it was built to run);
-2. downloads every file the manifest lists next to it in S3 and checks each sha256;
-3. execs ``tritonserver`` on the model repository the manifest names (``model_repository``),
+1. makes an S3 client for the task's region (``AWS_REGION``, else ``AWS_DEFAULT_REGION``, both set
+   by terraform; instance metadata is blocked, and a region-less client would sign for us-east-1
+   and go to an endpoint the S3 prefix list of another region does not cover) - refused without one;
+   ``AWS_ENDPOINT_URL_S3`` (read by boto3 itself) points it at a local S3 in scripts/gpu_check.sh;
+2. reads the manifest and refuses an engine built for another TensorRT-LLM version or GPU SM than
+   this container and this GPU (a TensorRT engine runs only where it was built to run), and a
+   model the server would fetch from a hub unless the deployment declares egress
+   (``TOOLRAIL_HUB_EGRESS=true``, set by terraform from ``engine.hub_egress``);
+3. downloads every file the manifest lists next to it in S3 - the model's weights or the engine
+   included - and checks each sha256;
+4. execs ``tritonserver`` on the model repository the manifest names (``model_repository``),
    with strict readiness so ``/v2/health/ready`` (the load balancer's health check) waits for
    the models. The repository's server paths point into ``/engines/<build_key>/`` (publish
    refuses one written for another layout).
@@ -25,7 +32,17 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-__all__ = ["EngineRejected", "check_compatibility", "manifest_files", "model_repository", "parse_s3_uri", "safe_target"]
+__all__ = [
+    "EngineRejected",
+    "check_compatibility",
+    "fetch_build",
+    "manifest_files",
+    "model_repository",
+    "parse_s3_uri",
+    "region_from",
+    "safe_target",
+    "server_argv",
+]
 
 
 class EngineRejected(Exception):
@@ -81,6 +98,56 @@ def model_repository(engine_dir: Path, *, hint: str | None = None) -> Path:
     return configs[0].parent.parent
 
 
+def region_from(environ: Mapping[str, str]) -> str:
+    """The task's AWS region, from the environment terraform sets; refused when there is none."""
+    region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+    if not region:
+        raise EngineRejected("no AWS region: set AWS_REGION (the task definition does) so S3 is reached in the task's region")
+    return region
+
+
+def fetch_build(
+    s3: Any, manifest_uri: str, engine_root: Path, *, trtllm_version: str, gpu_sms: list[int], hub_egress: bool
+) -> tuple[Path, dict[str, Any]]:
+    """Download and verify everything the manifest lists; returns the build directory and the manifest."""
+    bucket, manifest_key = parse_s3_uri(manifest_uri)
+    prefix = manifest_key.rsplit("/", 1)[0]
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=manifest_key)["Body"].read())
+    check_compatibility(manifest, trtllm_version=trtllm_version, gpu_sms=gpu_sms)
+    if manifest.get("model_source") == "hub" and not hub_egress:
+        raise EngineRejected(
+            f"the model {manifest.get('model')!r} would be downloaded from a hub, and this deployment declares no egress "
+            "(engine.hub_egress): publish the weights instead"
+        )
+    build_key = str(manifest.get("key") or manifest.get("build_key") or prefix.rsplit("/", 1)[-1])
+    engine_dir = engine_root / build_key
+    files = manifest_files(manifest)
+    _log("engine.fetch", manifest=manifest_uri, build_key=build_key, files=len(files))
+    for relative, digest in sorted(files.items()):
+        target = safe_target(engine_dir, relative)
+        if not (target.is_file() and _sha256(target) == digest):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, f"{prefix}/{relative}", str(target))
+        if _sha256(target) != digest:
+            raise EngineRejected(f"sha256 mismatch for {relative}")
+    return engine_dir, manifest
+
+
+def server_argv(repository: Path, extra: list[str]) -> list[str]:
+    """``tritonserver`` on ``repository``, strict readiness for the load balancer's health check."""
+    return [
+        "tritonserver",
+        f"--model-repository={repository}",
+        "--http-port=8000",
+        "--grpc-port=8001",
+        "--metrics-port=8002",
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+        "--log-format=ISO8601",
+        *extra,
+    ]
+
+
 def _gpu_sms() -> list[int]:
     out = subprocess.run(
         ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, check=True, timeout=30
@@ -110,36 +177,15 @@ def main() -> int:
     if expected and expected != trtllm_version:
         raise EngineRejected(f"image carries TensorRT-LLM {trtllm_version}, the stack expects {expected}")
 
-    bucket, manifest_key = parse_s3_uri(manifest_uri)
-    prefix = manifest_key.rsplit("/", 1)[0]
-    s3 = boto3.client("s3")
-    manifest = json.loads(s3.get_object(Bucket=bucket, Key=manifest_key)["Body"].read())
-    check_compatibility(manifest, trtllm_version=trtllm_version, gpu_sms=_gpu_sms())
-    build_key = str(manifest.get("key") or manifest.get("build_key") or prefix.rsplit("/", 1)[-1])
-    engine_dir = engine_root / build_key
-    files = manifest_files(manifest)
-    _log("engine.fetch", manifest=manifest_uri, build_key=build_key, files=len(files))
-    for relative, digest in sorted(files.items()):
-        target = safe_target(engine_dir, relative)
-        if not (target.is_file() and _sha256(target) == digest):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            s3.download_file(bucket, f"{prefix}/{relative}", str(target))
-        if _sha256(target) != digest:
-            raise EngineRejected(f"sha256 mismatch for {relative}")
+    s3 = boto3.client("s3", region_name=region_from(os.environ))
+    engine_dir, manifest = fetch_build(
+        s3, manifest_uri, engine_root, trtllm_version=trtllm_version, gpu_sms=_gpu_sms(),
+        hub_egress=os.environ.get("TOOLRAIL_HUB_EGRESS", "false").lower() == "true",
+    )
     hint = os.environ.get("TOOLRAIL_MODEL_REPOSITORY") or manifest.get("model_repository")
     repository = model_repository(engine_dir, hint=hint)
-    _log("engine.ready", build_key=build_key, model_repository=str(repository), sm=manifest.get("sm"))
-    args = [
-        "tritonserver",
-        f"--model-repository={repository}",
-        "--http-port=8000",
-        "--grpc-port=8001",
-        "--metrics-port=8002",
-        "--strict-readiness=true",
-        "--exit-on-error=true",
-        "--log-format=ISO8601",
-        *sys.argv[1:],
-    ]
+    _log("engine.ready", build_key=engine_dir.name, model_repository=str(repository), sm=manifest.get("sm"))
+    args = server_argv(repository, sys.argv[1:])
     os.execvp(args[0], args)
     return 0  # unreachable
 

@@ -11,6 +11,14 @@ SMOLLM2_DIR = Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-p
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+#: A llama-shaped config small enough to size (engine_build/sizing.py reads these fields).
+TINY_CONFIG = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 400,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}
+
+
 def make_tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -38,7 +46,7 @@ def tiny_tokenizer():
 def tiny_model_dir(tmp_path: Path, tiny_tokenizer) -> Path:
     model = tmp_path / "TinyLlama-Test"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (model / "config.json").write_text(json.dumps(TINY_CONFIG))
     (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     (model / "model.safetensors").write_bytes(b"\x00" * 1024)
     tiny_tokenizer.save_pretrained(model)

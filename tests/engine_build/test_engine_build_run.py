@@ -98,20 +98,24 @@ def test_failing_step_raises_with_its_log(engine_plan):
     assert not (engine_plan.out_dir / MANIFEST_NAME).exists()
 
 
-def test_pytorch_build_has_no_subprocess(tiny_model_dir, tmp_path):
+def test_pytorch_build_has_no_subprocess_and_writes_only_what_the_llm_api_reads(tiny_model_dir, tmp_path):
     plan = plan_build(BuildOptions(model=str(tiny_model_dir), gpu="h200", trtllm_version="1.0.0", output_root=tmp_path))
     runner, calls = FakeRunner(plan), []
     result = build(plan, runner=runner, actions=_fake_actions(calls), console=_console(), check=False)
-    assert runner.calls == [] and calls == ["llm_api_options", "tokenizer_info"]
+    # The LLM API builds its own grammar tokenizer info from the tokenizer: no tokenizer-info file.
+    assert runner.calls == [] and calls == ["llm_api_options"]
     assert result.manifest.backend == "pytorch"
 
 
-def test_real_tokenizer_info_action(tiny_model_dir, tmp_path):
+def test_real_tokenizer_info_action(engine_plan, tiny_model_dir, tmp_path):
+    build(engine_plan, runner=FakeRunner(engine_plan), console=_console(), check=False)
+    info = json.loads(engine_plan.tokenizer_info_path.read_text())
+    assert info["stop_token_ids"] == [2, 0]  # eos, then generation_config's extra stop id
     plan = plan_build(BuildOptions(model=str(tiny_model_dir), gpu="h200", trtllm_version="1.0.0", output_root=tmp_path))
     build(plan, console=_console(), check=False)
-    info = json.loads(plan.tokenizer_info_path.read_text())
-    assert info["stop_token_ids"] == [2, 0]  # eos, then generation_config's extra stop id
-    assert "guided_decoding_backend: xgrammar" in plan.llm_api_options_path.read_text()
+    options = plan.llm_api_options_path.read_text()
+    assert "guided_decoding_backend: xgrammar" in options and "disable_overlap_scheduler: true" in options
+    assert not plan.tokenizer_info_path.exists()
 
 
 def test_preflight_names_missing_tensorrt_llm(engine_plan):

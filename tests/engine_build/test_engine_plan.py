@@ -88,13 +88,14 @@ def test_engine_plan_names_where_the_release_triton_models_live(tiny_model_dir):
     assert any("TensorRT-LLM v0.20.0: triton_backend/all_models" in n for n in plan_build(_opts(tiny_model_dir)).notes)
 
 
-@pytest.mark.parametrize("version", ["1.0.0", "1.1.0", "1.2.0rc1"])
+@pytest.mark.parametrize("version", ["1.0.0", "1.0.1"])
 def test_pytorch_backend_is_the_default_from_1_0(tiny_model_dir, version):
     plan = plan_build(_opts(tiny_model_dir, trtllm_version=version))
     assert plan.backend == "pytorch"
-    assert [s.name for s in plan.steps] == ["llm-api-options", "tokenizer-info"]
+    assert [s.name for s in plan.steps] == ["llm-api-options"]  # the LLM API reads no tokenizer-info file
     assert plan.commands() == []
     assert plan.llm_api_options["guided_decoding_backend"] == "xgrammar"
+    assert plan.llm_api_options["disable_overlap_scheduler"] is True
     assert plan.llm_api_options["kv_cache_config"]["enable_block_reuse"] is True
     assert plan.llm_api_options["max_batch_size"] == 64
 
@@ -115,6 +116,9 @@ def test_engine_on_1_0_is_allowed_with_a_note(tiny_model_dir):
         ({"trtllm_version": "0.16.0", "backend": "engine"}, UnsupportedVersionError, "guided decoding"),
         ({"trtllm_version": "0.18.2"}, UnsupportedVersionError, "tensorrtllm_backend v0.19.0"),
         ({"trtllm_version": "0.17.0", "backend": "engine"}, UnsupportedVersionError, "guided decoding"),
+        ({"trtllm_version": "1.1.0"}, UnsupportedVersionError, "checked TensorRT-LLM up to 1.1.0"),
+        ({"trtllm_version": "1.2.0rc1", "backend": "engine"}, UnsupportedVersionError, "checked"),
+        ({"trtllm_version": "1.1.0rc0", "backend": "pytorch"}, UnsupportedVersionError, "checked"),
         ({"quantization": "fp8"}, PlanError, "local dataset"),
         ({"trtllm_version": "0.20.0", "backend": "pytorch"}, UnsupportedVersionError, "pytorch backend"),
         ({"gpu": "a100", "quantization": "fp8"}, PlanError, "FP8 needs SM"),

@@ -13,6 +13,8 @@ from python_backend_host import RELEASES
 from test_engine_build_run import FakeRunner, _console, _fake_actions
 
 from engine_build.build import build
+from engine_build.errors import DoesNotFitError
+from engine_build.manifest import Manifest
 from engine_build.plan import BuildOptions, plan_build
 from engine_build.publish import PublishError, publish, publish_layout
 from engine_build.triton_repo import RepoOptions, write_triton_repo
@@ -70,9 +72,15 @@ def test_publish_uploads_everything_then_the_manifest(finished_build, tiny_token
     manifest = json.loads(s3.objects[("artifacts", s3.order[-1])])
     published = {key.removeprefix(f"engines/{plan.key}/") for key in s3.order[:-1]}
     assert set(manifest["files"]) == published
-    assert {"engine/rank0.engine", "tokenizer/tokenizer.json", "triton_repo/tensorrt_llm/config.pbtxt",
+    assert {"engine/rank0.engine", "model/tokenizer.json", "model/config.json", "triton_repo/tensorrt_llm/config.pbtxt",
             "triton_repo/tensorrt_llm_bls/1/model.py", "build_manifest.json"} <= published
     assert (manifest["key"], manifest["trtllm_version"], manifest["sm"]) == (plan.key, "0.19.0", 90)
+    # The task's memory comes from what was published: the repository's BLS count, the engine's bytes.
+    assert manifest["sizing"]["processes"]["tensorrt_llm_bls"]["count"] == plan.sizing.bls_instances
+    assert manifest["task_memory_mib"] == manifest["sizing"]["task_memory_mib"] > 0
+    assert result.deploy == {"engine": {"build_key": plan.key, "gpu": "h100", "sm": 90, "trtllm_version": "0.19.0",
+                                        "backend": "engine", "task_memory_mib": manifest["task_memory_mib"],
+                                        "hub_egress": False}}
 
     # The entrypoint's side: fetch what the manifest lists, check every sha256, find the repository.
     entrypoint = _entrypoint()
@@ -85,6 +93,18 @@ def test_publish_uploads_everything_then_the_manifest(finished_build, tiny_token
         assert hashlib.sha256(target.read_bytes()).hexdigest() == digest
     repository = entrypoint.model_repository(engine_dir, hint=manifest["model_repository"])
     assert (repository / "tensorrt_llm_bls" / "config.pbtxt").is_file()
+
+
+def test_publish_refuses_a_task_that_does_not_fit_with_the_numbers(finished_build, tiny_tokenizer):
+    plan = finished_build
+    _write_repo(plan, tiny_tokenizer, **publish_layout(plan.key))
+    manifest = Manifest.read(plan.out_dir)
+    manifest.sizing["host_limit_mib"] = 8192  # a small instance: 64 BLS processes importing torch do not fit
+    manifest.write(plan.out_dir)
+    s3 = FakeS3()
+    with pytest.raises(DoesNotFitError, match=r"needs \d+ MiB of host memory.*8192 MiB.*tensorrt_llm_bls 64×512") as info:
+        publish(plan.out_dir, "s3://artifacts/engines", client=s3)
+    assert info.value.numbers["task_memory_mib"] > 8192 and s3.order == []
 
 
 def test_publish_refuses_a_repository_written_for_another_layout(finished_build, tiny_tokenizer):

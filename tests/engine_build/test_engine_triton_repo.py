@@ -231,5 +231,6 @@ def test_cli_triton_repo(tmp_path, tiny_model_dir, capsys):
     assert "TOOLRAIL_TRITON_MODEL=tensorrt_llm_bls" in capsys.readouterr().out
     assert main(["engine", "triton-repo", "--output", str(out), "--flavor", "pytorch", "--model", str(tiny_model_dir)]) == 0
     assert "TOOLRAIL_TRITON_MODEL=llmapi" in capsys.readouterr().out
-    info = json.loads((out / "llmapi" / "xgrammar_tokenizer_info.json").read_text())
-    assert info["stop_token_ids"] == [2, 0]
+    # The LLM API builds its grammar tokenizer info itself: the repository carries no file nothing reads.
+    assert not list(out.rglob("xgrammar_tokenizer_info.json"))
+    assert "tokenizer_info" not in (out / "llmapi" / "config.pbtxt").read_text()
