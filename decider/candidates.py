@@ -119,6 +119,8 @@ def _narrow(node: Any, raw: str, values: ConversationValues, path: str, out: dic
         items = _narrow(node["items"], raw, values, f"{path}/*", out)
         if items is node["items"]:
             return node
+        if f"{path}/*" not in out:  # narrowed inside each item (an array of objects or of arrays): bounds kept
+            return {**node, "items": items}
         # more items than distinct candidates can only repeat one: bound the array by them
         distinct = len(out[f"{path}/*"])
         bound = min(node.get("maxItems", distinct), max(distinct, node.get("minItems", 0)))
