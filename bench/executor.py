@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from executor.stack import stop_process, wait_for_workers, wait_http_ok  # noqa: E402
-from executor.store import TERMINAL_JOB  # noqa: E402
+from executor.store.records import TERMINAL_JOB  # noqa: E402
 from toolrail.redis_embed import EmbeddedRedis, free_port  # noqa: E402
 
 __all__ = ["INLINE_TOOL", "Stack", "celery_runners", "job_runners", "main", "percentile", "redis_work", "run_level",
@@ -123,7 +123,7 @@ def start_stack(label: str, root: Path, *, workers: int = 2, queues: tuple[str, 
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(data_dir=Path(tmp) / "redis") as server:
         env = {**_code_env(root, server.url), **(env or {})}
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "executor.celery", "worker", "-Q", ",".join(queues), "-c", str(workers),
+            [sys.executable, "-m", "celery", "-A", "executor.worker.celery", "worker", "-Q", ",".join(queues), "-c", str(workers),
              "--pool", "prefork", "-n", f"bench-{label}-{free_port()}@%h", "--without-gossip", "--without-mingle",
              "--loglevel", "WARNING"], cwd=root, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
         port = free_port()
@@ -216,7 +216,7 @@ def job_runners(stack: Stack, client: str = "stdlib") -> dict[str, Callable[[], 
 
 def celery_runners(stack: Stack) -> dict[str, Callable[[], bool]]:
     """The bare-Celery reference rows (the stack's worker must consume the ``bench`` queue)."""
-    from executor.tasks import fork_noop, noop  # noqa: PLC0415 - after REDIS_URL is set
+    from executor.worker.tasks import fork_noop, noop  # noqa: PLC0415 - after REDIS_URL is set
 
     def run(task: Callable) -> Callable[[], bool]:
         def one() -> bool:

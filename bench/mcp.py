@@ -56,7 +56,7 @@ from mcp import Client  # noqa: E402
 from mcp.server import Server  # noqa: E402
 
 from executor.stack import LocalStack  # noqa: E402
-from executor.store import TERMINAL_JOB  # noqa: E402
+from executor.store.records import TERMINAL_JOB  # noqa: E402
 
 INLINE_TOOL = {"type": "function", "function": {"name": "echo_city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

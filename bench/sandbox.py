@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from executor.sandbox import CallRun, ProcessSandbox  # noqa: E402
+from executor.sandbox.process import CallRun, ProcessSandbox  # noqa: E402
 from tools.registry import builtin_specs  # noqa: E402
 
 

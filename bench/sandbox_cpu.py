@@ -34,7 +34,7 @@ HZ = 4000
 CHILD = r'''
 import json, os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from executor.sandbox import CallRun, ProcessSandbox
+from executor.sandbox.process import CallRun, ProcessSandbox
 from tools.registry import builtin_specs
 spec = next(s for s in builtin_specs() if s.name == "get_weather")
 box = ProcessSandbox()

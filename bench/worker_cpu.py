@@ -12,7 +12,7 @@ Two measurements, each alternating the trees round by round so that machine nois
   not the sandbox's processes, which are the fork server's children), the API, redis-server and
   the bench client. Then Redis commands and round trips per job (``redis_work``, one client).
 - **in-process**: ``--calls`` calls, one after another, of what the ``run_call`` task does (the
-  queue's concurrency slot around ``executor.jobs.run_call``) against an embedded Redis and a real
+  queue's concurrency slot around ``executor.runs.loop.run_call``) against an embedded Redis and a real
   sandbox, timed with ``time.process_time`` in that process: the worker's own CPU per call without
   Celery, and nothing else on the machine counted.
 
@@ -39,7 +39,7 @@ _spec = importlib.util.spec_from_file_location("bench_executor", Path(__file__).
 bench_executor = sys.modules["bench_executor"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_executor)
 
-from executor.sandbox_child import children  # noqa: E402 - ROOT is on sys.path once bench/executor.py is loaded
+from executor.sandbox.child import children  # noqa: E402 - ROOT is on sys.path once bench/executor.py is loaded
 
 IN_PROCESS = r'''
 import json, os, sys, tempfile, time, uuid
@@ -48,9 +48,10 @@ sys.path.insert(0, sys.argv[1])
 os.environ.setdefault("TOOLRAIL_DECIDER", "none")
 os.environ.setdefault("TOOLRAIL_LOG_LEVEL", "WARNING")
 from toolrail.redis_embed import EmbeddedRedis
-from executor import concurrency, jobs
-from executor.runtime import Runtime
-from executor.store import CallRecord, JobRecord
+from executor.runs import concurrency
+from executor.runs import loop as jobs
+from executor.runs.runtime import Runtime
+from executor.store.records import CallRecord, JobRecord
 from toolrail.settings import get_settings
 
 calls = int(sys.argv[2])

@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--no-worker", action="store_true", help="API only (workers run elsewhere)")
     serve.set_defaults(handler=_serve)
 
-    worker = subparsers.add_parser("worker", help="run a Celery worker (same as: celery -A executor.celery worker)",
+    worker = subparsers.add_parser("worker", help="run a Celery worker (same as: celery -A executor.worker.celery worker)",
                                    description="Run a Celery worker for the given queues.")
     worker.add_argument("-Q", "--queues", default=None,
                         help="comma-separated queues (default: decide, webhooks, every tool queue and every registered "
@@ -118,7 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
         api_workers = args.api_workers or settings.api_workers
         log.info("serve.listening", url=f"http://{host}:{port}", api_processes=api_workers)
         if api_workers == 1:  # the app is built from the environment, as each of several processes builds it
-            from executor.api import app_from_environment  # noqa: PLC0415
+            from executor.api.app import app_from_environment  # noqa: PLC0415
 
             uvicorn.run(app_from_environment(), host=host, port=port, log_level="warning", access_log=False)
         else:  # uvicorn's workers: each process builds its app from the environment (REDIS_URL is set above)
@@ -145,7 +145,7 @@ def _serve_processes(host: str, port: int, processes: int) -> None:
     import uvicorn  # noqa: PLC0415
     from uvicorn.supervisors import Multiprocess  # noqa: PLC0415
 
-    config = uvicorn.Config("executor.api:app_from_environment", factory=True, workers=processes, host=host, port=port,
+    config = uvicorn.Config("executor.api.app:app_from_environment", factory=True, workers=processes, host=host, port=port,
                             log_level="warning", access_log=False)
     Multiprocess(config, sockets=[tcp_listener(host, port)]).run()
 
@@ -192,7 +192,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     queues = args.queues or ",".join(["decide", "webhooks", *default_registry().queues(), *_mcp_queues()])
     concurrency = args.concurrency or get_settings().worker_concurrency
-    argv = [sys.executable, "-m", "celery", "-A", "executor.celery", "worker", "-Q", queues, "-c", str(concurrency),
+    argv = [sys.executable, "-m", "celery", "-A", "executor.worker.celery", "worker", "-Q", queues, "-c", str(concurrency),
             "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"]
     os.execvp(argv[0], argv)
     return 0  # pragma: no cover
@@ -265,7 +265,7 @@ def _show_event(event: dict[str, Any]) -> None:
 def _wait_or_approve(client: Any, job_id: str, *, timeout: float, show: bool) -> dict[str, Any]:
     """Wait for the job's end; when it waits for approval, ask on a terminal (else say how, and return it)."""
     from executor.stack import wait_for_job  # noqa: PLC0415
-    from executor.store import TERMINAL_JOB  # noqa: PLC0415
+    from executor.store.records import TERMINAL_JOB  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout
     while True:

@@ -28,11 +28,11 @@ log = get_logger("toolrail.stack")
 
 def start_worker(redis_url: str, *, queues: list[str], concurrency: int = 2, env: dict[str, str] | None = None,
                  hostname: str | None = None, log_file: Path | None = None) -> subprocess.Popen:
-    """Start ``celery -A executor.celery worker`` as a child process."""
+    """Start ``celery -A executor.worker.celery worker`` as a child process."""
     child_env = {**os.environ, **(env or {}), "REDIS_URL": redis_url}
     root = str(Path(__file__).resolve().parent.parent)
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, child_env.get("PYTHONPATH")]))
-    args = [sys.executable, "-m", "celery", "-A", "executor.celery", "worker", "-Q", ",".join(queues),
+    args = [sys.executable, "-m", "celery", "-A", "executor.worker.celery", "worker", "-Q", ",".join(queues),
             "-c", str(concurrency), "--pool", "prefork", "-n", hostname or f"toolrail-{os.getpid()}-{free_port()}@%h",
             "--without-gossip", "--without-mingle", "--loglevel", "WARNING"]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
@@ -88,7 +88,7 @@ def wait_for_job(client: object, job_id: str, *, timeout_s: float = 60.0, poll_s
                  headers: dict[str, str] | None = None, until: set[str] | frozenset[str] = frozenset()) -> dict:
     """Poll ``GET /v1/jobs/{id}`` until the job is terminal (or in a status of ``until``); at the deadline, the
     last record seen."""
-    from executor.store import TERMINAL_JOB  # noqa: PLC0415
+    from executor.store.records import TERMINAL_JOB  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -157,8 +157,8 @@ class LocalStack:
         return self
 
     def _start_api(self) -> None:
-        from executor.api import create_app  # noqa: PLC0415
-        from executor.runtime import Runtime  # noqa: PLC0415
+        from executor.api.app import create_app  # noqa: PLC0415
+        from executor.runs.runtime import Runtime  # noqa: PLC0415
         from toolrail.settings import get_settings  # noqa: PLC0415
 
         settings = get_settings()

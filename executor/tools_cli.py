@@ -100,7 +100,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from executor.toolcheck import check_tools  # noqa: PLC0415
+    from executor.sandbox.toolcheck import check_tools  # noqa: PLC0415
 
     _quiet()
     registry = _registry()

@@ -31,8 +31,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.routing import Route
 
-from executor.api import ApiError, tenant_of
-from executor.ratelimit import rate_limited
+from executor.api.app import ApiError, tenant_of
+from executor.api.ratelimit import rate_limited
 from mcpbridge import providers
 from mcpbridge.errors import McpServerRejectedError
 from mcpbridge.server import McpEndpoint, McpService, build_server

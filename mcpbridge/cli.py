@@ -140,8 +140,8 @@ def _stdio(args: argparse.Namespace) -> int:
     import anyio  # noqa: PLC0415
     from mcp.server.stdio import stdio_server  # noqa: PLC0415
 
-    from executor.runtime import Runtime  # noqa: PLC0415
-    from executor.tasks import dispatch_call, enqueue_decide  # noqa: PLC0415
+    from executor.runs.runtime import Runtime  # noqa: PLC0415
+    from executor.worker.tasks import dispatch_call, enqueue_decide  # noqa: PLC0415
     from mcpbridge.server import McpService, build_server  # noqa: PLC0415
     from toolrail.settings import get_settings  # noqa: PLC0415
 

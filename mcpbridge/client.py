@@ -9,7 +9,7 @@ connection. ``list_tools`` and ``call_tool`` open one for the operation; a worke
 A call ends in one of:
 
 - a ``CallToolResult`` without ``isError`` whose ``structuredContent`` matches the tool's
-  ``outputSchema`` (when it declares one) → :class:`~executor.sandbox.SandboxResult`;
+  ``outputSchema`` (when it declares one) → :class:`~executor.sandbox.process.SandboxResult`;
 - ``isError: true`` → ``ToolRaisedError`` (``details.tool_error.type == "mcp_tool_error"``: the tool's
   answer, which does not count against the server's breaker);
 - no progress report for ``idle_timeout_s``, or past the hard cap ``timeout_s`` →
@@ -19,7 +19,7 @@ A call ends in one of:
   a result off its ``outputSchema`` → ``McpOutputError``.
 
 Every error names the server and the tool. :func:`run_call` is what a worker runs for an MCP
-spec (``executor.breaker.guarded_run`` sends it here); it returns the sandbox's result type.
+spec (``executor.runs.breaker.guarded_run`` sends it here); it returns the sandbox's result type.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from executor.errors import SandboxError, ToolRaisedError
-from executor.sandbox import CallRun, SandboxResult, default_scratch_root, module_search_path, prepare_scratch_root
+from executor.sandbox.process import CallRun, SandboxResult, default_scratch_root, module_search_path, prepare_scratch_root
 from mcpbridge.errors import McpOutputError, McpProtocolError, McpServerExitedError, McpTimeoutError, McpUnavailableError
 from mcpbridge.launch import launch_argv
 from toolrail.logging import get_logger
@@ -383,7 +383,7 @@ def run_call(rt: Any, spec: Any, call: CallRun) -> SandboxResult:
     report = getattr(call, "on_progress", None)
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        if report is not None:  # the job's progress events (executor.progress); never fails the call
+        if report is not None:  # the job's progress events (executor.sandbox.progress); never fails the call
             try:
                 report({"progress": value, "total": total, "message": (message or "")[:200] or None})
             except Exception:  # noqa: BLE001

@@ -4,11 +4,11 @@ The MCP client spawns this module instead of the server's command; it confines i
 ``exec``s the command, so the server inherits every limit:
 
 - rlimits (address space, CPU seconds, open files, file size, no core dumps), the same kinds the
-  tool sandbox sets (``executor.sandbox._limits``);
+  tool sandbox sets (``executor.sandbox.process._limits``);
 - a scratch directory of its own as working directory and ``HOME`` (the caller removes it);
 - an allow-listed environment (``PATH``, ``LANG``, ``LC_ALL``, ``TZ`` and nothing of the worker's);
 - no network unless the server was registered with ``network: true`` (a fresh network namespace,
-  ``executor.sandbox_child.drop_network``); when that is not possible the launch fails rather
+  ``executor.sandbox.child.drop_network``); when that is not possible the launch fails rather
   than run unconfined;
 - it dies with its parent (``PR_SET_PDEATHSIG``), so a killed worker leaves no server behind.
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cut = argv.index("--")
     args, command = parser.parse_args(argv[:cut]), argv[cut + 1:]
-    from executor.sandbox_child import die_with_parent, drop_network, remember_parent  # noqa: PLC0415
+    from executor.sandbox.child import die_with_parent, drop_network, remember_parent  # noqa: PLC0415
 
     remember_parent()
     die_with_parent()

@@ -7,7 +7,7 @@
 A record is written only after the server answered ``tools/list`` and its tools were checked
 (:func:`mcpbridge.spec.check_listed_tool`); a tool that fails is kept out, with its path and reason
 in ``refused``. ``specs_for`` turns a tenant's records back into :class:`~mcpbridge.spec.McpToolSpec`s
-for the job path (``executor.jobs.job_specs``) and ``GET /v1/tools``. ``refresh_server`` re-fetches
+for the job path (``executor.runs.loop.job_specs``) and ``GET /v1/tools``. ``refresh_server`` re-fetches
 one server (after a ``notifications/tools/list_changed``, on ``POST /v1/mcp-servers/{name}/refresh``
 and periodically from the API process); a server that cannot be reached keeps its last good list.
 """
@@ -167,7 +167,7 @@ def known_queues(client: redis.Redis) -> list[str]:
 
 def subscribe_workers(queue: str) -> int:
     """Ask every running worker to consume ``queue`` (Celery's ``add_consumer`` broadcast); replies counted."""
-    from executor.celery import app as celery_app  # noqa: PLC0415 - the broker only where workers are told
+    from executor.worker.celery import app as celery_app  # noqa: PLC0415 - the broker only where workers are told
 
     try:
         replies = celery_app.control.add_consumer(queue, reply=True, timeout=1.0) or []

@@ -30,9 +30,9 @@ from mcp.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
-from executor import jobs
-from executor.sse import AsyncRedisFactory
-from executor.store import TERMINAL_JOB, JobRecord
+from executor.runs import loop as jobs
+from executor.api.sse import AsyncRedisFactory
+from executor.store.records import TERMINAL_JOB, JobRecord
 from mcpbridge.client import META_PREFIX
 from toolrail import tracing
 from toolrail.context import sanitize_request_id
@@ -103,7 +103,7 @@ class McpService:
 
     def _submit(self, job: JobRecord) -> None:
         """What ``POST /v1/jobs`` does with client calls: checked here and stored decided, the calls queued straight
-        to their tool queues (``executor.jobs.check_client_output``); or stored and the decide task queued."""
+        to their tool queues (``executor.runs.loop.check_client_output``); or stored and the decide task queued."""
         checked = jobs.check_client_output(self.runtime, job) if self.dispatch is not None else None
         job, _ = self.runtime.store.create(checked or job)
         if checked is None:

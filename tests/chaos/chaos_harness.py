@@ -29,9 +29,9 @@ from typing import Any
 import httpx
 import redis
 
-from executor.sandbox_child import children
+from executor.sandbox.child import children
 from executor.stack import start_worker, wait_for_workers, wait_http_ok
-from executor.store import TERMINAL_JOB
+from executor.store.records import TERMINAL_JOB
 from toolrail.redis_embed import EmbeddedRedis, free_port
 from tools.ledger import Ledger
 
@@ -43,8 +43,8 @@ QUEUES = ["decide", "tool.chaos_transfer", "tool.linger"]
 
 
 def api_factory():  # noqa: ANN201 - ``uvicorn --factory`` entry point, configured by the environment
-    from executor.api import create_app  # noqa: PLC0415
-    from executor.runtime import Runtime  # noqa: PLC0415
+    from executor.api.app import create_app  # noqa: PLC0415
+    from executor.runs.runtime import Runtime  # noqa: PLC0415
     from toolrail.settings import get_settings  # noqa: PLC0415
 
     settings = get_settings()

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis
 
-from executor.config import celery_config
+from executor.worker.config import celery_config
 from tests.chaos.chaos_harness import ChaosStack, run_chaos
 from tests.chaos.hostile_tools import LINGER_SPEC
 

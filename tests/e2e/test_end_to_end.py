@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from executor.stack import LocalStack, wait_for_job
-from executor.store import TERMINAL_JOB
+from executor.store.records import TERMINAL_JOB
 
 pytestmark = pytest.mark.model
 

@@ -1,7 +1,7 @@
 """Executor fixtures: real Redis (the session's), real Celery workers, the real API.
 
 The worker pool is started once per session as a child process running
-``celery -A executor.celery worker`` on every queue, with the test-only tools loaded,
+``celery -A executor.worker.celery worker`` on every queue, with the test-only tools loaded,
 no decider (spine tests bring their own tool calls), and the ledger on the session Redis.
 """
 
@@ -88,7 +88,7 @@ def worker(redis_url: str, worker_env: dict[str, str], worker_log: Path) -> Iter
 
 @pytest.fixture(scope="session")
 def runtime(redis_url: str):
-    from executor.runtime import Runtime
+    from executor.runs.runtime import Runtime
     from toolrail.settings import get_settings
 
     return Runtime.from_settings(get_settings(), redis_url=redis_url)
@@ -97,7 +97,7 @@ def runtime(redis_url: str):
 @pytest.fixture(scope="session")
 def api(runtime, worker) -> Iterator[str]:
     """The API on a loopback port, over the session Redis and workers."""
-    from executor.api import create_app
+    from executor.api.app import create_app
     from executor.stack import serve_in_thread
     from toolrail.settings import get_settings
 
@@ -123,7 +123,7 @@ def ledger(redis_client: redis.Redis) -> Ledger:
 def wait_terminal(client: httpx.Client, job_id: str, timeout_s: float = 60.0) -> dict:
     """Poll a job until it reaches a terminal status."""
     from executor.stack import wait_for_job
-    from executor.store import TERMINAL_JOB
+    from executor.store.records import TERMINAL_JOB
 
     job = wait_for_job(client, job_id, timeout_s=timeout_s)
     assert job["status"] in TERMINAL_JOB, f"job {job_id} not terminal after {timeout_s}s: {job}"

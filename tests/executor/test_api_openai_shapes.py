@@ -109,7 +109,7 @@ def test_bad_openai_call_names_its_own_shape(client: httpx.Client) -> None:
 @pytest.fixture(scope="module")
 def keyed_api(runtime) -> Iterator[str]:
     """The API with keys configured and the embedded decider named (the model is not loaded for listing)."""
-    from executor.api import create_app
+    from executor.api.app import create_app
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
 
@@ -160,7 +160,7 @@ def completions_api(runtime, tmp_path_factory) -> Iterator[str]:
     from decider.model import resolve_model_path, tiny_random_model
     from decider.openai_api import create_router
     from decider.service import EmbeddedDecider
-    from executor.api import create_app
+    from executor.api.app import create_app
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
 

@@ -16,7 +16,7 @@ import httpx
 import redis
 from conftest import wait_terminal
 
-from executor.readiness import Readiness
+from executor.api.readiness import Readiness
 from toolrail.redis_embed import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_job_and_call_outcomes_are_counted(client: httpx.Client) -> None:
 def test_reasks_and_decision_time_come_from_the_job_record(runtime) -> None:
     """The store counts re-asks (attempts after the first) and times deciding → needs_review once."""
     from executor.metrics import OutcomeCollector
-    from executor.store import JobRecord, RedisJobStore
+    from executor.store.records import JobRecord, RedisJobStore
 
     prefix = f"test:metrics:{time.time_ns()}"
     store = RedisJobStore(runtime.redis, prefix=prefix)

@@ -1,4 +1,4 @@
-"""The broker transport (``executor.broker``): kombu's Redis transport with one client per channel.
+"""The broker transport (``executor.worker.broker``): kombu's Redis transport with one client per channel.
 
 Real Redis (the session's), a database of its own: a queue of this test's, published to, consumed
 and acked through kombu, as the API and the workers do.
@@ -11,8 +11,8 @@ import uuid
 
 from kombu import Connection
 
-from executor.broker import Transport
-from executor.config import celery_config
+from executor.worker.broker import Transport
+from executor.worker.config import celery_config
 
 
 def _own_db(url: str, db: int = 13) -> str:
@@ -21,7 +21,7 @@ def _own_db(url: str, db: int = 13) -> str:
 
 
 def test_redis_brokers_get_the_transport() -> None:
-    assert celery_config("redis://127.0.0.1:6379/0")["broker_transport"] == "executor.broker:Transport"
+    assert celery_config("redis://127.0.0.1:6379/0")["broker_transport"] == "executor.worker.broker:Transport"
     assert celery_config("rediss://example:6380/0")["broker_transport"] is None  # kombu's own, by the URL's scheme
 
 

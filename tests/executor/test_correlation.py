@@ -30,7 +30,7 @@ def test_sandbox_cannot_read_worker_secret(client: httpx.Client) -> None:
 
 
 def test_request_id_in_celery_headers(redis_client, redis_url: str) -> None:
-    from executor.tasks import decide
+    from executor.worker.tasks import decide
     from toolrail.context import CELERY_REQUEST_ID_HEADER, request_scope
 
     queue = "inspect.headers"  # no worker consumes it: the message stays for us to read

@@ -28,7 +28,7 @@ def _applications_for(ledger: Ledger, job_id: str) -> list[dict]:
 
 
 def test_duplicate_deliveries_run_the_transfer_once(client: httpx.Client, ledger: Ledger) -> None:
-    from executor.tasks import run_call
+    from executor.worker.tasks import run_call
 
     before = ledger.total("CNY")
     job_id = _transfer_job(client, "dup-delivery-1", amount=1.25, delay_s=1.0)

@@ -14,11 +14,11 @@ import redis
 from conftest import wait_terminal
 from fastapi.testclient import TestClient
 
-from executor.api import create_app
-from executor.breaker import CircuitBreaker, breaker_for
-from executor.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
-from executor.ratelimit import RateLimiter
-from executor.runtime import Runtime
+from executor.api.app import create_app
+from executor.runs.breaker import CircuitBreaker, breaker_for
+from executor.runs.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
+from executor.api.ratelimit import RateLimiter
+from executor.runs.runtime import Runtime
 from toolrail.redis_embed import free_port
 from toolrail.settings import Settings
 

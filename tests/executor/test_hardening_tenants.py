@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from executor.api import create_app
+from executor.api.app import create_app
 from executor.stack import wait_for_job
-from executor.store import TERMINAL_JOB
+from executor.store.records import TERMINAL_JOB
 from toolrail.settings import Settings
 
 KEYS = {"alpha": "key-alpha-0001", "beta": "key-beta-0002"}

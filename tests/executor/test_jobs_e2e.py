@@ -155,7 +155,7 @@ def test_ready_and_metrics(client: httpx.Client) -> None:
 
 def test_job_api_serves_the_openai_endpoint(runtime) -> None:
     """The OpenAI-compatible route is mounted next to the job API (the model loads on first use)."""
-    from executor.api import create_app
+    from executor.api.app import create_app
     from toolrail.settings import Settings
 
     app = create_app(Settings(decider="embedded"), runtime, enqueue=lambda job: None, ping_workers=lambda: 0)

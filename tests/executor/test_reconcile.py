@@ -8,10 +8,10 @@ import uuid
 import httpx
 from conftest import wait_terminal
 
-from executor.jobs import decide_job
-from executor.reconcile import reconcile_once
-from executor.store import JobRecord
-from executor.tasks import dispatch_call, enqueue_decide
+from executor.runs.loop import decide_job
+from executor.runs.reconcile import reconcile_once
+from executor.store.records import JobRecord
+from executor.worker.tasks import dispatch_call, enqueue_decide
 
 
 def _job(runtime, **fields) -> JobRecord:

@@ -60,7 +60,7 @@ def run_worker(db_url: str, marker_dir: Path) -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def runtime(db_url: str):
-    from executor.runtime import Runtime
+    from executor.runs.runtime import Runtime
     from toolrail.settings import Settings
 
     return Runtime.from_settings(Settings(decider="custom", run_max_identical_calls=2), redis_url=db_url)
@@ -68,7 +68,7 @@ def runtime(db_url: str):
 
 @pytest.fixture(scope="module")
 def api(runtime, run_worker, db_url: str) -> Iterator[str]:
-    from executor.api import create_app
+    from executor.api.app import create_app
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
 
@@ -253,7 +253,7 @@ def test_rejection_is_a_result_the_model_sees(client: httpx.Client, ledger: Ledg
 
 
 def test_approval_expires(client: httpx.Client, runtime) -> None:
-    from executor.approvals import expire_due
+    from executor.runs.approvals import expire_due
 
     job_id = _submit(client, [{"calls": [_transfer(1.0)]}], tools=["slow_transfer"],
                      require_approval="side_effects", approval_timeout_s=0.5)
@@ -332,7 +332,7 @@ def test_worker_killed_mid_call_applies_once_and_the_run_goes_on(client: httpx.C
 
 def test_a_lost_advance_is_found_by_the_reconciler(client: httpx.Client, runtime) -> None:
     """The process that ended a step's last call died before queuing the next decision: the reconciler moves it."""
-    from executor.reconcile import reconcile_once
+    from executor.runs.reconcile import reconcile_once
 
     job_id = _submit(client, [{"calls": [{"name": "get_weather", "arguments": {"city": "Kyiv", "date": "today"}}]},
                               {"text": "{results}"}], tools=["get_weather"])

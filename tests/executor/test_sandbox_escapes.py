@@ -19,7 +19,7 @@ import pytest
 from conftest import wait_terminal
 
 from executor.errors import SandboxError
-from executor.sandbox import SANDBOX_UID_BASE, CallRun, ProcessSandbox
+from executor.sandbox.process import SANDBOX_UID_BASE, CallRun, ProcessSandbox
 from tests.chaos.hostile_tools import ESCAPE_SPEC
 
 ROOT = os.geteuid() == 0

@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from executor.errors import SandboxError
-from executor.sandbox import CallRun, ProcessSandbox, ScratchRootError, prepare_scratch_root
-from executor.sandbox_child import MAX_RESULT_BYTES, MAX_RESULT_DEPTH
+from executor.sandbox.process import CallRun, ProcessSandbox, ScratchRootError, prepare_scratch_root
+from executor.sandbox.child import MAX_RESULT_BYTES, MAX_RESULT_DEPTH
 from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
 from tests.chaos.hostile_tools import ESCAPE_SPEC
 from tools.registry import load_registry
@@ -213,8 +213,8 @@ def enqueue_on(broker_url: str):  # noqa: ANN201 - the API's ``enqueue`` hook
 
 @pytest.fixture(scope="module")
 def hostile_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    from executor.api import create_app
-    from executor.runtime import Runtime
+    from executor.api.app import create_app
+    from executor.runs.runtime import Runtime
     from toolrail.settings import get_settings
 
     redis_url = private_db(redis_url, 2)
@@ -305,7 +305,7 @@ NON_ROOT_PROBE = textwrap.dedent('''
     import json, sys, time
     sys.path.insert(0, {repo!r})
     from executor.errors import SandboxError
-    from executor.sandbox import CallRun, ProcessSandbox
+    from executor.sandbox.process import CallRun, ProcessSandbox
     from tests.chaos.hostile_tools import ESCAPE_SPEC
 
     box = ProcessSandbox(preload="tools.builtin,tests.chaos.hostile_tools")
@@ -325,7 +325,7 @@ NON_ROOT_PROBE = textwrap.dedent('''
 AS_USER = textwrap.dedent('''
     import os, sys
     sys.path.insert(0, {repo!r})
-    from executor.sandbox_child import make_reachable, private_mounts
+    from executor.sandbox.child import make_reachable, private_mounts
     private_mounts()  # the interpreter may live under /root: reachable in this namespace only
     make_reachable([sys.base_prefix, sys.prefix, {repo!r}, sys.argv[1]])
     os.setgroups([])

@@ -173,8 +173,8 @@ def enqueue_on(broker_url: str):  # noqa: ANN201 - the API's ``enqueue`` hook
 @pytest.fixture(scope="module")
 def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """A worker with the user's tools, and an API whose registry was built the same way."""
-    from executor.api import create_app
-    from executor.runtime import Runtime
+    from executor.api.app import create_app
+    from executor.runs.runtime import Runtime
     from toolrail.settings import get_settings
 
     redis_url = private_db(redis_url, 3)

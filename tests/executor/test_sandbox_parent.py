@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from executor.errors import SandboxError, ToolTimeoutError
-from executor.sandbox import CallRun, ProcessSandbox
+from executor.sandbox.process import CallRun, ProcessSandbox
 from tests.chaos.hostile_tools import ESCAPE_SPEC
 
 PRELOAD = "tools.builtin,tests.chaos.hostile_tools"
@@ -132,7 +132,7 @@ def test_a_dying_fork_server_takes_its_call_with_it_and_is_replaced() -> None:
 def test_a_failure_reading_a_call_ends_it_and_the_server_stays_in_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not a timeout: reading the call's pipes fails. The call is ended all the same (nothing of it lives on) and the
     next call gets a server in step with this worker (the same one, or a fresh one)."""
-    import executor.sandbox as sandbox_module
+    import executor.sandbox.process as sandbox_module
 
     box = ProcessSandbox(preload=PRELOAD)
     real_collect = sandbox_module._collect

@@ -24,10 +24,10 @@ import pytest
 from conftest import wait_terminal
 from fastapi.testclient import TestClient
 
-from executor.api import create_app
-from executor.breaker import breaker_for
+from executor.api.app import create_app
+from executor.runs.breaker import breaker_for
 from executor.stack import serve_in_thread, stop_process, wait_http_ok
-from executor.store import JobRecord
+from executor.store.records import JobRecord
 from toolrail.redis_embed import free_port
 from toolrail.settings import Settings
 
@@ -316,7 +316,7 @@ def test_one_tenants_crashing_calls_do_not_open_the_breaker_for_others(runtime, 
 
 def _finished(app_client: TestClient, created: httpx.Response, headers: dict) -> dict:
     from executor.stack import wait_for_job
-    from executor.store import TERMINAL_JOB
+    from executor.store.records import TERMINAL_JOB
 
     job = wait_for_job(app_client, created.json()["job_id"], timeout_s=60, headers=headers)
     assert job["status"] in TERMINAL_JOB, job

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from executor.api import create_app
+from executor.api.app import create_app
 from executor.stack import serve_in_thread
 from toolrail.settings import Settings, get_settings
 

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from executor import metrics
-from executor.store import CallRecord, JobRecord, RedisJobStore
+from executor.store.records import CallRecord, JobRecord, RedisJobStore
 
 
 class _CountingConnection(redis.Connection):
@@ -152,10 +152,10 @@ def test_an_update_from_a_stale_read_reads_again_and_loses_nothing(counted) -> N
 def test_a_call_that_ends_its_job_costs_six_round_trips(counted) -> None:
     """``jobs.run_call`` of a read-only tool whose call is the job's last: read the job, mark the call running,
     breaker admit and record, finish the call (reading the job back), end the job (one compare-and-set)."""
-    from executor import jobs
-    from executor.idempotency import IdempotencyStore
-    from executor.runtime import Runtime
-    from executor.sandbox import ProcessSandbox
+    from executor.runs import loop as jobs
+    from executor.store.idempotency import IdempotencyStore
+    from executor.runs.runtime import Runtime
+    from executor.sandbox.process import ProcessSandbox
     from toolrail.settings import get_settings
     from tools.registry import default_registry
 

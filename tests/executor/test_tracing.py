@@ -157,9 +157,9 @@ def traced_api(trace_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
     """The real API in this process, tracing to the in-memory exporter and the Redis sink, publishing to the traced broker."""
     from celery import Celery
 
-    from executor.api import create_app
-    from executor.config import celery_config
-    from executor.runtime import Runtime
+    from executor.api.app import create_app
+    from executor.worker.config import celery_config
+    from executor.runs.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail.context import CELERY_REQUEST_ID_HEADER
     from toolrail.settings import get_settings
@@ -462,7 +462,7 @@ from celery.signals import after_task_publish, before_task_publish, task_postrun
 from opentelemetry import trace
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
-from executor.tracing_hooks import instrument_celery
+from executor.runs.tracing_hooks import instrument_celery
 from toolrail import tracing
 
 instrument_celery("worker")
@@ -517,7 +517,7 @@ import json
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from executor.tracing_hooks import instrument_api
+from executor.runs.tracing_hooks import instrument_api
 from toolrail import tracing
 
 app = FastAPI()

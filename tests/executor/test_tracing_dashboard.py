@@ -30,9 +30,9 @@ def _exported(text: str) -> set[str]:
 def test_every_dashboard_metric_is_exported_and_queue_age_is_measured(redis_url: str) -> None:
     from celery import Celery
 
-    from executor.api import create_app
-    from executor.config import celery_config
-    from executor.runtime import Runtime
+    from executor.api.app import create_app
+    from executor.worker.config import celery_config
+    from executor.runs.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail.settings import get_settings
 

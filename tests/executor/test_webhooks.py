@@ -2,7 +2,7 @@
 
 The receiver checks signatures with the Standard Webhooks algorithm written out here from the
 spec (HMAC-SHA256 over ``id.timestamp.body`` with the base64-decoded ``whsec_`` key), not with
-``executor.webhooks.verify``. Tests that need settings the worker does not have (private
+``executor.runs.webhooks.verify``. Tests that need settings the worker does not have (private
 addresses refused, a short timeout) make the attempt in this process on a runtime whose key
 prefix the worker never reads.
 """
@@ -29,8 +29,8 @@ from conftest import WEBHOOK_SECRET, wait_terminal
 
 from executor.errors import WebhookUrlError
 from executor.metrics import OutcomeCollector
-from executor.store import JobRecord, RedisJobStore
-from executor.webhooks import attempt_delivery, deliveries, notify_status, sign, validate_webhook_url, verify
+from executor.store.records import JobRecord, RedisJobStore
+from executor.runs.webhooks import attempt_delivery, deliveries, notify_status, sign, validate_webhook_url, verify
 from toolrail.redis_embed import free_port
 
 

@@ -36,7 +36,7 @@ def stdio_command(kind: str = "good") -> list[str]:
 @pytest.fixture(scope="session")
 def keyed_api(runtime, worker) -> Iterator[str]:  # noqa: F811 - the imported fixtures
     """A second API over the same Redis and workers, with API keys for tenants alpha and beta."""
-    from executor.api import create_app
+    from executor.api.app import create_app
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
 

@@ -31,8 +31,8 @@ def scripted_api(db_url: str, tmp_path_factory) -> Iterator[str]:  # noqa: ANN00
     """A worker deciding with the scripted decider on queues decide + the test server's MCP queue, and its API."""
     from celery import Celery
 
-    from executor.api import create_app
-    from executor.runtime import Runtime
+    from executor.api.app import create_app
+    from executor.runs.runtime import Runtime
     from toolrail.settings import Settings
 
     env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": "tests.executor.scripted_decider:make",
@@ -76,14 +76,14 @@ def test_scripted_decider_picks_the_mcp_tool(scripted_api: str, http_server: str
 def test_real_model_picks_the_mcp_tool(http_server: str) -> None:
     """The embedded model, offered only the MCP tool, decides; the check path and the MCP client run its call.
 
-    Decide and run are called in this process (``executor.jobs``, what the tasks call), on a Redis database
+    Decide and run are called in this process (``executor.runs.loop``, what the tasks call), on a Redis database
     of its own: the session's workers, which have no decider, must not take this job's decide task.
     """
     import uuid
 
-    from executor import jobs
-    from executor.runtime import Runtime
-    from executor.store import JobRecord
+    from executor.runs import loop as jobs
+    from executor.runs.runtime import Runtime
+    from executor.store.records import JobRecord
     from mcpbridge import providers
     from toolrail.settings import Settings
     from tools.registry import default_registry

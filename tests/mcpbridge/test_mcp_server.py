@@ -119,7 +119,7 @@ def test_job_api_sees_the_tenants_mcp_tools(keyed_api: str, http_server: str, te
 
 
 def test_rate_limit_and_loopback_rule(runtime) -> None:  # noqa: ANN001 - the session runtime
-    from executor.api import create_app
+    from executor.api.app import create_app
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
 

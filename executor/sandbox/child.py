@@ -1,7 +1,7 @@
-"""The sandboxed side of a tool run, and the spawned call parent: ``python -m executor.sandbox_child``.
+"""The sandboxed side of a tool run, and the spawned call parent: ``python -m executor.sandbox.child``.
 
-``python -m executor.sandbox_child --forkserver FD`` runs the fork server
-(``executor.sandbox_parent.serve_forks``); without it, one spawned call parent serves one call
+``python -m executor.sandbox.child --forkserver FD`` runs the fork server
+(``executor.sandbox.parent.serve_forks``); without it, one spawned call parent serves one call
 (its stdio the call's pipes, the result pipe fd 3, ``RESULT_FD``). Either way the call's
 parent, which never runs tool code and alone holds the result pipe, forks the **tool
 process** (``tool_process``, here), which
@@ -55,7 +55,7 @@ RESULT_FD = 3
 #: Per-call uids start here (root only): uid = base + the tool process's pid, unique among live processes.
 SANDBOX_UID_BASE = 1_000_000
 #: The call's progress pipe: the tool process writes ``report_progress`` lines to it (``tools.context``), the
-#: worker reads them as they come (``executor.progress``), as untrusted as anything the tool writes.
+#: worker reads them as they come (``executor.sandbox.progress``), as untrusted as anything the tool writes.
 PROGRESS_FD = 4
 MAX_RESULT_BYTES = 1_000_000
 #: Nesting depth a result may have (objects and arrays); deeper is ``tool_output_invalid``.
@@ -838,7 +838,7 @@ def main(argv: list[str]) -> int:
     if not line:
         return 0
     request = json.loads(line)
-    from executor.sandbox_parent import traced_run_call  # noqa: PLC0415 - imports this module
+    from executor.sandbox.parent import traced_run_call  # noqa: PLC0415 - imports this module
 
     try:
         frame = traced_run_call(request, modules)[0]
@@ -943,10 +943,10 @@ def _strip_unsafe_path() -> None:
 
 
 def entry(argv: list[str]) -> int:
-    """``python -m executor.sandbox_child [--forkserver FD]``: a fork server, or one spawned call parent."""
+    """``python -m executor.sandbox.child [--forkserver FD]``: a fork server, or one spawned call parent."""
     _strip_unsafe_path()
     if len(argv) > 2 and argv[1] == "--forkserver":
-        from executor.sandbox_parent import serve_forks  # noqa: PLC0415 - imports this module
+        from executor.sandbox.parent import serve_forks  # noqa: PLC0415 - imports this module
 
         return serve_forks(int(argv[2]))
     return main(argv)
@@ -954,7 +954,7 @@ def entry(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     # run as the package's module, not as ``__main__``: one copy of this module's state (the
-    # progress pipe, the preload errors) shared with ``executor.sandbox_parent``
-    from executor import sandbox_child as _module  # noqa: PLW0406 - the package's module, not this __main__ copy
+    # progress pipe, the preload errors) shared with ``executor.sandbox.parent``
+    from executor.sandbox import child as _module  # noqa: PLW0406 - the package's module, not this __main__ copy
 
     sys.exit(_module.entry(sys.argv))

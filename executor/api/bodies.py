@@ -1,6 +1,6 @@
 """The job API's request bodies and its error type: OpenAI's shapes as they come, checked at the boundary.
 
-Split from :mod:`executor.api` (which re-exports ``ApiError`` and ``JobCreate``) to keep each module one concern.
+Split from :mod:`executor.api.app` (which re-exports ``ApiError`` and ``JobCreate``) to keep each module one concern.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from executor.errors import ExecutorError
-from executor.runtime import Runtime
+from executor.runs.runtime import Runtime
 from toolrail.settings import Settings
 
 __all__ = ["AnyToolCall", "ApiError", "ApprovalBody", "JobCreate", "Message", "NamedChoice", "RejectionBody", "check_conversation",
@@ -247,7 +247,7 @@ def run_fields(runtime: Runtime, body: JobCreate, settings: Settings, *, client_
                            tools=unknown)
     webhook_url = None
     if body.webhook_url is not None:
-        from executor.webhooks import validate_webhook_url  # noqa: PLC0415 - resolves the host: only when one is given
+        from executor.runs.webhooks import validate_webhook_url  # noqa: PLC0415 - resolves the host: only when one is given
 
         try:
             webhook_url = validate_webhook_url(body.webhook_url, allow_private=settings.webhook_allow_private)

@@ -28,9 +28,9 @@ from toolrail.logging import get_logger
 from tools.context import MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_MAX_PER_S
 
 if TYPE_CHECKING:
-    from executor.runtime import Runtime
-    from executor.sandbox import CallRun
-    from executor.store import CallRecord
+    from executor.runs.runtime import Runtime
+    from executor.sandbox.process import CallRun
+    from executor.store.records import CallRecord
 
 __all__ = ["MAX_EVENTS_PER_CALL", "MAX_LINES_PER_CALL", "MAX_LINE_BYTES", "ProgressReader", "parse_report",
            "progress_recorder"]

@@ -28,7 +28,7 @@ import redis.asyncio as aredis
 from prometheus_client.core import GaugeMetricFamily
 from starlette.responses import StreamingResponse
 
-from executor.store import TERMINAL_JOB
+from executor.store.records import TERMINAL_JOB
 
 __all__ = ["AsyncRedisFactory", "SlotStreamingResponse", "StreamSlots", "job_event_stream"]
 

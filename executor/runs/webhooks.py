@@ -48,11 +48,11 @@ from typing import Any
 import httpx
 
 from executor import metrics
-from executor.breaker import DEFAULT_TENANT
-from executor.celery import app
+from executor.runs.breaker import DEFAULT_TENANT
+from executor.worker.celery import app
 from executor.errors import WebhookUrlError
-from executor.runtime import Runtime, get_runtime
-from executor.store import JobRecord
+from executor.runs.runtime import Runtime, get_runtime
+from executor.store.records import JobRecord
 from toolrail.context import CELERY_REQUEST_ID_HEADER, request_scope
 from toolrail.logging import get_logger
 from toolrail.settings import Settings

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from executor.errors import ApprovalConflictError, InvalidApprovalError, JobNotFoundError
-from executor.runs import close_step
-from executor.store import TERMINAL_CALL, CallRecord, JobRecord
+from executor.runs.policy import close_step
+from executor.store.records import TERMINAL_CALL, CallRecord, JobRecord
 from toolrail.logging import get_logger
 from tools.validation import validate
 
 if TYPE_CHECKING:
-    from executor.runtime import Runtime
+    from executor.runs.runtime import Runtime
 
 __all__ = ["Resolution", "expire_due", "index_waiting", "resolve"]
 
@@ -51,7 +51,7 @@ def index_waiting(rt: Runtime, job: JobRecord) -> None:
 
 
 def _expire(rt: Runtime, job_id: str) -> JobRecord:
-    from executor.jobs import set_status  # noqa: PLC0415 - jobs imports this module
+    from executor.runs.loop import set_status  # noqa: PLC0415 - jobs imports this module
 
     def mutate(job: JobRecord) -> None:
         if job.status != "awaiting_approval":
@@ -90,7 +90,7 @@ def resolve(rt: Runtime, job_id: str, call_id: str, *, tenant: str, decision: Li
     (409: the job ended or expired, the call needs no approval, it was already decided the other way) and
     ``InvalidApprovalError`` (422: edited arguments that fail the schema). Nothing changes on an error.
     """
-    from executor.jobs import advance, job_specs  # noqa: PLC0415 - jobs imports this module
+    from executor.runs.loop import advance, job_specs  # noqa: PLC0415 - jobs imports this module
 
     job = rt.store.get(job_id, tenant=tenant)
     if job.status == "awaiting_approval" and job.approval_deadline_at is not None and time.time() > job.approval_deadline_at:

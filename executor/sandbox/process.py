@@ -1,7 +1,7 @@
 """Isolated tool runs: one OS process per call, limited, timed, scrubbed, disposable.
 
 ``Sandbox`` is the boundary; ``ProcessSandbox`` is the implementation. Each call runs in a
-tool process of its own (``executor.sandbox_child.tool_process``) in namespaces of the
+tool process of its own (``executor.sandbox.child.tool_process``) in namespaces of the
 call's own (mount: only this call's scratch dir is visible; PID: the call's processes die
 with it; network: none unless the tool is declared networked; IPC: nothing left for a later
 call; user: for non-root workers, so the process limit counts this call alone), with rlimits
@@ -16,7 +16,7 @@ sockets to non-networked tools. Where a layer is unavailable the sandbox degrade
 logs ``sandbox.degraded`` once per layer.
 
 Results come back over a pipe of their own, written only by the call's parent
-(``executor.sandbox_parent``: the fork server, or a spawned parent), never by tool code, and
+(``executor.sandbox.parent``: the fork server, or a spawned parent), never by tool code, and
 read with a cap; stdout and stderr are read with a cap too (the rest is discarded and
 counted) and each line becomes a ``tool.output`` log event carrying the call id. A malformed
 result of any kind is a typed ``ToolOutputError``.
@@ -57,8 +57,8 @@ from executor.errors import (
     ToolRaisedError,
     ToolTimeoutError,
 )
-from executor.progress import ProgressReader
-from executor.sandbox_child import (
+from executor.sandbox.progress import ProgressReader
+from executor.sandbox.child import (
     MAX_RESULT_BYTES,
     MAX_RESULT_DEPTH,
     SANDBOX_UID_BASE,
@@ -146,7 +146,7 @@ class CallRun:
     #: Extra variables granted to this tool (e.g. the ledger URL for networked tools).
     env: dict[str, str] = field(default_factory=dict)
     #: Called in the worker with each progress report of the tool (``{progress, total, message}``), at most
-    #: 10 per second, the last one always; never raises into the call (``executor.progress``).
+    #: 10 per second, the last one always; never raises into the call (``executor.sandbox.progress``).
     on_progress: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False, repr=False)
     #: W3C context of the call's ``execute_tool`` span: the child records its span under it and returns it.
     trace_context: dict[str, str] = field(default_factory=dict)
@@ -284,7 +284,7 @@ class _ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock = ours
         self._buffer = b""
-        self.proc = subprocess.Popen([*_python_argv(python), "executor.sandbox_child", "--forkserver", str(theirs.fileno())],
+        self.proc = subprocess.Popen([*_python_argv(python), "executor.sandbox.child", "--forkserver", str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, env=env, cwd="/", start_new_session=True)
         theirs.close()
@@ -411,7 +411,7 @@ class ProcessSandbox:
                 "result": pipes["result"][0], "progress": pipes["progress"][0]}
         try:
             proc = subprocess.Popen(
-                [*_python_argv(self._python), "executor.sandbox_child", "--result-fd", str(result_w),
+                [*_python_argv(self._python), "executor.sandbox.child", "--result-fd", str(result_w),
                  "--progress-fd", str(progress_w)],
                 stdin=theirs[0], stdout=theirs[1], stderr=theirs[2], pass_fds=[result_w, progress_w],
                 env=self._env(), cwd="/", start_new_session=True, close_fds=True,

@@ -6,7 +6,7 @@ text, ``max_steps`` is reached or a guard trips. The steps are journaled on the 
 (``JobRecord.steps``, and every call carries its ``step``), so the conversation of the next
 step is rebuilt from the record alone: a worker that dies anywhere resumes from the journal.
 
-Pure functions of the record and the settings live here; ``executor.jobs`` does the I/O.
+Pure functions of the record and the settings live here; ``executor.runs.loop`` does the I/O.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from executor.store import TERMINAL_CALL, CallRecord, JobRecord
+from executor.store.records import TERMINAL_CALL, CallRecord, JobRecord
 from toolrail.settings import Settings
 from tools.check import call_key
 from tools.spec import ToolSpec

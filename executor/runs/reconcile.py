@@ -17,8 +17,8 @@ from collections.abc import Callable
 import redis
 
 from executor.errors import ExecutorError
-from executor.runtime import Runtime
-from executor.store import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
+from executor.runs.runtime import Runtime
+from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
 from toolrail.logging import get_logger
 
 __all__ = ["Reconciler", "reconcile_once"]
@@ -29,8 +29,8 @@ log = get_logger("toolrail.reconcile")
 def reconcile_once(rt: Runtime, *, stale_after_s: float, redecide: Callable[[JobRecord], None],
                    rerun: Callable[[JobRecord, CallRecord], None], limit: int = 100) -> int:
     """Re-queue the work of every job stuck longer than ``stale_after_s``. Returns how many."""
-    from executor.approvals import expire_due  # noqa: PLC0415 - jobs imports runtime; keep this module light
-    from executor.jobs import advance  # noqa: PLC0415
+    from executor.runs.approvals import expire_due  # noqa: PLC0415 - jobs imports runtime; keep this module light
+    from executor.runs.loop import advance  # noqa: PLC0415
 
     expire_due(rt)  # approvals past their deadline end as expired, whatever their staleness
     requeued = 0

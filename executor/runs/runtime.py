@@ -1,6 +1,6 @@
 """Per-process dependencies of the executor, built once: Redis pool, stores, sandbox, decider.
 
-Tasks stay thin: they fetch the runtime and call plain functions in ``executor.jobs``.
+Tasks stay thin: they fetch the runtime and call plain functions in ``executor.runs.loop``.
 Tests build their own ``Runtime`` over their own Redis.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import redis
 
 from decider.protocol import Decider
-from executor.idempotency import IdempotencyStore
-from executor.sandbox import ProcessSandbox, Sandbox
-from executor.store import RedisJobStore
+from executor.store.idempotency import IdempotencyStore
+from executor.sandbox.process import ProcessSandbox, Sandbox
+from executor.store.records import RedisJobStore
 from toolrail.logging import get_logger
 from toolrail.settings import Settings, get_settings
 from tools.registry import Registry, default_registry

@@ -1,6 +1,6 @@
 """The job API's ASGI middleware: body limits before any parsing, and request correlation.
 
-Split from :mod:`executor.api` to keep each module one concern.
+Split from :mod:`executor.api.app` to keep each module one concern.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Histogram
 
-from executor.api_bodies import error_body as _error_body
+from executor.api.bodies import error_body as _error_body
 from toolrail import tracing
 from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
 from toolrail.logging import get_logger

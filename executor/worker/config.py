@@ -7,7 +7,7 @@ The invariants (REFERENCE: Celery and Redis):
   never redelivered while its task may still be running;
 - prefetch 1: a long tool call does not hold other messages hostage.
 
-A ``redis://`` broker goes through ``executor.broker``'s transport: kombu's, with one Redis client
+A ``redis://`` broker goes through ``executor.worker.broker``'s transport: kombu's, with one Redis client
 per channel instead of one built for every publish and ack.
 """
 
@@ -44,7 +44,7 @@ def celery_config(redis_url: str, *, visibility_timeout_s: int = 3600, task_time
                  "unacked_restore_interval": max(1, min(10, visibility_timeout_s // 10)), "unacked_restore_throttle": 1}
     return {
         "broker_url": redis_url,
-        "broker_transport": "executor.broker:Transport" if redis_url.startswith("redis://") else None,
+        "broker_transport": "executor.worker.broker:Transport" if redis_url.startswith("redis://") else None,
         "broker_transport_options": transport,
         "result_backend": None,
         "task_ignore_result": True,

@@ -32,7 +32,7 @@ import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from executor.errors import SandboxError, ToolRaisedError
-from executor.sandbox import CallRun, SandboxResult
+from executor.sandbox.process import CallRun, SandboxResult
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
 
@@ -43,7 +43,7 @@ log = get_logger("toolrail.breaker")
 
 #: Metric values of the states.
 STATES = {"closed": 0, "half_open": 1, "open": 2}
-#: The tenant of a deployment without API keys (``executor.api.tenant_of``'s answer then).
+#: The tenant of a deployment without API keys (``executor.api.app.tenant_of``'s answer then).
 DEFAULT_TENANT = "default"
 #: Seconds a (tenant, tool) breaker is kept after its last change.
 BREAKER_TTL_S = 24 * 3600

@@ -1,15 +1,17 @@
-"""Celery tasks: thin wrappers that bind context, call ``executor.jobs`` and own retries."""
+"""Celery tasks: thin wrappers that bind context, call ``executor.runs.loop`` and own retries."""
 
 from __future__ import annotations
 
 import redis
 
 from decider.errors import DeciderRetryableError
-from executor import concurrency, jobs, tracing_hooks
-from executor.celery import app
+from executor.runs import concurrency
+from executor.runs import loop as jobs
+from executor.runs import tracing_hooks
+from executor.worker.celery import app
 from executor.errors import RetryableError
-from executor.runtime import get_runtime
-from executor.store import CallRecord, JobRecord
+from executor.runs.runtime import get_runtime
+from executor.store.records import CallRecord, JobRecord
 from toolrail.context import CELERY_REQUEST_ID_HEADER, request_scope
 from toolrail.logging import get_logger
 

@@ -43,21 +43,21 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from executor import jobs
-from executor.api_bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody
-from executor.api_bodies import check_conversation as _check_conversation
-from executor.api_bodies import error_body as _error_body
-from executor.api_bodies import run_fields as _run_fields
-from executor.api_middleware import BodyGuard, Correlate
+from executor.runs import loop as jobs
+from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody
+from executor.api.bodies import check_conversation as _check_conversation
+from executor.api.bodies import error_body as _error_body
+from executor.api.bodies import run_fields as _run_fields
+from executor.api.middleware import BodyGuard, Correlate
 from executor.errors import (ApprovalConflictError, ExecutorError, IdempotencyConflictError, InvalidApprovalError,
                              JobNotFoundError, StoreUnavailableError)
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector
-from executor.ratelimit import install_load_control, rate_limited
-from executor.readiness import Readiness
-from executor.runtime import Runtime
-from executor.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
-from executor.store import TERMINAL_JOB, CallRecord, JobRecord
-from executor.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
+from executor.api.ratelimit import install_load_control, rate_limited
+from executor.api.readiness import Readiness
+from executor.runs.runtime import Runtime
+from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
+from executor.store.records import TERMINAL_JOB, CallRecord, JobRecord
+from executor.runs.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
 from toolrail import tracing
 from toolrail.logging import get_logger
 from toolrail.settings import Settings, get_settings
@@ -128,8 +128,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     """Build the API over a runtime. ``enqueue`` queues a job's decide step and ``rerun`` one call on its tool queue
     (Celery by default; with ``enqueue`` given and no ``rerun``, approvals and the reconciler are off)."""
     if enqueue is None:
-        from executor.tasks import dispatch_call as rerun  # noqa: PLC0415
-        from executor.tasks import enqueue_decide as enqueue  # noqa: PLC0415
+        from executor.worker.tasks import dispatch_call as rerun  # noqa: PLC0415
+        from executor.worker.tasks import enqueue_decide as enqueue  # noqa: PLC0415
     if ping_workers is None:
         ping_workers = _celery_ping
     tenants = settings.tenants_by_key()
@@ -138,8 +138,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         reconciler = None
         if rerun is not None and settings.reconcile_interval_s > 0:
-            from executor.config import task_time_limit_for  # noqa: PLC0415
-            from executor.reconcile import Reconciler  # noqa: PLC0415
+            from executor.worker.config import task_time_limit_for  # noqa: PLC0415
+            from executor.runs.reconcile import Reconciler  # noqa: PLC0415
 
             limit = settings.task_time_limit_s or task_time_limit_for(settings.visibility_timeout_s)
             reconciler = Reconciler(runtime, interval_s=settings.reconcile_interval_s,
@@ -321,7 +321,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return _resolve(job_id, call_id, tenant, "reject", reason=body.reason if body else None)
 
     def _resolve(job_id: str, call_id: str, tenant: str, decision: Literal["approve", "reject"], **answer: Any) -> dict[str, Any]:
-        from executor.approvals import resolve  # noqa: PLC0415
+        from executor.runs.approvals import resolve  # noqa: PLC0415
 
         runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 first: unknown jobs, other tenants
         if rerun is None:
@@ -342,7 +342,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         job = runtime.store.get(_checked_id(job_id), tenant=tenant)
         data = job.public()
         if job.webhook_url or settings.webhook_urls:
-            from executor.webhooks import deliveries  # noqa: PLC0415
+            from executor.runs.webhooks import deliveries  # noqa: PLC0415
 
             data["webhooks"] = deliveries(runtime, job.job_id)
         return data
@@ -474,7 +474,7 @@ def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
 
 
 def _celery_ping() -> int:
-    from executor.celery import app as celery_app  # noqa: PLC0415
+    from executor.worker.celery import app as celery_app  # noqa: PLC0415
 
     replies = celery_app.control.ping(timeout=0.5) or []
     return len(replies)

@@ -10,7 +10,7 @@ Three checks, each naming the module, the tool and the reason:
 3. a schema self-test: each tool's parameter schema is valid JSON Schema and is
    accepted by the decider's schema preparation.
 
-At worker start (``executor.celery``) a failure of the first kind ``import`` or of the
+At worker start (``executor.worker.celery``) a failure of the first kind ``import`` or of the
 second stops the worker with ``ToolCheckError``'s message; duplicate names and bad
 signatures only refuse those tools (logged), and the other tools keep working.
 """
@@ -28,8 +28,8 @@ from tools.spec import ToolSpec
 __all__ = ["CHECK_ENTRYPOINT", "CheckReport", "Finding", "ToolCheckError", "check_schema", "check_tools",
            "sandbox_import_check"]
 
-#: The function a sandbox child runs to check the tool modules (see ``executor.sandbox_child``).
-CHECK_ENTRYPOINT = "executor.sandbox_child:check_entrypoints"
+#: The function a sandbox child runs to check the tool modules (see ``executor.sandbox.child``).
+CHECK_ENTRYPOINT = "executor.sandbox.child:check_entrypoints"
 
 
 class ToolCheckError(PermanentError):
@@ -73,7 +73,7 @@ class CheckReport:
 
 def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., Any] | None = None) -> list[Finding]:
     """Import every tool module inside one real, confined sandbox child; a finding per tool that fails."""
-    from executor.sandbox import CallRun, ProcessSandbox  # noqa: PLC0415
+    from executor.sandbox.process import CallRun, ProcessSandbox  # noqa: PLC0415
 
     specs = [s for s in registry.specs() if s.entrypoint]
     if not specs:

@@ -1,7 +1,7 @@
 """The executor's logic as plain functions: decide a step, run one call, advance the run.
 
-A job is an agent run (``executor.runs``): each step is decided, checked, its calls run, and the
-results go back to the model for the next step. Celery tasks (``executor.tasks``) only call these;
+A job is an agent run (``executor.runs.policy``): each step is decided, checked, its calls run, and the
+results go back to the model for the next step. Celery tasks (``executor.worker.tasks``) only call these;
 tests can call them directly against a real Redis. Every function is safe to run twice for the
 same input: statuses only move forward, terminal calls are recorded once (``finish_call``), a
 step advances once (a transaction on the job record), side effects go through idempotency
@@ -18,15 +18,17 @@ from decider.errors import DeciderPermanentError
 from decider.checked import CheckedDecision, ClientOutput, decide_checked
 from tools.check import CallCheck
 from decider.protocol import DecideRequest
-from executor import approvals, metrics, runs
-from executor.breaker import guarded_run
+from executor import metrics
+from executor.runs import approvals
+from executor.runs import policy as runs
+from executor.runs.breaker import guarded_run
 from executor.errors import SandboxError
-from executor.idempotency import payload_hash
-from executor.progress import progress_recorder
-from executor.runtime import Runtime
-from executor.sandbox import CallRun
-from executor.store import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord, StoredJob
-from executor.tracing_hooks import execute_tool
+from executor.store.idempotency import payload_hash
+from executor.sandbox.progress import progress_recorder
+from executor.runs.runtime import Runtime
+from executor.sandbox.process import CallRun
+from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord, StoredJob
+from executor.runs.tracing_hooks import execute_tool
 from toolrail import tracing
 from toolrail.logging import get_logger
 from tools.calls import call_id
@@ -90,7 +92,7 @@ def set_status(rt: Runtime, job_id: str, status: str, *, mutate: Callable[[JobRe
 def notify(rt: Runtime, job: JobRecord) -> None:
     """Queue the webhook of the job's new status, if it has one (``notify_status`` never raises, never waits on
     the receiver)."""
-    from executor import webhooks  # noqa: PLC0415 - webhooks defines a Celery task; the app loads with the first use
+    from executor.runs import webhooks  # noqa: PLC0415 - webhooks defines a Celery task; the app loads with the first use
 
     webhooks.notify_status(rt, job)
 

@@ -1,4 +1,4 @@
-"""The Celery app (``celery -A executor.celery worker`` works) and the correlation signals.
+"""The Celery app (``celery -A executor.worker.celery worker`` works) and the correlation signals.
 
 The request id travels in a message header of our own (``toolrail_request_id``), set on
 publish from the current context and bound to the logging context before each task —
@@ -14,8 +14,8 @@ import structlog
 from celery import Celery
 from celery.signals import before_task_publish, task_postrun, task_prerun, worker_init, worker_process_init
 
-from executor.config import celery_config
-from executor.tracing_hooks import instrument_celery
+from executor.worker.config import celery_config
+from executor.runs.tracing_hooks import instrument_celery
 from toolrail.context import CELERY_REQUEST_ID_HEADER, bind_request, current_request_id
 from toolrail.logging import configure_logging, get_logger
 from toolrail.settings import get_settings
@@ -31,7 +31,7 @@ def _broker_url() -> str:
     return get_settings().redis_url or os.environ.get("REDIS_URL") or DEFAULT_BROKER
 
 
-app = Celery("toolrail", include=["executor.tasks", "executor.webhooks"])
+app = Celery("toolrail", include=["executor.worker.tasks", "executor.runs.webhooks"])
 app.conf.update(celery_config(_broker_url(), visibility_timeout_s=get_settings().visibility_timeout_s,
                               task_time_limit_s=getattr(get_settings(), "task_time_limit_s", None)))
 
@@ -75,7 +75,7 @@ def _prewarm_sandbox() -> None:
 
     Otherwise the first call of each pool process pays those imports inside its task's time limit.
     """
-    from executor.runtime import get_runtime  # noqa: PLC0415
+    from executor.runs.runtime import get_runtime  # noqa: PLC0415
 
     try:
         get_runtime().sandbox  # noqa: B018 - built on first access
@@ -93,7 +93,7 @@ def _check_tools(sender: object = None, **_: object) -> None:
     queues = getattr(getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None), "consume_from", None)
     if queues is not None and {str(name) for name in queues} <= {"decide", "webhooks"}:
         return  # a decide/webhooks-only worker runs no tool
-    from executor.toolcheck import check_tools  # noqa: PLC0415
+    from executor.sandbox.toolcheck import check_tools  # noqa: PLC0415
     from tools.registry import default_registry  # noqa: PLC0415
 
     configure_logging()

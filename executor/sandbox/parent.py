@@ -15,7 +15,7 @@ what is left, and builds the one result frame the worker reads. It is either
   PID namespace for its children after each call (``setns``); a non-root fork server first makes
   itself PID 1 of a user and PID namespace of its own so that it may. Where that is not possible
   it forks a call parent per call, as a spawned one is;
-- or a spawned ``python -m executor.sandbox_child`` (the fallback without a fork server): one
+- or a spawned ``python -m executor.sandbox.child`` (the fallback without a fork server): one
   call, its stdio the call's.
 """
 
@@ -32,8 +32,8 @@ import socket
 import time
 from typing import Any
 
-from executor import sandbox_child as child
-from executor.sandbox_child import (
+from executor.sandbox import child
+from executor.sandbox.child import (
     CLONE_NEWPID,
     MAX_RESULT_BYTES,
     OutputError,
