@@ -94,17 +94,11 @@ def one_line_error(exc: BaseException) -> str | None:
     if isinstance(exc, (RedisNotConfiguredError, ModelError)):  # their messages name the variable
         return str(exc)
     if isinstance(exc, ValidationError) and exc.title == "Settings":
-        from toolrail.settings import env_names  # noqa: PLC0415
+        from toolrail.settings import Settings, env_names  # noqa: PLC0415
 
-        problems = []
-        for error in exc.errors():
-            field = str(error["loc"][0]) if error.get("loc") else "?"
-            try:
-                name = env_names(field)[0]
-            except KeyError:
-                name = field
-            problems.append(f"{name}: {error['msg']}")
-        return "invalid setting " + "; ".join(problems)
+        fields = [str(error["loc"][0]) if error.get("loc") else "?" for error in exc.errors()]
+        names = [env_names(field)[0] if field in Settings.model_fields else field for field in fields]
+        return "invalid setting " + "; ".join(f"{name}: {error['msg']}" for name, error in zip(names, exc.errors()))
     return None
 
 
