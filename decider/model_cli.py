@@ -31,15 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from decider.model import DEFAULT_MODEL_DTYPE, ModelError, pull_model
+    from decider.model import DEFAULT_MODEL_DTYPE, pull_model
 
-    try:
-        path = pull_model(args.cache_dir, dtype=args.dtype or DEFAULT_MODEL_DTYPE, progress=not args.quiet,
-                          force=args.force)
-    except ModelError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(path)
+    # a ModelError is one line from toolrail's main (toolrail.cli.one_line_error)
+    print(pull_model(args.cache_dir, dtype=args.dtype or DEFAULT_MODEL_DTYPE, progress=not args.quiet, force=args.force))
     return 0
 
 

