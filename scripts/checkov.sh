@@ -7,7 +7,7 @@
 # in the Terraform, each with its reason.
 set -euo pipefail
 
-CHECKOV_VERSION="${CHECKOV_VERSION:-3.2.500}"
+CHECKOV_VERSION="${CHECKOV_VERSION:-3.3.30}"
 PYTHON="${PYTHON:-python3}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${CHECKOV_VENV:-$ROOT/.venv-checkov}"

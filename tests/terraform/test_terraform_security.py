@@ -170,3 +170,14 @@ def test_every_checkov_skip_has_a_reason():
                 assert re.fullmatch(r"CKV2?_AWS_\d+", check), line
                 assert len(reason.strip()) >= 40, f"{check}: reason too thin: {reason!r}"
     assert skips
+
+
+def test_the_zone_data_source_is_pinned_by_zone_name_not_skipped(stack):
+    """CKV_AWS_394 (checkov >= 3.3): a zone AWS adds later must not join the VPC or shift its subnets."""
+    network = stack.modules["network"]
+    (zones,) = [plain(body) for block in network.blocks("data") for kind, named in block.items()
+                if unquote(kind) == "aws_availability_zones" for body in named.values()]
+    (pin,) = zones["filter"]
+    assert pin["name"] == "zone-name" and expr(pin["values"]) == "local.zone_names"
+    assert not any("skip=CKV_AWS_394" in path.read_text() for path in hcl_files())
+    assert re.search(r'CHECKOV_VERSION="\$\{CHECKOV_VERSION:-3\.3\.30\}"', (TERRAFORM.parent / "scripts" / "checkov.sh").read_text())

@@ -6,6 +6,8 @@ python-hcl2 keeps string literals with their quotes (``'"abc"'``) and expression
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -104,7 +106,11 @@ class Stack:
         yield from self.envs.values()
 
     def tfvars(self, env: str) -> dict[str, Any]:
-        return plain(parse_file(ENVS / env / f"{env}.tfvars"))
+        """``<env>.tfvars`` with the ``*.auto.tfvars.json`` terraform loads by itself (``engine``, from publish)."""
+        values = plain(parse_file(ENVS / env / f"{env}.tfvars"))
+        for auto in sorted((ENVS / env).glob("*.auto.tfvars.json")):
+            values.update(json.loads(auto.read_text()))
+        return values
 
 
 def load_config(path: Path) -> Config:

@@ -5,14 +5,7 @@ app_version = "0.1.0"
 # From the ACM console or `aws acm list-certificates`; the API's DNS name must match it.
 certificate_arn = "arn:aws:acm:us-east-1:111122223333:certificate/00000000-0000-0000-0000-000000000000"
 
-# Copy from manifest.json of `toolrail engine build --gpu l4` (its "key", "gpu", "sm", "trtllm_version", "backend").
-engine = {
-  build_key      = "0000000000000000000000000000000000000000000000000000000000000000"
-  gpu            = "l4"
-  sm             = 89
-  trtllm_version = "1.0.0"
-  backend        = "pytorch"
-}
+# engine: engine.auto.tfvars.json beside this file, written by `toolrail engine publish --tfvars`.
 
 nat_gateway_mode         = "single"
 redis_node_type          = "cache.t4g.small"

@@ -38,13 +38,15 @@ variable "triton_trtllm_version" {
 
 variable "engine" {
   type = object({
-    build_key      = string
-    gpu            = string
-    sm             = number
-    trtllm_version = string
-    backend        = optional(string, "pytorch")
+    build_key       = string
+    gpu             = string
+    sm              = number
+    trtllm_version  = string
+    backend         = optional(string, "pytorch")
+    task_memory_mib = number
+    hub_egress      = optional(bool, false)
   })
-  description = "Engine to serve, from manifest.json of `toolrail engine build` (key, gpu, sm, trtllm_version, backend: pytorch or engine)."
+  description = "Build to serve: the deploy block of the publish manifest, written to engine.auto.tfvars.json by `toolrail engine publish --tfvars` (build_key, gpu, sm, trtllm_version, backend, task_memory_mib, hub_egress)."
 }
 
 variable "certificate_arn" {

@@ -4,14 +4,7 @@ app_version = "0.1.0"
 
 certificate_arn = "arn:aws:acm:us-east-1:111122223333:certificate/00000000-0000-0000-0000-000000000000"
 
-# Copy from manifest.json of `toolrail engine build --gpu h100` (its "key", "gpu", "sm", "trtllm_version", "backend").
-engine = {
-  build_key      = "0000000000000000000000000000000000000000000000000000000000000000"
-  gpu            = "h100"
-  sm             = 90
-  trtllm_version = "1.0.0"
-  backend        = "pytorch"
-}
+# engine: engine.auto.tfvars.json beside this file, written by `toolrail engine publish --tfvars`.
 
 az_count                 = 3
 nat_gateway_mode         = "per_az"

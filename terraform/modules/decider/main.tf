@@ -17,7 +17,9 @@ locals {
   gpu_entry     = lookup(var.gpu_catalog, local.gpu, null)
   instance_type = var.instance_type != "" ? var.instance_type : try(local.gpu_entry.instance_type, "")
   engine_prefix = "engines/${var.engine.build_key}"
-  manifest_uri  = "s3://${aws_s3_bucket.artifacts.id}/${local.engine_prefix}/manifest.json"
+  # The task's share of its instance's memory, as engine_build/sizing.py host_share_mib computes it.
+  task_memory_share = floor((try(local.gpu_entry.memory_mib, 0) - var.ecs_reserved_memory_mib) * var.gpus_per_task / try(local.gpu_entry.gpus, 1))
+  manifest_uri      = "s3://${aws_s3_bucket.artifacts.id}/${local.engine_prefix}/manifest.json"
 }
 
 # --- KMS: engine artifacts and the GPU instances' EBS volumes ---
@@ -288,6 +290,18 @@ resource "aws_vpc_security_group_egress_rule" "https_endpoints" {
   from_port         = 443
   to_port           = 443
   cidr_ipv4         = var.vpc_cidr_block
+}
+
+# Only for a model the LLM API downloads itself (publish --hub-egress): HTTPS out through the NAT.
+resource "aws_vpc_security_group_egress_rule" "https_hub" {
+  count = var.engine.hub_egress ? 1 : 0
+
+  security_group_id = aws_security_group.task.id
+  description       = "HTTPS to a model hub (engine.hub_egress)"
+  ip_protocol       = "tcp"
+  from_port         = 443
+  to_port           = 443
+  cidr_ipv4         = "0.0.0.0/0"
 }
 
 resource "aws_vpc_security_group_egress_rule" "https_s3" {
@@ -577,7 +591,7 @@ resource "aws_ecs_task_definition" "triton" {
   requires_compatibilities = ["EC2"]
   network_mode             = "awsvpc"
   cpu                      = var.task_cpu
-  memory                   = var.task_memory
+  memory                   = var.engine.task_memory_mib
   execution_role_arn       = aws_iam_role.execution.arn
   task_role_arn            = aws_iam_role.task.arn
 
@@ -611,6 +625,11 @@ resource "aws_ecs_task_definition" "triton" {
       { name = "TOOLRAIL_ENGINE_MANIFEST_URI", value = local.manifest_uri },
       { name = "TOOLRAIL_ENGINE_DIR", value = "/engines" },
       { name = "TOOLRAIL_EXPECTED_TRTLLM_VERSION", value = var.triton_trtllm_version },
+      { name = "TOOLRAIL_HUB_EGRESS", value = tostring(var.engine.hub_egress) },
+      # Instance metadata is blocked: the S3 client takes its region from here (an S3 gateway
+      # endpoint's prefix list covers only this region's S3).
+      { name = "AWS_REGION", value = local.region },
+      { name = "AWS_DEFAULT_REGION", value = local.region },
       { name = "HOME", value = "/tmp" },
     ]
     healthCheck = {
@@ -638,6 +657,11 @@ resource "aws_ecs_task_definition" "triton" {
     precondition {
       condition     = var.engine.trtllm_version == var.triton_trtllm_version
       error_message = "Engine TensorRT-LLM ${var.engine.trtllm_version} does not match the Triton image's ${var.triton_trtllm_version}."
+    }
+
+    precondition {
+      condition     = var.engine.task_memory_mib <= local.task_memory_share
+      error_message = "The build needs ${var.engine.task_memory_mib} MiB for its Triton task; a ${local.instance_type} task gets ${local.task_memory_share} MiB. Plan for a larger GPU instance (toolrail engine plan refuses what cannot fit)."
     }
   }
 }

@@ -56,17 +56,24 @@ variable "triton_trtllm_version" {
 
 variable "engine" {
   type = object({
-    build_key      = string
-    gpu            = string
-    sm             = number
-    trtllm_version = string
-    backend        = optional(string, "pytorch")
+    build_key       = string
+    gpu             = string
+    sm              = number
+    trtllm_version  = string
+    backend         = optional(string, "pytorch")
+    task_memory_mib = number
+    hub_egress      = optional(bool, false)
   })
-  description = "The engine to serve, copied from the manifest.json that `toolrail engine build` wrote (key, gpu, sm, trtllm_version, backend: pytorch or engine; it picks the Triton model). Artifacts live under s3://<artifacts bucket>/engines/<build_key>/."
+  description = "The build to serve: the deploy block of the manifest `toolrail engine publish` uploads (`--tfvars` writes it as engine.auto.tfvars.json). backend picks the Triton model; task_memory_mib is the Triton task's memory as sized from the published weights and processes (engine_build/sizing.py); hub_egress opens HTTPS to the internet for a model the server downloads. Artifacts live under s3://<artifacts bucket>/engines/<build_key>/."
 
   validation {
     condition     = can(regex("^[0-9a-f]{16,64}$", var.engine.build_key))
     error_message = "engine.build_key must be the hex build key from manifest.json."
+  }
+
+  validation {
+    condition     = var.engine.task_memory_mib >= 1024
+    error_message = "engine.task_memory_mib comes from the publish manifest (toolrail engine publish --tfvars); it is at least 1024."
   }
 
   validation {
@@ -80,17 +87,24 @@ variable "gpu_catalog" {
     instance_type = string
     sm            = number
     gpus          = number
+    memory_mib    = number
   }))
-  description = "GPU name (as engine_build names it) -> the EC2 instance type that carries it, its SM and GPUs per instance."
+  description = "GPU name (as engine_build names it) -> the EC2 instance type that carries it, its SM, GPUs and memory (MiB) per instance; engine_build/sizing.py INSTANCES holds the same table."
   default = {
-    t4   = { instance_type = "g4dn.xlarge", sm = 75, gpus = 1 }
-    a10g = { instance_type = "g5.xlarge", sm = 86, gpus = 1 }
-    l4   = { instance_type = "g6.xlarge", sm = 89, gpus = 1 }
-    l40s = { instance_type = "g6e.xlarge", sm = 89, gpus = 1 }
-    a100 = { instance_type = "p4d.24xlarge", sm = 80, gpus = 8 }
-    h100 = { instance_type = "p5.48xlarge", sm = 90, gpus = 8 }
-    h200 = { instance_type = "p5e.48xlarge", sm = 90, gpus = 8 }
+    t4   = { instance_type = "g4dn.xlarge", sm = 75, gpus = 1, memory_mib = 16384 }
+    a10g = { instance_type = "g5.xlarge", sm = 86, gpus = 1, memory_mib = 16384 }
+    l4   = { instance_type = "g6.xlarge", sm = 89, gpus = 1, memory_mib = 16384 }
+    l40s = { instance_type = "g6e.xlarge", sm = 89, gpus = 1, memory_mib = 32768 }
+    a100 = { instance_type = "p4d.24xlarge", sm = 80, gpus = 8, memory_mib = 1179648 }
+    h100 = { instance_type = "p5.48xlarge", sm = 90, gpus = 8, memory_mib = 2097152 }
+    h200 = { instance_type = "p5e.48xlarge", sm = 90, gpus = 8, memory_mib = 2097152 }
   }
+}
+
+variable "ecs_reserved_memory_mib" {
+  type        = number
+  description = "Memory the ECS agent and the OS keep on each GPU instance; a task gets its GPUs' share of the rest (engine_build/sizing.py ECS_RESERVED_MIB)."
+  default     = 1024
 }
 
 variable "instance_type" {
@@ -114,12 +128,6 @@ variable "task_cpu" {
   type        = number
   description = "CPU units reserved for a Triton task (1024 = one vCPU)."
   default     = 3072
-}
-
-variable "task_memory" {
-  type        = number
-  description = "Memory (MiB) reserved for a Triton task."
-  default     = 12288
 }
 
 variable "min_capacity" {

@@ -1,11 +1,28 @@
+# Pinned to named zones (CKV_AWS_394): a zone AWS adds to the region later never joins the VPC
+# or shifts the subnet layout; a named zone that is not available fails the plan.
 data "aws_availability_zones" "available" {
   state = "available"
+
+  filter {
+    name   = "zone-name"
+    values = local.zone_names
+  }
+
+  lifecycle {
+    postcondition {
+      condition     = length(self.names) == length(local.zone_names) && length(self.names) >= var.az_count
+      error_message = "Availability zones ${join(", ", local.zone_names)} are not all available in this region, or fewer than az_count; set availability_zones."
+    }
+  }
 }
 
 data "aws_region" "current" {}
 
 locals {
-  azs     = slice(data.aws_availability_zones.available.names, 0, var.az_count)
+  zone_names = length(var.availability_zones) > 0 ? var.availability_zones : [
+    for letter in slice(["a", "b", "c", "d"], 0, var.az_count) : "${data.aws_region.current.name}${letter}"
+  ]
+  azs     = slice(sort(data.aws_availability_zones.available.names), 0, var.az_count)
   gpu_azs = length(var.gpu_availability_zones) > 0 ? var.gpu_availability_zones : local.azs
   # /16 -> sixteen /20s: 0-3 public, 4-7 private, 8-11 GPU.
   public_cidrs  = [for i in range(var.az_count) : cidrsubnet(var.cidr_block, 4, i)]

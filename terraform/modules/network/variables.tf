@@ -30,6 +30,12 @@ variable "az_count" {
   }
 }
 
+variable "availability_zones" {
+  type        = list(string)
+  description = "Zone names the subnets may use (the zone data source is pinned to them); empty means the region's zones a, b, ... up to az_count."
+  default     = []
+}
+
 variable "gpu_availability_zones" {
   type        = list(string)
   description = "Zones for the GPU subnets when GPU capacity is scarce in some zones; empty uses the first az_count zones."
