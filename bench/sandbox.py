@@ -20,7 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from executor.sandbox.process import CallRun, ProcessSandbox  # noqa: E402
+from executor.sandbox.boundary import CallRun  # noqa: E402
+
+from executor.sandbox.process import ProcessSandbox  # noqa: E402
 from tools.registry import builtin_specs  # noqa: E402
 
 

@@ -34,7 +34,8 @@ HZ = 4000
 CHILD = r'''
 import json, os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from executor.sandbox.process import CallRun, ProcessSandbox
+from executor.sandbox.boundary import CallRun
+from executor.sandbox.process import ProcessSandbox
 from tools.registry import builtin_specs
 spec = next(s for s in builtin_specs() if s.name == "get_weather")
 box = ProcessSandbox()

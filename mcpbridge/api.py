@@ -213,5 +213,5 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
 
     app.include_router(router)
     bridge = McpBridge(endpoint, runtime, settings)
-    app.state.mcp_bridge = bridge
+    app.state.lifespans.append(bridge.running)
     return bridge

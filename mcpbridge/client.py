@@ -43,7 +43,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from executor.errors import SandboxError, ToolRaisedError
-from executor.sandbox.process import CallRun, SandboxResult, default_scratch_root, module_search_path, prepare_scratch_root
+from executor.sandbox.boundary import CallRun, SandboxResult
+from executor.sandbox.process import default_scratch_root, module_search_path, prepare_scratch_root
 from mcpbridge.errors import McpOutputError, McpProtocolError, McpServerExitedError, McpTimeoutError, McpUnavailableError
 from mcpbridge.launch import launch_argv
 from toolrail.logging import get_logger

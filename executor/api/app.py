@@ -30,7 +30,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import redis
@@ -59,6 +59,7 @@ from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlo
 from executor.store.records import TERMINAL_JOB, CallRecord, JobRecord
 from executor.runs.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
 from toolrail import tracing
+from toolrail.extensions import API_GROUP, installed
 from toolrail.logging import get_logger
 from toolrail.settings import Settings, get_settings
 from tools.errors import SchemaRejectedError, UnknownToolError
@@ -145,7 +146,9 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
             reconciler = Reconciler(runtime, interval_s=settings.reconcile_interval_s,
                                     stale_after_s=settings.visibility_timeout_s + limit,
                                     redecide=enqueue, rerun=rerun).start()
-        async with _.state.mcp_bridge.running():  # /mcp's session manager, the MCP tools' refresh (mcpbridge)
+        async with AsyncExitStack() as extensions:  # e.g. /mcp's session manager, the MCP tools' refresh
+            for running in _.state.lifespans:
+                await extensions.enter_async_context(running())
             yield
         if reconciler is not None:
             reconciler.stop()
@@ -240,10 +243,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
 
     @app.get("/v1/tools", tags=["tools"])
     def list_tools(tenant: Tenant) -> dict[str, Any]:
-        from mcpbridge.providers import specs_for  # noqa: PLC0415 - the tenant's MCP tools, with their source
-
-        mcp = [spec.public() for spec in specs_for(runtime.redis, tenant).values()]
-        return {"tools": [spec.public() for spec in runtime.registry.specs()] + mcp}
+        extra = [spec.public() for spec in runtime.tenant_specs(tenant).values()]  # e.g. MCP tools, with their source
+        return {"tools": [spec.public() for spec in runtime.registry.specs()] + extra}
 
     @app.get("/v1/models", tags=["models"])
     def list_models(tenant: Tenant) -> dict[str, Any]:
@@ -398,9 +399,9 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                                              dependencies=[Depends(rate_limited(tenant_of))]), prefix="/v1")
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
-    from mcpbridge.api import mount as mount_mcp  # noqa: PLC0415 - imports this module
-
-    mount_mcp(app, settings=settings, runtime=runtime, enqueue=enqueue, dispatch=rerun)  # /mcp, /v1/mcp-servers
+    app.state.lifespans = []  # an extension's background work, run for as long as the app serves
+    for mount in installed(API_GROUP):  # mcpbridge: /mcp, /v1/mcp-servers
+        mount(app, settings=settings, runtime=runtime, enqueue=enqueue, dispatch=rerun)
     return app
 
 
@@ -439,13 +440,11 @@ def _valid_stream_id(value: str) -> bool:
 
 def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
                    tenant: str = "default") -> tuple[list[str], list[dict[str, Any]]]:
-    from mcpbridge.providers import specs_for  # noqa: PLC0415 - the tenant's MCP tools count as registered
-
     if body.tools is None:
-        return runtime.registry.names() + sorted(specs_for(runtime.redis, tenant)), []
+        return runtime.registry.names() + sorted(runtime.tenant_specs(tenant)), []
     # the tenant's MCP tools are read only when a name is not a registered tool (no Redis read otherwise)
     unknown = any(isinstance(item, str) and item not in runtime.registry for item in body.tools)
-    mcp = sorted(specs_for(runtime.redis, tenant)) if unknown else []
+    mcp = sorted(runtime.tenant_specs(tenant)) if unknown else []
     names, inline = [], []
     for index, item in enumerate(body.tools):
         if isinstance(item, str):

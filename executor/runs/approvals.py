@@ -22,12 +22,10 @@ from tools.validation import validate
 if TYPE_CHECKING:
     from executor.runs.runtime import Runtime
 
-__all__ = ["Resolution", "expire_due", "index_waiting", "resolve"]
+__all__ = ["Resolution", "expire_due", "resolve"]
 
 log = get_logger("toolrail.approvals")
 
-#: Sorted set: jobs awaiting approval, scored by the time they expire.
-WAITING_KEY = "tr:awaiting"
 MAX_REASON_CHARS = 500
 
 
@@ -45,11 +43,6 @@ class Resolution:
                 "call": self.call.model_dump(exclude={"queue"}), "resumed": self.resumed, "repeated": self.repeated}
 
 
-def index_waiting(rt: Runtime, job: JobRecord) -> None:
-    """Remember when a waiting job expires (the reconciler's sweep reads it)."""
-    rt.redis.zadd(WAITING_KEY, {job.job_id: job.approval_deadline_at or time.time()})
-
-
 def _expire(rt: Runtime, job_id: str) -> JobRecord:
     from executor.runs.loop import set_status  # noqa: PLC0415 - jobs imports this module
 
@@ -64,7 +57,7 @@ def _expire(rt: Runtime, job_id: str) -> JobRecord:
                                 "before the approval deadline", "details": {}})
     except _NotWaiting:
         job = rt.store.get(job_id)
-    rt.redis.zrem(WAITING_KEY, job_id)
+    rt.store.forget_waiting(job_id)
     return job
 
 
@@ -74,9 +67,9 @@ class _NotWaiting(Exception):
 
 def expire_due(rt: Runtime, *, now: float | None = None, limit: int = 100) -> int:
     """End as ``expired`` every waiting job past its approval deadline. Returns how many."""
-    due = rt.redis.zrangebyscore(WAITING_KEY, "-inf", now or time.time(), start=0, num=limit)
-    for raw in due:
-        job = _expire(rt, raw.decode())
+    due = rt.store.waiting_due(now=now or time.time(), limit=limit)
+    for job_id in due:
+        job = _expire(rt, job_id)
         log.info("approval.expired", job_id=job.job_id, status=job.status)
     return len(due)
 
@@ -148,7 +141,7 @@ def _maybe_resume(rt: Runtime, job_id: str, call: CallRecord, *, dispatch: Calla
     job = rt.store.update(job_id, mutate)
     if not moved:
         return Resolution(job, call, resumed=False, repeated=False)
-    rt.redis.zrem(WAITING_KEY, job_id)
+    rt.store.forget_waiting(job_id)
     now = time.time()
     to_run = []
     for item in calls:

@@ -23,7 +23,6 @@ worst state, how many tenants have it open, and the opens summed.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,7 @@ import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from executor.errors import SandboxError, ToolRaisedError
-from executor.sandbox.process import CallRun, SandboxResult
+from executor.sandbox.boundary import CallRun, SandboxResult
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
 
@@ -171,11 +170,7 @@ def guarded_run(rt: Any, spec: ToolSpec, call: CallRun, *, tenant: str = DEFAULT
         raise CircuitOpenError(f"{key} failed {breaker.failures} times in a row for this tenant; its circuit is "
                                f"open, retry in {admission.retry_in_s:.1f} s", tool=spec.name,
                                retry_in_s=round(admission.retry_in_s, 2))
-    run = rt.sandbox.run
-    if getattr(spec, "server", None) is not None:  # an MCP-provided tool: its server's client, not the sandbox
-        from mcpbridge.client import run_call  # noqa: PLC0415
-
-        run = functools.partial(run_call, rt)
+    run = rt.runner_for(spec)  # the process sandbox, or an MCP tool's server client
     try:
         result = run(spec, call)
     except SandboxError as exc:

@@ -19,14 +19,13 @@ from decider.checked import CheckedDecision, ClientOutput, decide_checked
 from tools.check import CallCheck
 from decider.protocol import DecideRequest
 from executor import metrics
-from executor.runs import approvals
 from executor.runs import policy as runs
 from executor.runs.breaker import guarded_run
 from executor.errors import SandboxError
 from executor.store.idempotency import payload_hash
-from executor.sandbox.progress import progress_recorder
+from executor.runs.progress_events import progress_recorder
 from executor.runs.runtime import Runtime
-from executor.sandbox.process import CallRun
+from executor.sandbox.boundary import CallRun
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord, StoredJob
 from executor.runs.tracing_hooks import execute_tool
 from toolrail import tracing
@@ -51,12 +50,9 @@ NextStep = Callable[[JobRecord], None]
 
 def job_specs(rt: Runtime, job: JobRecord) -> dict[str, ToolSpec]:
     """The tools this job may call: registered names plus inline specs."""
-    mcp = {}
-    if any(name not in rt.registry for name in job.tools):  # the tenant's MCP-provided tools (mcpbridge)
-        from mcpbridge.providers import specs_for  # noqa: PLC0415
-
-        mcp = specs_for(rt.redis, job.tenant, [name for name in job.tools if name not in rt.registry])
-    specs = {name: mcp[name] if name in mcp else rt.registry.get(name) for name in job.tools}
+    unregistered = [name for name in job.tools if name not in rt.registry]
+    extra = rt.tenant_specs(job.tenant, unregistered) if unregistered else {}  # e.g. the tenant's MCP tools
+    specs = {name: extra[name] if name in extra else rt.registry.get(name) for name in job.tools}
     for raw in job.inline_tools:
         spec = ToolSpec.from_openai(raw)
         specs[spec.name] = spec
@@ -303,7 +299,7 @@ def start_checked(rt: Runtime, job: JobRecord, dispatch: Dispatch) -> None:
     if job.status != "queued":
         notify(rt, job)
     if job.status == "awaiting_approval":
-        approvals.index_waiting(rt, job)
+        rt.store.mark_waiting(job)
     elif job.status in TERMINAL_JOB:
         tracing.end_job(job)
     to_run = [c for c in job.calls if c.status == "pending"] if job.status == "running" else []
@@ -399,7 +395,7 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
     job = set_status(rt, job.job_id, status, mutate=mutate, attempts=attempts, content=decision.content,
                      approval_deadline_at=deadline)
     if waiting:
-        approvals.index_waiting(rt, job)
+        rt.store.mark_waiting(job)
     for call in to_run:
         dispatch(job, call)
     log.info("job.calls_dispatched", job_id=job.job_id, step=job.step, calls=len(calls), dispatched=len(to_run),

@@ -16,10 +16,12 @@ import redis
 
 from decider.protocol import Decider
 from executor.store.idempotency import IdempotencyStore
-from executor.sandbox.process import ProcessSandbox, Sandbox
+from executor.sandbox.boundary import Sandbox
+from executor.sandbox.process import ProcessSandbox
 from executor.store.records import RedisJobStore
 from toolrail.logging import get_logger
 from toolrail.settings import Settings, get_settings
+from toolrail.extensions import TOOL_SOURCES_GROUP, installed
 from tools.registry import Registry, default_registry
 from tools.spec import ToolSpec
 
@@ -60,6 +62,8 @@ class Runtime:
     registry: Registry
     sandbox_factory: Callable[[], Sandbox]
     decider_factory: Callable[[Settings], Decider | None] = load_decider
+    #: Tools beyond the registry (a tenant's MCP servers), each source running its own calls.
+    tool_sources: tuple[Any, ...] = field(default_factory=lambda: installed(TOOL_SOURCES_GROUP))
     _sandbox: Sandbox | None = field(default=None, init=False)
     _decider: Any = field(default=None, init=False)
     _decider_loaded: bool = field(default=False, init=False)
@@ -79,6 +83,20 @@ class Runtime:
         if self._sandbox is None:
             self._sandbox = self.sandbox_factory()
         return self._sandbox
+
+    def tenant_specs(self, tenant: str, names: list[str] | None = None) -> dict[str, ToolSpec]:
+        """The tenant's tools from every source beyond the registry (all, or those of ``names`` they provide)."""
+        specs: dict[str, ToolSpec] = {}
+        for source in self.tool_sources:
+            specs.update(source.specs(self, tenant, names))
+        return specs
+
+    def runner_for(self, spec: ToolSpec) -> Callable[[ToolSpec, Any], Any]:
+        """The call boundary for ``spec``: its source's sandbox, or the process sandbox for a registered tool."""
+        for source in self.tool_sources:
+            if source.owns(spec):
+                return lambda spec, call, source=source: source.run(self, spec, call)
+        return self.sandbox.run
 
     def decider(self) -> Decider | None:
         """The decider, built on first use (the model loads once per worker process)."""

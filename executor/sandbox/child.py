@@ -1,6 +1,6 @@
-"""The sandboxed side of a tool run, and the spawned call parent: ``python -m executor.sandbox.child``.
+"""The sandboxed side of a tool run: the tool process, its confinement and the Linux primitives it uses.
 
-``python -m executor.sandbox.child --forkserver FD`` runs the fork server
+``python -m executor.sandbox.parent --forkserver FD`` runs the fork server
 (``executor.sandbox.parent.serve_forks``); without it, one spawned call parent serves one call
 (its stdio the call's pipes, the result pipe fd 3, ``RESULT_FD``). Either way the call's
 parent, which never runs tool code and alone holds the result pipe, forks the **tool
@@ -808,49 +808,6 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     os._exit(0)  # interpreter teardown would only delay the call parent
 
 
-# ----------------------------------------------------------------- a spawned call parent
-
-
-def main(argv: list[str]) -> int:
-    """A spawned call parent (no fork server): fds 0-2 and 4 are the call's, the result pipe is fd 3."""
-    global _progress_pipe
-    result_fd = int(argv[argv.index("--result-fd") + 1]) if "--result-fd" in argv else RESULT_FD
-    progress_fd = int(argv[argv.index("--progress-fd") + 1]) if "--progress-fd" in argv else PROGRESS_FD
-    if progress_fd == RESULT_FD != result_fd:
-        progress_fd = os.dup(progress_fd)  # out of the way of the result pipe's dup2
-    if result_fd != RESULT_FD:
-        os.dup2(result_fd, RESULT_FD)
-        os.close(result_fd)
-    if progress_fd != PROGRESS_FD:
-        os.dup2(progress_fd, PROGRESS_FD)
-        os.close(progress_fd)
-    try:  # checked before this process opens any pipe of its own: a pipe at PROGRESS_FD now is the call's
-        _progress_pipe = stat.S_ISFIFO(os.fstat(PROGRESS_FD).st_mode)
-    except OSError:
-        _progress_pipe = False
-    name_process(b"tr-call-parent")
-    die_with_parent()
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
-    modules = preload_modules()
-    _reachable_for_own_uid(modules)
-    line = sys.stdin.readline()
-    if not line:
-        return 0
-    request = json.loads(line)
-    from executor.sandbox.parent import traced_run_call  # noqa: PLC0415 - imports this module
-
-    try:
-        frame = traced_run_call(request, modules)[0]
-    except Exception as exc:  # noqa: BLE001 - the call parent's own failure is a typed sandbox error
-        frame = _error("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}")
-    try:
-        _write_all(RESULT_FD, json.dumps(frame, ensure_ascii=False).encode())
-    except OSError:
-        pass
-    os._exit(0)
-
-
 #: Whether this process entered a user namespace of its own (a non-root call parent needs one for PID namespaces).
 _own_userns = False
 
@@ -934,27 +891,3 @@ def _reachable_for_own_uid(modules: list[str]) -> None:
     with contextlib.suppress(OSError):
         private_mounts()
         make_reachable(read_paths(modules))
-
-
-def _strip_unsafe_path() -> None:
-    """Drop the working directory ``python -m`` put first on ``sys.path`` (Python < 3.11 has no ``-P``)."""
-    cwd = os.getcwd()
-    sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
-
-
-def entry(argv: list[str]) -> int:
-    """``python -m executor.sandbox.child [--forkserver FD]``: a fork server, or one spawned call parent."""
-    _strip_unsafe_path()
-    if len(argv) > 2 and argv[1] == "--forkserver":
-        from executor.sandbox.parent import serve_forks  # noqa: PLC0415 - imports this module
-
-        return serve_forks(int(argv[2]))
-    return main(argv)
-
-
-if __name__ == "__main__":
-    # run as the package's module, not as ``__main__``: one copy of this module's state (the
-    # progress pipe, the preload errors) shared with ``executor.sandbox.parent``
-    from executor.sandbox import child as _module  # noqa: PLW0406 - the package's module, not this __main__ copy
-
-    sys.exit(_module.entry(sys.argv))

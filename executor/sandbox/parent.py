@@ -1,6 +1,6 @@
 """The trusted side of a sandboxed call: the process that starts the tool, reads its answer and writes the result.
 
-One call, two processes of the tool's own: the **tool process** (``sandbox_child.tool_process``:
+One call, two processes of the tool's own: the **tool process** (``executor.sandbox.child.tool_process``:
 its namespaces, uid, limits, confinement, then the tool) and the call's **init**, PID 1 of the
 call's PID namespace — ``sleep`` started with ``posix_spawn`` (no copy of this interpreter), to
 which whatever the tool leaves behind is reparented, so it is counted and dies with the init.
@@ -15,7 +15,7 @@ what is left, and builds the one result frame the worker reads. It is either
   PID namespace for its children after each call (``setns``); a non-root fork server first makes
   itself PID 1 of a user and PID namespace of its own so that it may. Where that is not possible
   it forks a call parent per call, as a spawned one is;
-- or a spawned ``python -m executor.sandbox.child`` (the fallback without a fork server): one
+- or a spawned ``python -m executor.sandbox.parent`` (the fallback without a fork server): one
   call, its stdio the call's.
 """
 
@@ -29,6 +29,8 @@ import os
 import select
 import signal
 import socket
+import stat
+import sys
 import time
 from typing import Any
 
@@ -552,3 +554,64 @@ def _safe_call(request: dict, modules: list[str], **kwargs: Any) -> tuple[dict, 
 def _write_frame(fd: int, frame: dict) -> None:
     with contextlib.suppress(OSError):  # the worker stopped reading (its timeout): nothing to tell
         child._write_all(fd, json.dumps(frame, ensure_ascii=False).encode())
+
+
+# ----------------------------------------------------------------- a spawned call parent
+
+
+def main(argv: list[str]) -> int:
+    """A spawned call parent (no fork server): fds 0-2 and 4 are the call's, the result pipe is fd 3."""
+    result_fd = int(argv[argv.index("--result-fd") + 1]) if "--result-fd" in argv else child.RESULT_FD
+    progress_fd = int(argv[argv.index("--progress-fd") + 1]) if "--progress-fd" in argv else child.PROGRESS_FD
+    if progress_fd == child.RESULT_FD != result_fd:
+        progress_fd = os.dup(progress_fd)  # out of the way of the result pipe's dup2
+    if result_fd != child.RESULT_FD:
+        os.dup2(result_fd, child.RESULT_FD)
+        os.close(result_fd)
+    if progress_fd != child.PROGRESS_FD:
+        os.dup2(progress_fd, child.PROGRESS_FD)
+        os.close(progress_fd)
+    try:  # checked before this process opens any pipe of its own: a pipe at child.PROGRESS_FD now is the call's
+        child.mark_progress_pipe(stat.S_ISFIFO(os.fstat(child.PROGRESS_FD).st_mode))
+    except OSError:
+        child.mark_progress_pipe(False)
+    child.name_process(b"tr-call-parent")
+    child.die_with_parent()
+    _libc.prctl(child.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
+    _libc.prctl(child.PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
+    modules = child.preload_modules()
+    child._reachable_for_own_uid(modules)
+    line = sys.stdin.readline()
+    if not line:
+        return 0
+    request = json.loads(line)
+    try:
+        frame = traced_run_call(request, modules)[0]
+    except Exception as exc:  # noqa: BLE001 - the call parent's own failure is a typed sandbox error
+        frame = _error("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}")
+    try:
+        child._write_all(child.RESULT_FD, json.dumps(frame, ensure_ascii=False).encode())
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def _strip_unsafe_path() -> None:
+    """Drop the working directory ``python -m`` put first on ``sys.path`` (Python < 3.11 has no ``-P``)."""
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
+
+
+def entry(argv: list[str]) -> int:
+    """``python -m executor.sandbox.parent [--forkserver FD]``: a fork server, or one spawned call parent."""
+    _strip_unsafe_path()
+    if len(argv) > 2 and argv[1] == "--forkserver":
+        return serve_forks(int(argv[2]))
+    return main(argv)
+
+
+if __name__ == "__main__":
+    # run as the package's module, not as ``__main__``: one copy of this module's state
+    from executor.sandbox import parent as _module  # noqa: PLW0406 - the package's module, not this __main__ copy
+
+    sys.exit(_module.entry(sys.argv))

@@ -43,10 +43,9 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from executor.errors import (
     SandboxError,
@@ -57,6 +56,7 @@ from executor.errors import (
     ToolRaisedError,
     ToolTimeoutError,
 )
+from executor.sandbox.boundary import CallRun, SandboxResult
 from executor.sandbox.progress import ProgressReader
 from executor.sandbox.child import (
     MAX_RESULT_BYTES,
@@ -69,20 +69,7 @@ from executor.sandbox.child import (
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
 
-__all__ = [
-    "SANDBOX_UID_BASE",
-    "CallRun",
-    "ProcessSandbox",
-    "Sandbox",
-    "SandboxDeniedError",
-    "SandboxResult",
-    "ScratchRootError",
-    "ToolLeftProcessError",
-    "ToolProcessLimitError",
-    "default_scratch_root",
-    "module_search_path",
-    "prepare_scratch_root",
-]
+__all__ = ["SANDBOX_UID_BASE", "ProcessSandbox", "SandboxDeniedError", "ScratchRootError", "ToolLeftProcessError", "ToolProcessLimitError", "default_scratch_root", "module_search_path", "prepare_scratch_root"]
 
 log = get_logger("toolrail.sandbox")
 
@@ -132,43 +119,6 @@ _ERRORS: dict[str, type[SandboxError]] = {
     "sandbox_error": SandboxError,
 }
 _degraded_logged: set[str] = set()
-
-
-@dataclass(frozen=True)
-class CallRun:
-    """What the sandbox needs to know about one call."""
-
-    request_id: str
-    job_id: str
-    call_id: str
-    idempotency_key: str
-    arguments: dict[str, Any]
-    #: Extra variables granted to this tool (e.g. the ledger URL for networked tools).
-    env: dict[str, str] = field(default_factory=dict)
-    #: Called in the worker with each progress report of the tool (``{progress, total, message}``), at most
-    #: 10 per second, the last one always; never raises into the call (``executor.sandbox.progress``).
-    on_progress: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False, repr=False)
-    #: W3C context of the call's ``execute_tool`` span: the child records its span under it and returns it.
-    trace_context: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SandboxResult:
-    result: Any
-    duration_s: float
-    pid: int
-    network: str
-    #: The tool's structured log records (JSON lines on its stderr).
-    logs: list[dict[str, Any]]
-    isolation: dict[str, str] = field(default_factory=dict)
-    #: What the tool printed: ``{stream: {"lines": n, "dropped_bytes": n}}``.
-    output: dict[str, dict[str, int]] = field(default_factory=dict)
-
-
-class Sandbox(Protocol):
-    def run(self, spec: ToolSpec, call: CallRun) -> SandboxResult:
-        """Run one call; raise a ``SandboxError`` subclass when it ends badly."""
-        ...
 
 
 # ----------------------------------------------------------------- scratch root and module path
@@ -284,7 +234,7 @@ class _ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock = ours
         self._buffer = b""
-        self.proc = subprocess.Popen([*_python_argv(python), "executor.sandbox.child", "--forkserver", str(theirs.fileno())],
+        self.proc = subprocess.Popen([*_python_argv(python), "executor.sandbox.parent", "--forkserver", str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, env=env, cwd="/", start_new_session=True)
         theirs.close()
@@ -411,7 +361,7 @@ class ProcessSandbox:
                 "result": pipes["result"][0], "progress": pipes["progress"][0]}
         try:
             proc = subprocess.Popen(
-                [*_python_argv(self._python), "executor.sandbox.child", "--result-fd", str(result_w),
+                [*_python_argv(self._python), "executor.sandbox.parent", "--result-fd", str(result_w),
                  "--progress-fd", str(progress_w)],
                 stdin=theirs[0], stdout=theirs[1], stderr=theirs[2], pass_fds=[result_w, progress_w],
                 env=self._env(), cwd="/", start_new_session=True, close_fds=True,

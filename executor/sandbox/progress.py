@@ -2,14 +2,14 @@
 
     tool process ── report_progress() ──▶ progress pipe (JSON lines, ≤ 10/s, tools.context)
         worker: ProgressReader (bounded parsing, ≤ 10/s, last one kept) ──▶ CallRun.on_progress
-            progress_recorder ──XADD──▶ tr:job:<id>:events  ──▶  SSE ``event: progress``
+            executor.runs.progress_events ──XADD──▶ tr:job:<id>:events  ──▶  SSE ``event: progress``
 
 The pipe is written by tool code, so the worker trusts nothing on it: a line is at most
 ``MAX_LINE_BYTES``, at most ``MAX_LINES_PER_CALL`` lines are parsed per call, a malformed line
 is dropped (logged, never failing the call), and reports reach ``on_progress`` at most
 ``PROGRESS_MAX_PER_S`` per second — one made sooner is held back and replaced by the next, and
 the one held back when the call ends is delivered then (before the call's own terminal event).
-The recorder bounds again what reaches Redis: a token bucket and ``MAX_EVENTS_PER_CALL``.
+The recorder (``executor.runs.progress_events``) bounds again what reaches Redis.
 """
 
 from __future__ import annotations
@@ -22,18 +22,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import redis
 
 from toolrail.logging import get_logger
 from tools.context import MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_MAX_PER_S
 
 if TYPE_CHECKING:
-    from executor.runs.runtime import Runtime
-    from executor.sandbox.process import CallRun
-    from executor.store.records import CallRecord
+    from executor.sandbox.boundary import CallRun
 
-__all__ = ["MAX_EVENTS_PER_CALL", "MAX_LINES_PER_CALL", "MAX_LINE_BYTES", "ProgressReader", "parse_report",
-           "progress_recorder"]
+__all__ = ["MAX_LINES_PER_CALL", "MAX_LINE_BYTES", "ProgressReader", "parse_report"]
 
 log = get_logger("toolrail.progress")
 
@@ -41,16 +37,10 @@ log = get_logger("toolrail.progress")
 MAX_LINE_BYTES = 4096
 #: Progress lines parsed per call; the rest are read, counted and dropped.
 MAX_LINES_PER_CALL = 2000
-#: Progress events one call may add to its job's event stream.
-MAX_EVENTS_PER_CALL = 200
 #: Bytes read from the pipe after the call ended (a leftover process may still be writing).
 _DRAIN_BYTES = 256 * 1024
 #: Malformed lines logged one by one per call (the rest are counted in the summary).
 _LOGGED_MALFORMED = 3
-#: The recorder's token bucket: this many events at once, refilled at ``PROGRESS_MAX_PER_S``.
-_BURST = 5
-#: What the store trims each job's event stream to (approximately), as ``RedisJobStore`` does.
-_STREAM_MAXLEN = 1000
 
 
 def parse_report(raw: bytes) -> dict[str, Any]:
@@ -172,33 +162,3 @@ class ProgressReader:
         if self._malformed or self._over:
             log.warning("tool.progress_truncated", lines=self._lines, malformed=self._malformed,
                         over_limit=self._over, max_lines=MAX_LINES_PER_CALL, **self._ids)
-
-
-def progress_recorder(rt: Runtime, job_id: str, call: CallRecord) -> Callable[[dict[str, Any]], None]:
-    """``on_progress`` for one call: each report becomes a ``progress`` event on the job's stream (throttled, bounded)."""
-    key = rt.store.events_key(job_id)
-    ids = {"call_id": call.id, "index": call.index, "name": call.name, "step": call.step}
-    state = {"tokens": float(_BURST), "at": time.monotonic(), "written": 0, "dropped": 0, "failed": False}
-
-    def record(report: dict[str, Any]) -> None:
-        if state["failed"]:  # Redis failed once: the call's own outcome matters more than its progress
-            return
-        now = time.monotonic()
-        state["tokens"] = min(float(_BURST), state["tokens"] + (now - state["at"]) * PROGRESS_MAX_PER_S)
-        state["at"] = now
-        if state["written"] >= MAX_EVENTS_PER_CALL or state["tokens"] < 1:
-            state["dropped"] += 1
-            if state["dropped"] == 1:
-                log.info("tool.progress_throttled", job_id=job_id, max_events=MAX_EVENTS_PER_CALL, **ids)
-            return
-        state["tokens"] -= 1
-        event = {"type": "progress", **ids, "progress": report.get("progress"), "total": report.get("total"),
-                 "message": report.get("message")}
-        try:
-            rt.redis.xadd(key, {"data": json.dumps(event, ensure_ascii=False, default=str)}, maxlen=_STREAM_MAXLEN)
-            state["written"] += 1
-        except redis.RedisError as exc:
-            state["failed"] = True
-            log.warning("tool.progress_not_recorded", job_id=job_id, error=f"{type(exc).__name__}: {exc}", **ids)
-
-    return record

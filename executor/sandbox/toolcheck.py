@@ -73,7 +73,8 @@ class CheckReport:
 
 def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., Any] | None = None) -> list[Finding]:
     """Import every tool module inside one real, confined sandbox child; a finding per tool that fails."""
-    from executor.sandbox.process import CallRun, ProcessSandbox  # noqa: PLC0415
+    from executor.sandbox.boundary import CallRun  # noqa: PLC0415
+    from executor.sandbox.process import ProcessSandbox  # noqa: PLC0415
 
     specs = [s for s in registry.specs() if s.entrypoint]
     if not specs:

@@ -120,6 +120,10 @@ class StoredJob(NamedTuple):
     raw: bytes
 
 
+#: Jobs waiting for approval, scored by their approval deadline.
+WAITING_KEY = "tr:awaiting"
+
+
 class JobStore(Protocol):
     def create(self, job: JobRecord, *, idempotency_key: str | None = None, body_hash: str | None = None) -> tuple[JobRecord, bool]: ...
     def get(self, job_id: str, *, tenant: str | None = None) -> JobRecord: ...
@@ -539,6 +543,20 @@ class RedisJobStore:
     @_guard
     def forget_active(self, job_id: str) -> None:
         self.redis.zrem(self._active, job_id)
+
+    @_guard
+    def mark_waiting(self, job: JobRecord) -> None:
+        """Remember when a job waiting for approval expires (the reconciler's sweep reads it)."""
+        self.redis.zadd(WAITING_KEY, {job.job_id: job.approval_deadline_at or time.time()})
+
+    @_guard
+    def forget_waiting(self, job_id: str) -> None:
+        self.redis.zrem(WAITING_KEY, job_id)
+
+    @_guard
+    def waiting_due(self, *, now: float, limit: int = 100) -> list[str]:
+        """Waiting jobs whose approval deadline has passed, oldest first."""
+        return [j.decode() for j in self.redis.zrangebyscore(WAITING_KEY, "-inf", now, start=0, num=limit)]
 
     @_guard
     def list_jobs(self, tenant: str, *, limit: int = 50) -> list[str]:

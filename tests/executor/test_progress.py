@@ -15,7 +15,8 @@ import httpx
 import pytest
 from conftest import wait_terminal
 
-from executor.sandbox.progress import MAX_EVENTS_PER_CALL, MAX_LINE_BYTES, ProgressReader, progress_recorder
+from executor.runs.progress_events import MAX_EVENTS_PER_CALL, progress_recorder
+from executor.sandbox.progress import MAX_LINE_BYTES, ProgressReader
 from executor.store.records import CallRecord, JobRecord
 from tools.context import CallContext, encode_progress, flush_progress, report_progress, set_current_call
 

@@ -19,7 +19,8 @@ import pytest
 from conftest import wait_terminal
 
 from executor.errors import SandboxError
-from executor.sandbox.process import SANDBOX_UID_BASE, CallRun, ProcessSandbox
+from executor.sandbox.boundary import CallRun
+from executor.sandbox.process import SANDBOX_UID_BASE, ProcessSandbox
 from tests.chaos.hostile_tools import ESCAPE_SPEC
 
 ROOT = os.geteuid() == 0

@@ -26,7 +26,8 @@ import httpx
 import pytest
 
 from executor.errors import SandboxError
-from executor.sandbox.process import CallRun, ProcessSandbox, ScratchRootError, prepare_scratch_root
+from executor.sandbox.boundary import CallRun
+from executor.sandbox.process import ProcessSandbox, ScratchRootError, prepare_scratch_root
 from executor.sandbox.child import MAX_RESULT_BYTES, MAX_RESULT_DEPTH
 from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
 from tests.chaos.hostile_tools import ESCAPE_SPEC
@@ -305,7 +306,8 @@ NON_ROOT_PROBE = textwrap.dedent('''
     import json, sys, time
     sys.path.insert(0, {repo!r})
     from executor.errors import SandboxError
-    from executor.sandbox.process import CallRun, ProcessSandbox
+    from executor.sandbox.boundary import CallRun
+    from executor.sandbox.process import ProcessSandbox
     from tests.chaos.hostile_tools import ESCAPE_SPEC
 
     box = ProcessSandbox(preload="tools.builtin,tests.chaos.hostile_tools")

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from executor.errors import SandboxError, ToolTimeoutError
-from executor.sandbox.process import CallRun, ProcessSandbox
+from executor.sandbox.boundary import CallRun
+from executor.sandbox.process import ProcessSandbox
 from tests.chaos.hostile_tools import ESCAPE_SPEC
 
 PRELOAD = "tools.builtin,tests.chaos.hostile_tools"

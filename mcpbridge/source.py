@@ -1,0 +1,34 @@
+"""The tenant's MCP servers as a tool source of the run loop (the ``toolrail.tool_sources`` entry point).
+
+The loop asks every source for the tools a job names beyond the registry, and the source of a spec
+for the sandbox that runs it: an MCP tool is run by its server's client (``mcpbridge.client``), with
+the same call boundary as the process sandbox (``run(spec, call) -> SandboxResult``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from executor.sandbox.boundary import CallRun, SandboxResult
+
+__all__ = ["MCP_TOOLS", "McpToolSource"]
+
+
+class McpToolSource:
+    """Tools that a tenant's registered MCP servers provide."""
+
+    def specs(self, rt: Any, tenant: str, names: list[str] | None = None) -> dict[str, Any]:
+        from mcpbridge.providers import specs_for  # noqa: PLC0415 - the MCP SDK only where MCP tools are asked for
+
+        return specs_for(rt.redis, tenant, names)
+
+    def owns(self, spec: Any) -> bool:
+        return getattr(spec, "server", None) is not None
+
+    def run(self, rt: Any, spec: Any, call: CallRun) -> SandboxResult:
+        from mcpbridge.client import run_call  # noqa: PLC0415
+
+        return run_call(rt, spec, call)
+
+
+MCP_TOOLS = McpToolSource()

@@ -1,0 +1,29 @@
+"""Installed extensions of the platform, found by entry point (``importlib.metadata``).
+
+Two groups, each a seam the executor owns and an extension fills:
+
+- ``toolrail.api``: ``mount(app, *, settings, runtime, enqueue, dispatch)`` adds routes to the job API
+  (mcpbridge's ``/mcp`` and ``/v1/mcp-servers``);
+- ``toolrail.tool_sources``: a source of tools beyond the registry, each with the sandbox that runs its
+  calls (mcpbridge's MCP servers: an MCP tool is run by its server's client, not the process sandbox).
+
+So the API and the run loop never import an extension: one points at the other only through here.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import metadata
+from typing import Any
+
+__all__ = ["API_GROUP", "TOOL_SOURCES_GROUP", "installed"]
+
+API_GROUP = "toolrail.api"
+TOOL_SOURCES_GROUP = "toolrail.tool_sources"
+
+
+@cache
+def installed(group: str) -> tuple[Any, ...]:
+    """The loaded objects of ``group``'s entry points, in name order (loaded once per process)."""
+    points = sorted(metadata.entry_points(group=group), key=lambda point: point.name)
+    return tuple(point.load() for point in points)
