@@ -1,4 +1,4 @@
-"""Fit the call-or-answer offset (``DeciderConfig.call_bias``) on the dev split, and only there.
+"""Fit the call-or-answer offset (``DeciderConfig.call_bias``) on tuning rows, and only there.
 
 For each dev row the decider plans the request and scores both branch openings (the model's
 own log-probabilities, calibrated against a content-free turn: see
@@ -6,10 +6,15 @@ own log-probabilities, calibrated against a content-free turn: see
 call when its expected calls are non-empty. The offset printed is the one that classifies the
 most dev rows right (ties: the smallest magnitude). Holdout and unseen rows are never read.
 
+``--bfcl-seed N`` fits on a seeded BFCL sample instead (``bench.bfcl``'s rows of simple, multiple,
+live_simple: a call is right; irrelevance, live_irrelevance: none is), so the offset is decided on
+one seed's rows and reported by ``bench.bfcl`` on another's.
+
 Usage::
 
     python -m bench.calibrate                 # all dev rows
     python -m bench.calibrate --limit 60 --out bench/results/calibration.json
+    python -m bench.calibrate --bfcl-seed 1 --rows 25
 """
 
 from __future__ import annotations
@@ -42,6 +47,23 @@ def dev_rows(limit: int | None) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
+def bfcl_rows(seed: int, rows: int) -> list[dict]:
+    """BFCL's target categories, seeded, as calibration rows (the functions as OpenAI tools)."""
+    from bench import bfcl
+    from tools.spec import ToolSpec
+
+    api = bfcl._bfcl()  # noqa: SLF001 - the bench's one way to import BFCL
+    out = []
+    for category in bfcl.TARGET_CATEGORIES:
+        for row in bfcl.sample_rows(api, category, rows=rows, seed=seed):
+            entry = row["entry"]
+            tools = api.convert_to_tool(entry["function"], api.GORILLA_TO_OPENAPI, api.ModelStyle.OPENAI_COMPLETIONS)
+            out.append({"id": entry["id"], "messages": entry["question"][0], "category": category,
+                        "tools": [ToolSpec.from_openai(tool) for tool in tools],
+                        "needs_call": "irrelevance" not in category})
+    return out
+
+
 def best_offset(margins: list[tuple[float, bool]]) -> tuple[float, int]:
     """The offset that classifies the most rows right: call when ``margin + offset >= 0``."""
     candidates = sorted({-m for m, _ in margins} | {0.0})
@@ -54,18 +76,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=None, help="first N dev rows (by id)")
     parser.add_argument("--out", type=Path, default=None, help="write margins and the fitted offset as JSON")
+    parser.add_argument("--bfcl-seed", type=int, default=None, help="fit on this seed's BFCL sample instead")
+    parser.add_argument("--rows", type=int, default=25, help="BFCL rows per category (with --bfcl-seed)")
     args = parser.parse_args(argv)
-    decider = EmbeddedDecider.load(config=DeciderConfig(call_bias=0.0))
+    decider = EmbeddedDecider.load(config=DeciderConfig(call_bias=0.0), num_threads=1)
     margins: list[tuple[float, bool]] = []
     records = []
-    for index, row in enumerate(dev_rows(args.limit)):
-        tools = load_toolset(row["toolset"])
+    rows = dev_rows(args.limit) if args.bfcl_seed is None else bfcl_rows(args.bfcl_seed, args.rows)
+    for index, row in enumerate(rows):
+        tools = row["tools"] if "tools" in row else load_toolset(row["toolset"])
         request = DecideRequest(request_id=f"cal-{row['id']}", messages=row["messages"], tools=tools)
-        plan = decider.plan(request)
+        try:
+            plan = decider.plan(request)
+        except Exception as exc:  # noqa: BLE001 - a row the platform refuses has no margin to fit on
+            print(f"[{index + 1}] {row['id']}: skipped ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+            continue
         started = time.perf_counter()
         chosen = asyncio.run(decider._choose_branch(plan)).platform.get("call_choice", {})  # noqa: SLF001
         margin = chosen.get("calls_lift", 0.0) - chosen.get("text_lift", 0.0)
-        needs = bool(row["expected_calls"])
+        needs = row["needs_call"] if "needs_call" in row else bool(row["expected_calls"])
         margins.append((margin, needs))
         records.append({"id": row["id"], "margin": round(margin, 3), "needs_call": needs,
                         "seconds": round(time.perf_counter() - started, 2)})

@@ -103,7 +103,7 @@ def _schema_key(schema: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-#: Generated tokens a repetition penalty looks back over.
+#: Tokens the model chose itself that a repetition penalty looks back over.
 REPETITION_WINDOW = 64
 
 
@@ -168,6 +168,14 @@ class _Sequence:
     #: Sum of the chosen tokens' log-probabilities under the model (before the grammar mask); tokens
     #: a jump-forward appends are not scored (the grammar left no choice).
     logprob: float = 0.0
+    #: What a repetition penalty may touch: tokens the model chose itself (the grammar allowed more than one)
+    #: that the prompt does not hold. Forced tokens (keys, quotes, brackets) and values copied from the
+    #: conversation are never penalised: a penalty on them made the model avoid closing strings.
+    penalizable: list[int] = field(default_factory=list)
+    #: Token ids of the prompt (built only for a request with a penalty).
+    prompt_tokens: frozenset[int] = frozenset()
+    #: Whether the grammar left exactly one token at the step just picked.
+    forced: bool = False
 
     @property
     def request_id(self) -> str:
@@ -420,6 +428,11 @@ class _LlamaRunner:
 # --------------------------------------------------------------------------------------------
 # The engine
 # --------------------------------------------------------------------------------------------
+
+
+def _allowed_count(row: torch.Tensor) -> int:
+    """How many tokens one row of an xgrammar bitmask allows (its set bits)."""
+    return int(np.unpackbits(row.numpy().view(np.uint8)).sum())
 
 
 def _default_device() -> torch.device:
@@ -755,6 +768,7 @@ class EmbeddedEngine:
             generator=generator,
             detokenizer=_IncrementalDetokenizer(self._decode_ids, prompt_ids[-DETOKENIZER_CONTEXT:]),
             sink=sink,
+            prompt_tokens=frozenset(prompt_ids) if request.repetition_penalty != 1.0 else frozenset(),
         )
 
     def _enqueue(self, seq: _Sequence) -> None:
@@ -1013,14 +1027,17 @@ class EmbeddedEngine:
         """Choose the next token per row; masks only the rows whose pick the grammar forbids."""
         logits = logits.cpu()
         normalizer = torch.logsumexp(logits, dim=-1)  # before the mask: the model's own distribution
+        bitmask = self._bitmask
         for row, seq in enumerate(batch):
             penalty = seq.request.repetition_penalty
-            if penalty != 1.0 and seq.output_ids:
-                seen = torch.tensor(sorted(set(seq.output_ids[-REPETITION_WINDOW:])), dtype=torch.long)
+            if penalty == 1.0:
+                continue
+            seq.forced = need_mask[row] and _allowed_count(bitmask[row]) == 1
+            if seq.penalizable and not seq.forced:
+                seen = torch.tensor(sorted(set(seq.penalizable[-REPETITION_WINDOW:])), dtype=torch.long)
                 scores = logits[row, seen]
                 logits[row, seen] = torch.where(scores > 0, scores / penalty, scores * penalty)
         tokens = logits.argmax(dim=-1).tolist()
-        bitmask = self._bitmask
         mask_rows = []
         for row, seq in enumerate(batch):
             if not need_mask[row]:
@@ -1061,6 +1078,8 @@ class EmbeddedEngine:
             self._finish(seq, "cancelled")
             return False
         seq.output_ids.append(token)
+        if seq.request.repetition_penalty != 1.0 and not seq.forced and token not in seq.prompt_tokens:
+            seq.penalizable.append(token)
         if seq.matcher is not None:
             started = time.perf_counter()
             accepted = seq.matcher.accept_token(token)

@@ -408,6 +408,9 @@ class _ChatCompletions:
         # and a call whose grounded value the conversation does not state is never sent at all.
         deferred = {name for name, spec in plan.tools.items()
                     if "x-aliases" in json.dumps(spec.parameters) or grounded_paths(spec.parameters, side_effects=spec.side_effects)}
+        # When the decider reads the call count after decoding, a second call may still be dropped: calls after
+        # the first are sent whole with the decision.
+        held_from = 1 if getattr(decider.config, "read_call_count", False) and plan.cut_repeats else None
         names: dict[int, str] = {}
         try:
             async for event in decider.astream(plan):
@@ -416,7 +419,7 @@ class _ChatCompletions:
                     for delta in event.deltas:
                         if delta.name is not None:
                             names[delta.index] = delta.name
-                        if names.get(delta.index) in deferred:
+                        if names.get(delta.index) in deferred or held_from is not None and delta.index >= held_from:
                             continue
                         out.append(delta.to_openai())
                     if out:
@@ -427,7 +430,8 @@ class _ChatCompletions:
                     decision = event.decision
                     if plan.mode == "tools" and not decision.tool_calls and decision.content is not None:
                         yield chunk({"content": decision.content})
-                    held = [c for c in decision.tool_calls if c.name in deferred]
+                    held = [c for c in decision.tool_calls
+                            if c.name in deferred or held_from is not None and c.index >= held_from]
                     check = check_tool_calls([c.model_dump() for c in held], plan.tools,
                                              evidence=ConversationValues.from_messages(messages))
                     late = [{"index": c.index, "id": c.id, "type": "function",
@@ -439,7 +443,7 @@ class _ChatCompletions:
                         blocked = [{"index": c.index, "name": c.name, "errors": checked.errors}
                                    for c, checked in zip(held, check.calls) if not checked.ok]
                         decision = decision.model_copy(update={"tool_calls": [
-                            c for c in decision.tool_calls if c.name not in deferred or c.id in {x["id"] for x in late}]})
+                            c for c in decision.tool_calls if c not in held or c.id in {x["id"] for x in late}]})
                         yield f"data: {json.dumps({**base, 'choices': [], 'toolrail': {'blocked_calls': blocked}}, ensure_ascii=False)}\n\n"
                     _, reason = _message(decision, plan)
                     yield chunk({}, _finish(reason, event.finish_reason))

@@ -59,6 +59,8 @@ class ParsedOutput:
     problem: str | None = None
     #: The calls whose JSON object closed, arguments an object: what a text cut at a bound still holds whole.
     closed_calls: list[ToolCall] = field(default_factory=list)
+    #: For each of ``tool_calls``, the text offset just past its closing brace (None: it never closed).
+    call_ends: list[int | None] = field(default_factory=list)
 
 
 @dataclass
@@ -75,6 +77,8 @@ class _Element:
     args_emitted: int = 0
     announced: bool = False
     closed: bool = False
+    #: Offset just past the call object's closing brace, once closed.
+    end: int | None = None
 
 
 class ToolCallStreamParser:
@@ -161,7 +165,7 @@ class ToolCallStreamParser:
                 elif depth == 1 and char == "}":
                     if element.expecting == "in-value":
                         self._value_ends(element, pos, deltas)
-                    element.closed = True
+                    element.closed, element.end = True, pos + 1
                     self._finish_element(element, deltas)
                     self._current = None
                     if self._on_call is not None and element.name is not None:
@@ -254,15 +258,15 @@ class ToolCallStreamParser:
                                 arguments=value.get("arguments") if isinstance(value.get("arguments"), dict) else None)
                 return ParsedOutput(tool_calls=[call])
             return ParsedOutput(problem="output is a JSON object that is neither a text answer nor a tool call")
-        calls = [self._call(element) for element in self._elements if element.name is not None]
-        closed = [call for call, element in zip(calls, [e for e in self._elements if e.name is not None])
-                  if element.closed and call.arguments is not None]
+        named = [element for element in self._elements if element.name is not None]
+        calls = [self._call(element) for element in named]
+        closed = [call for call, element in zip(calls, named) if element.closed and call.arguments is not None]
         problem = None
         if not self._done:
             problem = "output ended before the tool-call array was closed"
         elif any(not e.closed or e.name is None for e in self._elements):
             problem = "a tool call has no name or is incomplete"
-        return ParsedOutput(tool_calls=calls, problem=problem, closed_calls=closed)
+        return ParsedOutput(tool_calls=calls, problem=problem, closed_calls=closed, call_ends=[e.end for e in named])
 
 
 def _loads_or(text: str | None, default: Any) -> Any:

@@ -85,6 +85,9 @@ DEFAULT_TEXT_MAX_CHARS = 200
 #: The fixed first characters of each branch of the tool-call grammar (what the model is scored on).
 CALLS_PREFIX = '[{"name": "'
 TEXT_PREFIX = '{"content": "'
+#: After a complete call, the two ways on: close the array, or open another call (the grammar's separator).
+CLOSE_CALLS = "]"
+MORE_CALLS = ", {"
 #: Calls-side offset of the calibrated call-or-answer choice, fitted on the dev split by
 #: ``python -m bench.calibrate`` (never on holdout or unseen rows).
 #: On 80 dev rows (bench/results/calibration-dev.json) the fitted offset, 6.74, classifies 70 % right —
@@ -130,6 +133,12 @@ class DeciderConfig:
     repetition_penalty: float = 1.0
     #: Cut a decision whose output ends in a repeated unit (``GenerationBoundError("loop")``).
     loop_guard: bool = True
+    #: Read the number of calls as the model's own preference, on backends that score continuations: after
+    #: each complete call but the last, ``log P("]")`` against ``log P(", {")`` (no grammar mask);
+    #: the calls end at the first boundary where closing wins (recorded as ``call_count_read``). Greedy
+    #: decoding compares first tokens only, and a model that writes ``,`` to go on inside the arguments is
+    #: made by the grammar to open a new call. Not applied when the caller bounds the count itself.
+    read_call_count: bool = False
 
 
 @dataclass
@@ -477,6 +486,8 @@ class BackendDecider:
         if first_token_s is not None:
             usage["ttft_us"] = int(first_token_s * 1e6)
         decision = self._decision(plan, parser, finish_reason, usage)
+        if plan.mode == "tools" and len(decision.tool_calls) > 1 and self.config.read_call_count and plan.cut_repeats:
+            decision = await self._read_call_count(plan, parser, decision)
         if logprob is not None:
             decision = decision.model_copy(update={"logprob": logprob})
         yield StreamEvent(decision=decision, finish_reason=finish_reason)
@@ -504,6 +515,27 @@ class BackendDecider:
         content = parsed.content if not calls else None
         return Decision(request_id=plan.request_id, raw_output=text, tool_calls=calls, content=content,
                         backend=self.name, usage=usage, platform=platform)
+
+    async def _read_call_count(self, plan: DecisionPlan, parser: ToolCallStreamParser, decision: Decision) -> Decision:
+        """Keep the calls up to the first boundary where the model prefers closing the array (see
+        :attr:`DeciderConfig.read_call_count`); every boundary read is recorded on the decision."""
+        score = getattr(self.backend, "score_continuations", None)
+        if not callable(score):
+            return decision
+        parsed = parser.finish()
+        ends = {call.id: end for call, end in zip(parsed.tool_calls, parsed.call_ends)}
+        reads, keep = [], len(decision.tool_calls)
+        for position, call in enumerate(decision.tool_calls[:-1]):
+            end = ends.get(call.id)
+            if end is None:
+                break
+            close, more = await asyncio.to_thread(score, plan.prompt + parser.text[:end], [CLOSE_CALLS, MORE_CALLS])
+            reads.append({"after": position, "close": round(close, 3), "more": round(more, 3)})
+            if close >= more:
+                keep = position + 1
+                break
+        platform = {**decision.platform, "call_count_read": reads, "calls_after_read": keep}
+        return decision.model_copy(update={"tool_calls": decision.tool_calls[:keep], "platform": platform})
 
     def _branch_scores(self, prompt: str, tools: Sequence[str]) -> list[float]:
         openings = [f'{CALLS_PREFIX}{name}", "arguments": {{' for name in tools] + [TEXT_PREFIX]

@@ -279,3 +279,26 @@ def test_json_output_never_carries_raw_control_characters(engine):
         texts = list(pool.map(one, range(40)))
     for text in texts:
         json.loads(text)  # strict: raises on raw control characters
+
+
+def test_a_penalty_touches_only_tokens_the_model_chose_that_the_prompt_does_not_hold(engine):
+    from decider.embedded import _allowed_count
+
+    seq = engine._prepare(req(engine, "pen-1", "hello there", repetition_penalty=2.0), lambda item: None)
+    copied = seq.prompt_ids[-1]
+    chosen = next(t for t in range(100, engine.vocab_size) if t not in seq.prompt_tokens)
+    for token in (copied, chosen):
+        engine._accept(seq, token)
+    assert seq.penalizable == [chosen]  # a token copied from the prompt is never penalised
+    def logits():
+        out = torch.zeros(1, engine.vocab_size)
+        out[0, chosen], out[0, copied] = 5.0, 4.0
+        return out
+
+    assert engine._pick([seq], logits(), [False]) == [copied]  # 5.0 / 2 < 4.0: only the chosen token paid
+    plain = engine._prepare(req(engine, "pen-2", "hello there"), lambda item: None)
+    engine._accept(plain, chosen)
+    assert plain.penalizable == [] and engine._pick([plain], logits(), [False]) == [chosen]
+    row = torch.zeros(4, dtype=torch.int32)
+    row[1] = 1 << 3
+    assert _allowed_count(row) == 1

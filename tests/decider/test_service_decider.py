@@ -171,3 +171,30 @@ def test_repetition_penalty_reaches_the_engine_and_keeps_output_valid(tiny_engin
     decision = decider.decide(request)
     specs = {t.name: t for t in marker_tools()}
     assert check_tool_calls([c.model_dump() for c in decision.tool_calls], specs).ok
+
+
+def test_the_call_count_is_the_models_preference_read_at_each_boundary(tiny_engine, monkeypatch):  # noqa: F811
+    import asyncio
+
+    from decider.parser import ToolCallStreamParser
+    from decider.service import CLOSE_CALLS, MORE_CALLS, DeciderConfig, EmbeddedDecider
+
+    decider = EmbeddedDecider.from_engine(tiny_engine, config=DeciderConfig(read_call_count=True))
+    plan = decider.plan(req("balance of M000001 please", marker_tools(), tool_choice="required"))
+    one = '{"name": "get_balance", "arguments": {"account": "M000001"}}'
+    text = f"[{one}, {one.replace('1', '2')}, {one.replace('1', '3')}]"
+    seen = []
+
+    def score(prompt, continuations):  # the model prefers closing after the second call only
+        assert continuations == [CLOSE_CALLS, MORE_CALLS] and prompt.startswith(plan.prompt)
+        seen.append(prompt[len(plan.prompt):])
+        return [0.0, -1.0] if len(seen) == 2 else [-1.0, 0.0]
+
+    monkeypatch.setattr(tiny_engine, "score_continuations", score, raising=False)
+    parser = ToolCallStreamParser(plan.request_id)
+    parser.feed(text)
+    decision = decider._decision(plan, parser, "stop", {})  # noqa: SLF001
+    read = asyncio.run(decider._read_call_count(plan, parser, decision))  # noqa: SLF001
+    assert [c.arguments["account"] for c in read.tool_calls] == ["M000001", "M000002"]
+    assert seen == [f"[{one}", text[:len(f"[{one}, {one.replace('1', '2')}")]]  # each prefix ends at a call's brace
+    assert [r["after"] for r in read.platform["call_count_read"]] == [0, 1] and read.platform["calls_after_read"] == 2
