@@ -44,6 +44,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "TOOLRAIL_ENGINE_DIR": "Triton image entrypoint: where engine files are downloaded (default `/engines`).",
     "TOOLRAIL_EXPECTED_TRTLLM_VERSION": "Triton image entrypoint: refuse to start on another TensorRT-LLM version.",
     "TOOLRAIL_MODEL_REPOSITORY": "Triton image entrypoint: the model repository directory inside the engine build.",
+    "TOOLRAIL_HUB_EGRESS": "Triton image entrypoint: `true` lets it serve a model the server fetches from a hub "
+                           "(set by terraform from `engine.hub_egress`; default `false`: such a model is refused).",
 }
 
 
@@ -316,10 +318,10 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> dict[str, str
     environ = os.environ if environ is None else environ
     known = {alias for field in Settings.model_fields for alias in env_names(field)} | set(OTHER_VARIABLES)
     by_stem = {name.removeprefix("TOOLRAIL_"): name for name in known}  # the shared prefix would make all look near
-    unknown = sorted(name for name in environ
-                     if name.startswith("TOOLRAIL_") and not name.startswith("TOOLRAIL_TEST_") and name not in known)
-    nearest = {name: difflib.get_close_matches(name.removeprefix("TOOLRAIL_"), by_stem, n=1) for name in unknown}
-    return {name: by_stem[stems[0]] if stems else None for name, stems in nearest.items()}
+    stems = {name: name.removeprefix("TOOLRAIL_") for name in environ if name.startswith("TOOLRAIL_") and name not in known}
+    nearest = {name: difflib.get_close_matches(stem, by_stem, n=1) for name, stem in sorted(stems.items())
+               if not stem.startswith("TEST_")}
+    return {name: by_stem[matches[0]] if matches else None for name, matches in nearest.items()}
 
 
 _warned_unknown = False
