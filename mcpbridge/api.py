@@ -12,15 +12,17 @@ enters (the SDK's session manager, and the periodic refresh of every server's to
 
 Who may register what (docs/mcp.md): a stdio server runs a command on the workers, so it is accepted
 only when ``TOOLRAIL_MCP_ALLOW_STDIO`` says so (default: only without API keys, a one-user install);
-a URL that resolves to a loopback, private or link-local address only when
-``TOOLRAIL_MCP_ALLOW_PRIVATE_URLS`` says so (same default).
+a URL whose host resolves to a non-public address (:mod:`toolrail.netguard`, checked here and again
+at every connection) only when ``TOOLRAIL_MCP_ALLOW_PRIVATE_URLS`` says so (same default); timeouts
+up to ``TOOLRAIL_MCP_MAX_TIMEOUT_S``. A registration or refresh waits for the server on the event
+loop, holding no thread, and a tenant has at most ``TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT`` of them
+in flight per API process (429 past it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import socket
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -34,9 +36,11 @@ from starlette.routing import Route
 from executor.api.app import ApiError, tenant_of
 from executor.api.ratelimit import rate_limited
 from mcpbridge import providers
-from mcpbridge.errors import McpServerRejectedError
-from mcpbridge.server import McpEndpoint, McpService, build_server
 from executor.errors import SandboxError
+from mcpbridge.errors import McpServerRejectedError, McpTooLargeError, McpUrlNotAllowedError
+from mcpbridge.server import McpEndpoint, McpService, build_server
+from mcpbridge.spec import SERVER_NAME
+from toolrail import netguard
 from toolrail.logging import get_logger
 
 __all__ = ["McpBridge", "McpServerCreate", "mount"]
@@ -51,7 +55,8 @@ class McpServerCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,19}$", description="1-20 of a-z 0-9 _ -; tools become mcp__<name>__<tool>")
+    name: str = Field(max_length=20, description="1-20 of a-z 0-9 _ - (no '__', not ending in '_'); tools become "
+                                                 "mcp__<name>__<tool>")
     url: str | None = Field(default=None, max_length=2000, pattern=r"^https?://")
     command: list[str] | None = Field(default=None, min_length=1, max_length=64)
     network: bool = Field(default=False, description="stdio only: the server may use the network")
@@ -61,6 +66,14 @@ class McpServerCreate(BaseModel):
     timeout_s: float = Field(default=30.0, gt=0, le=600, description="hard cap of one call")
     idle_timeout_s: float = Field(default=10.0, gt=0, le=600, description="give up after this long without progress")
     memory_mb: int = Field(default=1024, ge=64, le=16384, description="stdio only: address-space limit")
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not SERVER_NAME.match(value):
+            raise ValueError("a server name is 1-20 of a-z 0-9 _ - starting with a letter, without '__', not ending "
+                             "in '_' (it is part of every tool name: mcp__<name>__<tool>)")
+        return value
 
     @field_validator("url")
     @classmethod
@@ -88,20 +101,6 @@ class McpServerCreate(BaseModel):
         return self
 
 
-def _private(url: str) -> str | None:
-    """The address ``url``'s host resolves to when that is loopback, private or link-local."""
-    host = urlsplit(url).hostname or ""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError, ValueError):
-        return None  # unresolvable: the fetch fails with its own error
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0])
-        if address.is_loopback or address.is_private or address.is_link_local or address.is_reserved:
-            return str(address)
-    return None
-
-
 class McpBridge:
     """What ``mount`` built: the ``/mcp`` endpoint and the periodic refresh."""
 
@@ -113,7 +112,7 @@ class McpBridge:
         """The SDK's session manager and the refresh loop, for the app's lifespan."""
         async with self.endpoint.running():
             task = None
-            interval = float(getattr(self.settings, "mcp_refresh_interval_s", 0) or 0)
+            interval = float(self.settings.mcp_refresh_interval_s)
             if interval > 0:
                 task = asyncio.create_task(self._refresh_loop(interval))
             try:
@@ -126,7 +125,7 @@ class McpBridge:
         while True:
             await asyncio.sleep(interval)
             try:
-                await asyncio.to_thread(providers.refresh_all, self.runtime)
+                await providers.refresh_all(self.runtime)
             except Exception as exc:  # noqa: BLE001 - the loop outlives one bad round
                 log.warning("mcp.refresh_round_failed", error=str(exc))
 
@@ -143,9 +142,9 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
     service = McpService(runtime, settings, enqueue, dispatch)
     endpoint = McpEndpoint(build_server(service), tenants=tenants, rate_limiter=getattr(app.state, "rate_limiter", None))
     app.router.routes.append(Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
-    allow_stdio = settings.mcp_allow_stdio if settings.mcp_allow_stdio is not None else not tenants
-    allow_private = settings.mcp_allow_private_urls if settings.mcp_allow_private_urls is not None else not tenants
+    allow_stdio, allow_private = providers.allows_stdio(settings), providers.allows_private_urls(settings)
     router = APIRouter(prefix="/v1/mcp-servers", tags=["mcp"])
+    fetching: Counter[str] = Counter()  # registrations and refreshes in flight per tenant (this process's event loop)
 
     def public(record: dict[str, Any]) -> dict[str, Any]:
         keep = ("name", "url", "command", "network", "side_effects", "requires_approval", "timeout_s", "idle_timeout_s",
@@ -155,28 +154,43 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
              "side_effects": t["side_effects"], "requires_approval": t["requires_approval"],
              "parameters": t["parameters"], "output_schema": t.get("output_schema")} for t in record.get("tools", [])]}
 
-    def fetch(config: dict[str, Any]) -> dict[str, Any]:
+    async def fetch(tenant: str, config: dict[str, Any]) -> dict[str, Any]:
+        """The server's checked record; waits on this event loop (no thread), at most N per tenant at once."""
+        limit = settings.mcp_max_concurrent_per_tenant
+        if fetching[tenant] >= limit:
+            raise ApiError(429, "mcp_registrations_busy", f"{limit} registrations or refreshes of this tenant are "
+                           "in flight (TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT); retry when one ends", limit=limit)
+        fetching[tenant] += 1
         try:
-            return providers.fetch_and_check(config, registry=runtime.registry, settings=settings)
+            taken = await asyncio.to_thread(providers.taken_names, runtime.redis, tenant, config["name"])
+            return await providers.fetch_and_check(config, registry=runtime.registry, settings=settings, taken=taken)
+        except McpUrlNotAllowedError as exc:
+            raise ApiError(403, exc.type, str(exc), **exc.details) from None
+        except McpTooLargeError as exc:
+            raise ApiError(422, exc.type, str(exc), **exc.details) from None
         except SandboxError as exc:  # unreachable, not starting, not speaking MCP
             raise ApiError(422, "mcp_server_unavailable", str(exc), **exc.details) from None
+        finally:
+            fetching[tenant] -= 1
 
     @router.post("", status_code=201)
     async def register(body: McpServerCreate, tenant: Tenant) -> JSONResponse:
         if body.command and not allow_stdio:
             raise ApiError(403, "mcp_stdio_not_allowed", "stdio MCP servers run a command on the workers; this "
                            "deployment does not allow tenants to register them (TOOLRAIL_MCP_ALLOW_STDIO)")
-        if body.url and not allow_private:
-            address = await asyncio.to_thread(_private, body.url)
-            if address:
-                raise ApiError(403, "mcp_url_not_allowed", f"{body.url} resolves to {address}, a loopback, private "
-                               "or link-local address (TOOLRAIL_MCP_ALLOW_PRIVATE_URLS)", address=address)
+        if body.url:  # refused before anything is started; the transport checks again at every connection
+            try:
+                await asyncio.to_thread(netguard.check_url, body.url, allow_private=allow_private)
+            except netguard.UrlRefusedError as exc:
+                if exc.reason != "unresolved":  # a name that does not resolve fails the fetch with its own error
+                    raise ApiError(403, "mcp_url_not_allowed", f"{exc} (TOOLRAIL_MCP_ALLOW_PRIVATE_URLS)",
+                                   **exc.details) from None
         try:
-            config = providers.ServerConfig.build(tenant, **body.model_dump())
+            config = providers.ServerConfig.build(tenant, **body.model_dump(), max_timeout_s=settings.mcp_max_timeout_s)
         except McpServerRejectedError as exc:
             raise ApiError(422, exc.type, str(exc), **exc.details) from None
         existed = await asyncio.to_thread(providers.get_server, runtime.redis, tenant, body.name) is not None
-        record = await asyncio.to_thread(fetch, dict(config))
+        record = await fetch(tenant, dict(config))
         await asyncio.to_thread(providers.save_server, runtime.redis, record)
         workers = await asyncio.to_thread(subscribe, record["queue"])
         log.info("mcp.server_registered", tenant=tenant, server=body.name, tools=len(record["tools"]),
@@ -201,7 +215,7 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
     async def refresh(name: str, tenant: Tenant) -> dict[str, Any]:
         record = await asyncio.to_thread(_one, tenant, name)
         config = {k: v for k, v in record.items() if k not in {"tools", "refused", "fetched_at"}}
-        fresh = await asyncio.to_thread(fetch, config)
+        fresh = await fetch(tenant, config)
         await asyncio.to_thread(providers.save_server, runtime.redis, fresh)
         return public(fresh)
 

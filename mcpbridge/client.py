@@ -1,387 +1,81 @@
-"""Calling MCP servers: list their tools, call one with idle and hard timeouts, typed errors.
+"""A worker's calls of MCP-provided tools: :func:`run_call`, the sandbox's contract for a tool of an MCP server.
 
-A connection is the official SDK's ``Client`` (handshake-era protocol, so that
-``notifications/tools/list_changed`` arrives unasked): streamable HTTP to a URL, or a stdio child
-started confined by :mod:`mcpbridge.launch` in a scratch directory of its own, removed with the
-connection. ``list_tools`` and ``call_tool`` open one for the operation; a worker's calls
-(:func:`run_call`) reuse the open sessions of :mod:`mcpbridge.pool`.
+``executor.runs.breaker.guarded_run`` sends a call of an MCP spec here. The call runs on the worker
+process's open session to the server (:mod:`mcpbridge.pool`; one MCP exchange is
+:mod:`mcpbridge.session`'s), under:
 
-A call ends in one of:
+- the operator's ceiling on timeouts (``mcp_max_timeout_s``: a stored ``timeout_s`` above it is clamped);
+- a per-tenant limit on MCP calls in flight across all workers (``mcp_max_concurrent_per_tenant``,
+  leases in Redis: ``tr:mcp:tenant:<tenant>:inflight``). The worker pool is shared, so without it one
+  tenant's hanging server would hold every worker process; a call that finds no slot within a
+  second goes back to its queue (``ConcurrencyLimitedError``, retried by the task) and holds nothing.
 
-- a ``CallToolResult`` without ``isError`` whose ``structuredContent`` matches the tool's
-  ``outputSchema`` (when it declares one) → :class:`~executor.sandbox.process.SandboxResult`;
-- ``isError: true`` → ``ToolRaisedError`` (``details.tool_error.type == "mcp_tool_error"``: the tool's
-  answer, which does not count against the server's breaker);
-- no progress report for ``idle_timeout_s``, or past the hard cap ``timeout_s`` →
-  :class:`~mcpbridge.errors.McpTimeoutError` (a progress report resets the idle timer, never the cap);
-- the server unreachable or not starting → ``McpUnavailableError``; a line on stdout that is not
-  JSON-RPC → ``McpProtocolError``; the server exiting or hanging up mid-call → ``McpServerExitedError``;
-  a result off its ``outputSchema`` → ``McpOutputError``.
-
-Every error names the server and the tool. :func:`run_call` is what a worker runs for an MCP
-spec (``executor.runs.breaker.guarded_run`` sends it here); it returns the sandbox's result type.
+When the server says its tool list changed, the tenant's record is refreshed before the result is
+returned. The result is a ``SandboxResult``; every error is typed and names the server and the tool.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-import mcp_types as types
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-
-from executor.errors import SandboxError, ToolRaisedError
+from executor.errors import SandboxError
+from executor.runs.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
 from executor.sandbox.boundary import CallRun, SandboxResult
-from executor.sandbox.process import default_scratch_root, module_search_path, prepare_scratch_root
-from mcpbridge.errors import McpOutputError, McpProtocolError, McpServerExitedError, McpTimeoutError, McpUnavailableError
-from mcpbridge.launch import launch_argv
+from mcpbridge import providers
+from mcpbridge.pool import pool
+from mcpbridge.session import META_PREFIX, Endpoint, Trouble, call_error, checked_result, invoke
 from toolrail.logging import get_logger
-from tools.patterns import validation_errors
 
-__all__ = ["Endpoint", "MAX_LISTING_BYTES", "META_PREFIX", "call_tool", "list_tools", "run_call"]
+__all__ = ["run_call", "tenant_slots"]
 
 log = get_logger("toolrail.mcp.client")
 
-#: Namespace of the keys toolrail puts in ``_meta`` (idempotency key, job, call and request ids).
-META_PREFIX = "toolrail.dev/"
-#: The largest ``tools/list`` page taken from an HTTP server (descriptions are cut after; a call's result keeps
-#: the SDK's 1 MiB limit).
-MAX_LISTING_BYTES = 16 * 1024 * 1024
-#: Bytes of a stdio server's stderr kept for error messages.
-_STDERR_TAIL = 2000
+#: How long a call waits for one of its tenant's slots before going back to the queue.
+SLOT_WAIT_S = 1.0
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """Where a server is: ``url`` (streamable HTTP) or ``command`` (stdio), and a stdio server's limits."""
-
-    server: str
-    url: str | None = None
-    command: tuple[str, ...] = ()
-    network: bool = False
-    memory_mb: int = 1024
-    cpu_s: int = 120
-
-    @classmethod
-    def of(cls, server: str, endpoint: dict[str, Any], *, memory_mb: int = 1024, cpu_s: int = 120) -> "Endpoint":
-        return cls(server=server, url=endpoint.get("url"), command=tuple(endpoint.get("command") or ()),
-                   network=bool(endpoint.get("network")), memory_mb=memory_mb, cpu_s=cpu_s)
-
-
-@dataclass
-class _Trouble:
-    """What went wrong under the session: a malformed line, a change notice, the stderr file."""
-
-    protocol: Exception | None = None
-    list_changed: bool = False
-    stderr_path: str | None = None
-    activity: float = field(default_factory=time.monotonic)
-
-    def stderr_tail(self) -> str:
-        if not self.stderr_path:
-            return ""
-        try:
-            with open(self.stderr_path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - _STDERR_TAIL))
-                return handle.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-
-@asynccontextmanager
-async def _watched(transport: Any, trouble: _Trouble) -> AsyncIterator[Any]:
-    """The transport's streams, with a malformed inbound message ending the connection (recorded in ``trouble``).
-
-    The SDK hands a line it cannot parse to the session as an exception and carries on, so a call
-    would wait for its timeout; here the first one closes the read side, and the pending request
-    fails at once.
-    """
-    async with transport as (read, write):
-        send, receive = anyio.create_memory_object_stream[Any](16)
-
-        async def pump() -> None:
-            async with send:
-                async for item in read:
-                    if isinstance(item, Exception):
-                        trouble.protocol = item
-                        return
-                    trouble.activity = time.monotonic()
-                    await send.send(item)
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(pump)
-            try:
-                yield receive, write
-            finally:
-                group.cancel_scope.cancel()
-
-
-@asynccontextmanager
-async def _connect(endpoint: Endpoint, trouble: _Trouble, *, connect_timeout_s: float,
-                   max_event_bytes: int | None = None) -> AsyncIterator[Client]:
-    """A handshaken client session to ``endpoint``; typed errors when it cannot be had.
-
-    ``max_event_bytes``: the largest SSE event accepted from an HTTP server (the SDK's default, 1 MiB, if None).
-    """
-    scratch: str | None = None
-    stderr = None
-
-    async def on_message(message: Any) -> None:
-        trouble.activity = time.monotonic()
-        if isinstance(message, types.ToolListChangedNotification):
-            trouble.list_changed = True
-
-    try:
-        if endpoint.url:
-            limit = {"max_sse_event_size": max_event_bytes} if max_event_bytes else {}
-            transport = streamable_http_client(endpoint.url, **limit)
-        else:
-            scratch = tempfile.mkdtemp(prefix=f"mcp-{endpoint.server}-", dir=prepare_scratch_root(default_scratch_root()))
-            stderr = open(os.path.join(scratch, ".stderr"), "w+")  # noqa: SIM115 - closed in finally
-            trouble.stderr_path = stderr.name
-            argv = launch_argv(list(endpoint.command), scratch=scratch, memory_mb=endpoint.memory_mb,
-                               cpu_s=endpoint.cpu_s, network=endpoint.network)
-            params = StdioServerParameters(command=sys.executable, args=argv, cwd=scratch,
-                                           env={"PYTHONPATH": os.pathsep.join(module_search_path())})
-            transport = stdio_client(params, errlog=stderr)
-        client = Client(_watched(transport, trouble), mode="legacy", cache=None, message_handler=on_message)
-        connected = anyio.Event()
-        failure: BaseException | None = None
-        async with anyio.create_task_group() as group:
-
-            async def handshake_deadline() -> None:
-                with anyio.move_on_after(connect_timeout_s):
-                    await connected.wait()
-                    return
-                group.cancel_scope.cancel()
-
-            group.start_soon(handshake_deadline)
-            try:
-                async with client:
-                    connected.set()
-                    yield client
-            except anyio.get_cancelled_exc_class():
-                raise
-            except BaseException as exc:  # noqa: BLE001 - sorted out below
-                if connected.is_set():
-                    raise
-                failure = exc
-            group.cancel_scope.cancel()
-        if not connected.is_set():
-            raise _unavailable(endpoint, failure or TimeoutError(), trouble)
-    finally:
-        if stderr is not None:
-            stderr.close()
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _unavailable(endpoint: Endpoint, exc: BaseException, trouble: _Trouble, tool: str | None = None) -> SandboxError:
-    if trouble.protocol is not None:
-        return McpProtocolError(f"MCP server {endpoint.server!r} sent something that is not JSON-RPC: "
-                                f"{_short(trouble.protocol)}", server=endpoint.server, tool=tool,
-                                stderr_tail=trouble.stderr_tail())
-    reason = _short(exc) if not isinstance(exc, TimeoutError) else "no answer to the handshake in time"
-    where = endpoint.url or " ".join(endpoint.command)[:200]
-    return McpUnavailableError(f"MCP server {endpoint.server!r} ({where}) is unavailable: {reason}",
-                               server=endpoint.server, tool=tool, stderr_tail=trouble.stderr_tail())
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    """The first exception inside (nested) exception groups that is not a cancellation."""
-    while isinstance(getattr(exc, "exceptions", None), (list, tuple)) and exc.exceptions:  # an exception group
-        inner = [e for e in exc.exceptions if not isinstance(e, anyio.get_cancelled_exc_class())]
-        exc = (inner or list(exc.exceptions))[0]
-    return exc
-
-
-def _short(exc: BaseException) -> str:
-    exc = _leaf(exc)
-    errors = getattr(exc, "errors", None)
-    if callable(errors):  # a line the SDK could not parse: show the line, not pydantic's union report
-        try:
-            bad = errors()[0].get("input")
-        except Exception:  # noqa: BLE001
-            bad = None
-        if isinstance(bad, str):
-            return f"a line that is not JSON-RPC: {bad[:200]!r}"
-    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-    return f"{type(exc).__name__}: {text[:300]}"
-
-
-async def list_tools(endpoint: Endpoint, *, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Every tool the server lists (all pages), as wire-shaped dicts (``inputSchema``, ``outputSchema``...)."""
-    trouble = _Trouble()
-    tools: list[dict[str, Any]] = []
-    try:
-        async with _connect(endpoint, trouble, connect_timeout_s=timeout_s, max_event_bytes=MAX_LISTING_BYTES) as client:
-            with anyio.fail_after(timeout_s):
-                cursor = None
-                for _ in range(50):
-                    page = await client.session.list_tools(params=types.PaginatedRequestParams(cursor=cursor))
-                    tools.extend(t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in page.tools)
-                    cursor = page.next_cursor
-                    if cursor is None:
-                        break
-    except BaseException as caught:  # noqa: BLE001
-        exc = _leaf(caught)
-        if isinstance(exc, SandboxError):
-            raise exc from None
-        raise _unavailable(endpoint, exc, trouble) from None
-    return tools
-
-
-ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
-
-
-async def _invoke(client: Client, trouble: _Trouble, endpoint: Endpoint, remote: str, arguments: dict[str, Any], *,
-                  names: dict[str, str], timeout_s: float, idle_timeout_s: float, meta: dict[str, Any] | None,
-                  on_progress: ProgressFn | None, started: float) -> types.CallToolResult:
-    """One ``tools/call`` on an open session, under the idle and hard limits; typed errors."""
-    result: types.CallToolResult | None = None
-    limit: str | None = None
-    trouble.activity = time.monotonic()
-
-    async def progress(value: float, total: float | None, message: str | None) -> None:
-        trouble.activity = time.monotonic()
-        if on_progress is not None:
-            await on_progress(value, total, message)
-
-    try:
-        async with anyio.create_task_group() as group:
-
-            async def watchdog() -> None:
-                nonlocal limit
-                while True:
-                    now = time.monotonic()
-                    if now - started >= timeout_s:
-                        limit = "hard"
-                    elif now - trouble.activity >= idle_timeout_s:
-                        limit = "idle"
-                    if limit:
-                        group.cancel_scope.cancel()
-                        return
-                    await anyio.sleep(min(0.05, idle_timeout_s / 4))
-
-            async def call() -> None:
-                nonlocal result
-                request = types.CallToolRequest(params=types.CallToolRequestParams(
-                    name=remote, arguments=arguments, _meta=meta or None))
-                result = await client.session.send_request(request, types.CallToolResult, progress_callback=progress)
-                group.cancel_scope.cancel()
-
-            group.start_soon(watchdog)
-            group.start_soon(call)
-    except BaseException as caught:  # noqa: BLE001 - mapped to the typed errors below
-        raise _call_error(caught, trouble, endpoint, remote, names) from None
-    if result is None:
-        if trouble.protocol is not None:
-            raise McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: the server sent {_short(trouble.protocol)}",
-                                   **names, stderr_tail=trouble.stderr_tail())
-        if limit == "hard":
-            raise McpTimeoutError(f"{names['tool_name']} (MCP server {endpoint.server!r}) did not answer within its "
-                                  f"{timeout_s:g} s cap", **names, limit="hard", timeout_s=timeout_s)
-        if limit == "idle":
-            raise McpTimeoutError(f"{names['tool_name']} (MCP server {endpoint.server!r}) reported no progress for "
-                                  f"{idle_timeout_s:g} s", **names, limit="idle", timeout_s=idle_timeout_s)
-        raise McpServerExitedError(f"MCP server {endpoint.server!r} ended the call of {remote!r} without a result",
-                                   **names, stderr_tail=trouble.stderr_tail())
-    return result
-
-
-def _call_error(caught: BaseException, trouble: _Trouble, endpoint: Endpoint, remote: str,
-                names: dict[str, str]) -> BaseException:
-    exc = _leaf(caught)
-    if isinstance(exc, SandboxError):
-        exc.details.update(names)
-        return exc
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        return exc
-    if trouble.protocol is not None:
-        return McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: the server sent {_short(trouble.protocol)}",
-                                **names, stderr_tail=trouble.stderr_tail())
-    if isinstance(exc, MCPError) and "closed" in str(exc).lower():
-        return McpServerExitedError(f"MCP server {endpoint.server!r} exited or hung up during a call of {remote!r}",
-                                    **names, stderr_tail=trouble.stderr_tail())
-    if isinstance(exc, MCPError):
-        return McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: protocol error {exc.code}: "
-                                f"{_short(exc)}", **names, code=exc.code)
-    return McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: {_short(exc)}", **names)
-
-
-async def call_tool(endpoint: Endpoint, remote: str, arguments: dict[str, Any], *, tool_name: str,
-                    timeout_s: float, idle_timeout_s: float, meta: dict[str, Any] | None = None,
-                    output_schema: dict[str, Any] | None = None, on_progress: ProgressFn | None = None,
-                    connect_timeout_s: float = 10.0) -> tuple[dict[str, Any], bool]:
-    """Call ``remote`` on a connection of its own; returns (the checked result as JSON, whether the tool list changed)."""
-    trouble = _Trouble()
-    started = time.monotonic()
-    names = {"server": endpoint.server, "tool": remote, "tool_name": tool_name}
-    try:
-        async with _connect(endpoint, trouble, connect_timeout_s=min(connect_timeout_s, timeout_s)) as client:
-            result = await _invoke(client, trouble, endpoint, remote, arguments, names=names, timeout_s=timeout_s,
-                                   idle_timeout_s=idle_timeout_s, meta=meta, on_progress=on_progress, started=started)
-    except BaseException as caught:  # noqa: BLE001
-        raise _call_error(caught, trouble, endpoint, remote, names) from None
-    return _checked(result, names=names, output_schema=output_schema), trouble.list_changed
-
-
-def _text(result: types.CallToolResult) -> str:
-    parts = [block.text for block in result.content if isinstance(block, types.TextContent)]
-    return "\n".join(parts)[:4000]
-
-
-def _checked(result: types.CallToolResult, *, names: dict[str, str], output_schema: dict[str, Any] | None) -> dict[str, Any]:
-    """The result as JSON for the job record, or the typed error it stands for."""
-    if result.is_error:
-        message = _text(result) or "the tool reported an error"
-        raise ToolRaisedError(f"{names['tool_name']} (MCP server {names['server']!r}) answered with an error: "
-                              f"{message[:300]}", **names,
-                              tool_error={"type": "mcp_tool_error", "message": message,
-                                          "structured": result.structured_content})
-    if output_schema is not None:
-        if result.structured_content is None:
-            raise McpOutputError(f"{names['tool_name']} (MCP server {names['server']!r}) declares an outputSchema but "
-                                 "returned no structuredContent", **names, errors=["structuredContent missing"])
-        errors = validation_errors(output_schema, result.structured_content)
-        if errors:
-            raise McpOutputError(f"{names['tool_name']} (MCP server {names['server']!r}) returned a result that does "
-                                 f"not match its outputSchema: {errors[0]}", **names, errors=errors[:10])
-    if result.structured_content is not None:
-        return result.structured_content if isinstance(result.structured_content, dict) else \
-            {"result": result.structured_content}
-    text = _text(result)
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {"text": text}
-    return value if isinstance(value, dict) else {"result": value}
+def tenant_slots(rt: Any) -> ConcurrencyLimiter:
+    """The per-tenant limiter of MCP calls in flight (a fixed limit: ``mcp_max_concurrent_per_tenant``)."""
+    limit = int(rt.settings.mcp_max_concurrent_per_tenant)
+    return ConcurrencyLimiter(rt.redis, initial=limit, minimum=limit, maximum=limit, prefix="tr:mcp:tenant")
 
 
 def run_call(rt: Any, spec: Any, call: CallRun) -> SandboxResult:
     """Run one call of an MCP-provided tool from a worker: the sandbox's contract (result type, typed errors)."""
+    settings = rt.settings
+    timeout_s, idle_timeout_s = providers.timeouts({"timeout_s": spec.timeout_s, "idle_timeout_s": spec.idle_timeout_s},
+                                                   settings)
+    connect_timeout_s = min(timeout_s, float(settings.mcp_connect_timeout_s))
+    slots = tenant_slots(rt)
+    try:
+        slot = slots.acquire(spec.tenant, lease_s=timeout_s + connect_timeout_s + 60, wait_s=SLOT_WAIT_S)
+    except ConcurrencyLimitedError as exc:
+        raise ConcurrencyLimitedError(f"tenant {spec.tenant!r} has {slots.maximum} MCP calls in flight, its limit "
+                                      "(TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT); the call goes back to its queue",
+                                      tool=spec.name, server=spec.server, limit=slots.maximum,
+                                      retry_in_s=exc.details.get("retry_in_s")) from None
+    try:
+        return _run(rt, spec, call, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s,
+                    connect_timeout_s=connect_timeout_s)
+    finally:
+        slots.release(slot)
+
+
+def _run(rt: Any, spec: Any, call: CallRun, *, timeout_s: float, idle_timeout_s: float,
+         connect_timeout_s: float) -> SandboxResult:
     meta = {f"{META_PREFIX}request_id": call.request_id, f"{META_PREFIX}job_id": call.job_id,
             f"{META_PREFIX}call_id": call.call_id}
     if spec.side_effects:
         meta[f"{META_PREFIX}idempotency_key"] = call.idempotency_key
     # a stdio server lives as long as its pooled session (mcpbridge.pool.MAX_AGE_S): CPU seconds for that long
-    endpoint = Endpoint.of(spec.server, spec.endpoint, memory_mb=spec.memory_mb, cpu_s=max(int(spec.timeout_s) + 30, 900))
-    settings = getattr(rt, "settings", None)
+    endpoint = Endpoint.of(spec.server, spec.endpoint, memory_mb=spec.memory_mb, cpu_s=max(int(timeout_s) + 30, 900),
+                           allow_private=providers.allows_private_urls(rt.settings))
     started = time.monotonic()
     report = getattr(call, "on_progress", None)
+    names = {"server": spec.server, "tool": spec.remote_name, "tool_name": spec.name}
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         if report is not None:  # the job's progress events (executor.sandbox.progress); never fails the call
@@ -390,30 +84,24 @@ def run_call(rt: Any, spec: Any, call: CallRun) -> SandboxResult:
             except Exception:  # noqa: BLE001
                 pass
 
-    from mcpbridge.pool import pool  # noqa: PLC0415 - pool imports this module
-
-    names = {"server": spec.server, "tool": spec.remote_name, "tool_name": spec.name}
-
-    async def invoke(client: Client, trouble: _Trouble) -> tuple[dict[str, Any], bool]:
-        result = await _invoke(client, trouble, endpoint, spec.remote_name, call.arguments, names=names,
-                               timeout_s=spec.timeout_s, idle_timeout_s=spec.idle_timeout_s, meta=meta,
-                               on_progress=on_progress, started=time.monotonic())
-        return _checked(result, names=names, output_schema=spec.output_schema), trouble.list_changed
+    async def one_call(client: Any, trouble: Trouble) -> tuple[dict[str, Any], bool]:
+        result = await invoke(client, trouble, endpoint, spec.remote_name, call.arguments, names=names,
+                              timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, meta=meta,
+                              on_progress=on_progress, started=time.monotonic())
+        return checked_result(result, names=names, output_schema=spec.output_schema), trouble.list_changed
 
     key = (spec.tenant, spec.server, json.dumps(spec.endpoint, sort_keys=True), spec.memory_mb)
     try:
-        value, changed = pool.run(key, endpoint, invoke, deadline_s=spec.timeout_s,
-                                  connect_timeout_s=min(spec.timeout_s, float(getattr(settings, "mcp_connect_timeout_s", 10.0))))
+        value, changed = pool.run(key, endpoint, one_call, deadline_s=timeout_s, connect_timeout_s=connect_timeout_s)
     except SandboxError as exc:
         exc.details.update(names)
         raise
     except Exception as caught:  # noqa: BLE001 - whatever else ended the call, typed
-        raise _call_error(caught, _Trouble(), endpoint, spec.remote_name, names) from None
+        raise call_error(caught, Trouble(), endpoint, spec.remote_name, names) from None
     if changed:
         try:
-            from mcpbridge.providers import refresh_server  # noqa: PLC0415 - providers imports this module
-
-            refresh_server(rt, spec.tenant, spec.server)
+            pool.wait(providers.refresh_server(rt, spec.tenant, spec.server),
+                      timeout_s=float(rt.settings.mcp_connect_timeout_s) * 2 + 10)
         except Exception as exc:  # noqa: BLE001 - the call succeeded; a failed refresh is retried later
             log.warning("mcp.refresh_failed", server=spec.server, error=str(exc))
     return SandboxResult(result=value, duration_s=round(time.monotonic() - started, 6), pid=os.getpid(),

@@ -5,10 +5,12 @@
     ├── McpToolRejectedError       one listed tool refused (schema, name, collision); ``details.path``
     └── SandboxError               a call of an MCP-provided tool that ended badly
         ├── McpUnavailableError    the server cannot be reached or started (counts against its breaker)
+        │   └── McpUrlNotAllowedError  its host resolved to an address the SSRF guard refuses (toolrail.netguard)
         ├── McpProtocolError       the server broke the protocol (garbage on stdout, a malformed reply)
         ├── McpServerExitedError   the server (stdio) exited or hung up mid-call
         ├── McpTimeoutError        (a ``ToolTimeoutError``) no progress for the idle limit, or past the hard cap
         ├── McpOutputError         (a ``ToolOutputError``) a result that does not match the tool's ``outputSchema``
+        │   └── McpTooLargeError   an answer or a listing past its limit (``details.limit_bytes``), cut unread
         └── ToolRaisedError        an ``isError`` result: the tool's own answer (``details.tool_error``)
 
 Every error carries ``server`` and ``tool`` in ``details`` (the tool's remote name; ``tool_name`` is the
@@ -25,8 +27,10 @@ __all__ = [
     "McpServerExitedError",
     "McpServerRejectedError",
     "McpTimeoutError",
+    "McpTooLargeError",
     "McpToolRejectedError",
     "McpUnavailableError",
+    "McpUrlNotAllowedError",
 ]
 
 
@@ -66,3 +70,15 @@ class McpTimeoutError(ToolTimeoutError):
 
 class McpOutputError(ToolOutputError):
     """The result does not match the tool's declared ``outputSchema`` (``details.errors``)."""
+
+
+class McpTooLargeError(McpOutputError):
+    """An answer past its limit: a call's result over the sandbox's 1 MB, a ``tools/list`` over 16 MiB."""
+
+    type = "mcp_too_large"
+
+
+class McpUrlNotAllowedError(McpUnavailableError):
+    """The server's host resolved (at this connection) to an address the SSRF guard refuses."""
+
+    type = "mcp_url_not_allowed"

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from mcpbridge.client import Endpoint, _connect, _Trouble
+from mcpbridge.session import Endpoint, Trouble, connect
 from toolrail.logging import get_logger
 
 __all__ = ["MAX_AGE_S", "MAX_IDLE_S", "SessionPool", "pool"]
@@ -38,7 +38,7 @@ T = TypeVar("T")
 @dataclass
 class _Held:
     client: Any
-    trouble: _Trouble
+    trouble: Trouble
     stop: anyio.Event
     opened: float = field(default_factory=time.monotonic)
     used: float = field(default_factory=time.monotonic)
@@ -62,13 +62,17 @@ class SessionPool:
                 threading.Thread(target=self._loop.run_forever, name="toolrail-mcp-pool", daemon=True).start()
             return self._loop
 
-    def run(self, key: tuple, endpoint: Endpoint, invoke: Callable[[Any, _Trouble], Awaitable[T]], *,
+    def run(self, key: tuple, endpoint: Endpoint, invoke: Callable[[Any, Trouble], Awaitable[T]], *,
             connect_timeout_s: float, deadline_s: float) -> T:
         """``invoke(client, trouble)`` on the session of ``key`` (opened if needed); blocks the calling thread."""
-        future = asyncio.run_coroutine_threadsafe(self._use(key, endpoint, invoke, connect_timeout_s), self._running_loop())
-        return future.result(timeout=deadline_s + connect_timeout_s + 30)
+        return self.wait(self._use(key, endpoint, invoke, connect_timeout_s),
+                         timeout_s=deadline_s + connect_timeout_s + 30)
 
-    async def _use(self, key: tuple, endpoint: Endpoint, invoke: Callable[[Any, _Trouble], Awaitable[T]],
+    def wait(self, coroutine: Awaitable[T], *, timeout_s: float) -> T:
+        """Run ``coroutine`` on the pool's loop; blocks the calling thread (a worker's) for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._running_loop()).result(timeout=timeout_s)
+
+    async def _use(self, key: tuple, endpoint: Endpoint, invoke: Callable[[Any, Trouble], Awaitable[T]],
                    connect_timeout_s: float) -> T:
         await self._sweep()
         held = self._sessions.get(key)
@@ -87,10 +91,10 @@ class SessionPool:
         ready: asyncio.Future[_Held] = asyncio.get_running_loop().create_future()
 
         async def holder() -> None:
-            trouble = _Trouble()
+            trouble = Trouble()
             held: _Held | None = None
             try:
-                async with _connect(endpoint, trouble, connect_timeout_s=connect_timeout_s) as client:
+                async with connect(endpoint, trouble, connect_timeout_s=connect_timeout_s) as client:
                     held = _Held(client=client, trouble=trouble, stop=anyio.Event())
                     ready.set_result(held)
                     await held.stop.wait()

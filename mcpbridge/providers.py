@@ -6,24 +6,30 @@
 
 A record is written only after the server answered ``tools/list`` and its tools were checked
 (:func:`mcpbridge.spec.check_listed_tool`); a tool that fails is kept out, with its path and reason
-in ``refused``. ``specs_for`` turns a tenant's records back into :class:`~mcpbridge.spec.McpToolSpec`s
+in ``refused`` — among them a tool whose name another server of the tenant already provides
+(``name_collision``: nothing silently wins). ``specs_for`` turns a tenant's records back into :class:`~mcpbridge.spec.McpToolSpec`s
 for the job path (``executor.runs.loop.job_specs``) and ``GET /v1/tools``. ``refresh_server`` re-fetches
 one server (after a ``notifications/tools/list_changed``, on ``POST /v1/mcp-servers/{name}/refresh``
 and periodically from the API process); a server that cannot be reached keeps its last good list.
+Fetching is async and holds no thread while a server takes its time (registration runs on the API's
+event loop, not its thread pool).
+
+The operator's policy, read from ``Settings`` here only: :func:`allows_stdio`,
+:func:`allows_private_urls`, the ceiling on a server's timeouts (``mcp_max_timeout_s``: a registration
+above it is refused, a stored value above it is clamped at call time).
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from typing import Any
 
 import anyio
 import redis
 
-from mcpbridge.client import Endpoint, list_tools
 from mcpbridge.errors import McpServerRejectedError, McpToolRejectedError
+from mcpbridge.session import Endpoint, list_tools
 from mcpbridge.spec import SERVER_NAME, McpToolSpec, check_listed_tool
 from toolrail.logging import get_logger
 from tools.errors import UnknownToolError
@@ -31,6 +37,8 @@ from tools.errors import UnknownToolError
 __all__ = [
     "QUEUES_KEY",
     "ServerConfig",
+    "allows_private_urls",
+    "allows_stdio",
     "delete_server",
     "fetch_and_check",
     "get_server",
@@ -42,6 +50,8 @@ __all__ = [
     "save_server",
     "specs_for",
     "subscribe_workers",
+    "taken_names",
+    "timeouts",
 ]
 
 log = get_logger("toolrail.mcp.providers")
@@ -51,6 +61,23 @@ QUEUES_KEY = "tr:mcp:queues"
 
 def _servers_key(tenant: str) -> str:
     return f"tr:mcp:servers:{tenant}"
+
+
+def allows_stdio(settings: Any) -> bool:
+    """Whether tenants may register stdio servers: ``mcp_allow_stdio``, else only without API keys."""
+    return settings.mcp_allow_stdio if settings.mcp_allow_stdio is not None else not settings.tenants_by_key()
+
+
+def allows_private_urls(settings: Any) -> bool:
+    """Whether a server URL may resolve to a non-public address: ``mcp_allow_private_urls``, else only without keys."""
+    allowed = settings.mcp_allow_private_urls
+    return allowed if allowed is not None else not settings.tenants_by_key()
+
+
+def timeouts(record: dict[str, Any], settings: Any) -> tuple[float, float]:
+    """A server's (hard, idle) call timeouts under the operator's ceiling ``mcp_max_timeout_s``."""
+    ceiling = float(settings.mcp_max_timeout_s)
+    return min(float(record["timeout_s"]), ceiling), min(float(record["idle_timeout_s"]), ceiling)
 
 
 def queue_for(tenant: str, server: str) -> str:
@@ -64,10 +91,18 @@ class ServerConfig(dict):
     @classmethod
     def build(cls, tenant: str, *, name: str, url: str | None = None, command: list[str] | None = None,
               network: bool = False, side_effects: list[str] = (), requires_approval: list[str] = (),
-              timeout_s: float = 30.0, idle_timeout_s: float = 10.0, memory_mb: int = 1024) -> "ServerConfig":
+              timeout_s: float = 30.0, idle_timeout_s: float = 10.0, memory_mb: int = 1024,
+              max_timeout_s: float | None = None) -> "ServerConfig":
         if not SERVER_NAME.match(name or ""):
-            raise McpServerRejectedError(f"server name {name!r} must be 1-20 of a-z 0-9 _ - (starting with a letter)",
-                                         server=name, reason="invalid_name")
+            raise McpServerRejectedError(f"server name {name!r} must be 1-20 of a-z 0-9 _ - (starting with a letter, "
+                                         "no '__', not ending in '_')", server=name, reason="invalid_name")
+        for field, value in (("timeout_s", timeout_s), ("idle_timeout_s", idle_timeout_s)):
+            if max_timeout_s is not None and float(value) > max_timeout_s:
+                raise McpServerRejectedError(f"MCP server {name!r}: {field} {float(value):g} s is above this "
+                                             f"deployment's ceiling of {max_timeout_s:g} s "
+                                             "(TOOLRAIL_MCP_MAX_TIMEOUT_S)",
+                                             server=name, reason="timeout_above_ceiling", field=field,
+                                             ceiling_s=max_timeout_s)
         if bool(url) == bool(command):
             raise McpServerRejectedError(f"MCP server {name!r}: give exactly one of url or command", server=name,
                                          reason="url_or_command")
@@ -76,18 +111,28 @@ class ServerConfig(dict):
                    requires_approval=sorted(set(requires_approval)), timeout_s=float(timeout_s),
                    idle_timeout_s=float(idle_timeout_s), memory_mb=int(memory_mb), queue=queue_for(tenant, name))
 
-    def endpoint(self) -> Endpoint:
+    def endpoint(self, *, allow_private: bool) -> Endpoint:
         raw = {"url": self["url"]} if self.get("url") else {"command": self["command"], "network": self["network"]}
         return Endpoint.of(self["name"], raw, memory_mb=int(self.get("memory_mb", 1024)),
-                           cpu_s=int(self.get("timeout_s", 30)) + 30)
+                           cpu_s=int(self.get("timeout_s", 30)) + 30, allow_private=allow_private)
 
 
-def fetch_and_check(config: dict[str, Any], *, registry: Any, settings: Any) -> dict[str, Any]:
-    """``tools/list`` of the server, every tool checked: the full record (``tools`` and ``refused``)."""
+async def fetch_and_check(config: dict[str, Any], *, registry: Any, settings: Any,
+                          taken: dict[str, str] | None = None) -> dict[str, Any]:
+    """``tools/list`` of the server, every tool checked: the full record (``tools`` and ``refused``).
+
+    ``taken``: tool name → the other server of the tenant that provides it (such a tool is refused).
+    """
+    endpoint = ServerConfig(config).endpoint(allow_private=allows_private_urls(settings))
+    listed = await list_tools(endpoint, timeout_s=float(settings.mcp_connect_timeout_s))
+    return await anyio.to_thread.run_sync(lambda: _checked_record(config, listed, registry=registry, settings=settings,
+                                                                  taken=taken or {}))
+
+
+def _checked_record(config: dict[str, Any], listed: list[dict[str, Any]], *, registry: Any, settings: Any,
+                    taken: dict[str, str]) -> dict[str, Any]:
     server = config["name"]
-    endpoint = ServerConfig(config).endpoint()
-    listed = _run_isolated(lambda: list_tools(endpoint, timeout_s=float(getattr(settings, "mcp_connect_timeout_s", 10.0))))
-    limit = int(getattr(settings, "mcp_max_tools_per_server", 128))
+    limit = int(settings.mcp_max_tools_per_server)
     tools, refused, seen = [], [], set()
     for index, raw in enumerate(listed):
         if index >= limit:
@@ -98,13 +143,18 @@ def fetch_and_check(config: dict[str, Any], *, registry: Any, settings: Any) -> 
         try:
             tool = check_listed_tool(server, index, raw, registry=registry, side_effects=set(config["side_effects"]),
                                      approval=set(config["requires_approval"]),
-                                     max_description_chars=int(getattr(settings, "mcp_max_description_chars", 1024)),
-                                     max_schema_bytes=int(getattr(settings, "max_schema_bytes", 64 * 1024)),
-                                     max_schema_depth=int(getattr(settings, "max_schema_depth", 24)))
+                                     max_description_chars=int(settings.mcp_max_description_chars),
+                                     max_schema_bytes=int(settings.max_schema_bytes),
+                                     max_schema_depth=int(settings.max_schema_depth))
             if tool["name"] in seen:
                 raise McpToolRejectedError(f"MCP server {server!r} lists tool {tool['remote_name']!r} twice",
                                            server=server, tool=tool["remote_name"], path=f"/tools/{index}/name",
                                            reason="duplicate")
+            if tool["name"] in taken:
+                raise McpToolRejectedError(f"MCP server {server!r}, tool {tool['remote_name']!r}: {tool['name']!r} is "
+                                           f"already a tool of MCP server {taken[tool['name']]!r}", server=server,
+                                           tool=tool["remote_name"], path=f"/tools/{index}/name",
+                                           reason="name_collision", other_server=taken[tool["name"]])
         except McpToolRejectedError as exc:
             refused.append(exc.to_dict())
             log.warning("mcp.tool_refused", server=server, **{k: v for k, v in exc.details.items() if k != "server"})
@@ -112,25 +162,6 @@ def fetch_and_check(config: dict[str, Any], *, registry: Any, settings: Any) -> 
         seen.add(tool["name"])
         tools.append(tool)
     return {**config, "tools": tools, "refused": refused, "fetched_at": time.time()}
-
-
-def _run_isolated(fn: Any) -> Any:
-    """``anyio.run(fn)`` on a thread of its own: callers may be threads that carry an event loop's context
-    (``asyncio.to_thread`` copies it, and anyio would refuse to start a second loop there)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = anyio.run(fn)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="toolrail-mcp-fetch", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def save_server(client: redis.Redis, record: dict[str, Any]) -> None:
@@ -177,12 +208,26 @@ def subscribe_workers(queue: str) -> int:
     return len(replies)
 
 
+def taken_names(client: redis.Redis, tenant: str, server: str) -> dict[str, str]:
+    """Tool name → server, over the tenant's servers other than ``server`` (a new tool of that name clashes)."""
+    return {tool["name"]: record["name"] for record in list_servers(client, tenant) if record["name"] != server
+            for tool in record.get("tools", [])}
+
+
 def specs_for(client: redis.Redis, tenant: str, names: list[str] | None = None) -> dict[str, McpToolSpec]:
-    """The tenant's MCP tools as specs (all, or ``names``; an unknown name is ``UnknownToolError``)."""
+    """The tenant's MCP tools as specs (all, or ``names``; an unknown name is ``UnknownToolError``).
+
+    A name two stored servers provide (records from before clashes were refused) is left out: neither wins.
+    """
     specs: dict[str, McpToolSpec] = {}
+    clashing: set[str] = set()
     for record in list_servers(client, tenant):
         for tool in record.get("tools", []):
-            if names is None or tool["name"] in names:
+            if tool["name"] in specs or tool["name"] in clashing:
+                clashing.add(tool["name"])
+                specs.pop(tool["name"], None)
+                log.warning("mcp.tool_name_clash", tenant=tenant, tool=tool["name"], server=record["name"])
+            elif names is None or tool["name"] in names:
                 specs[tool["name"]] = McpToolSpec.from_record(tenant, record, tool)
     if names is not None:
         missing = [n for n in names if n not in specs]
@@ -191,32 +236,38 @@ def specs_for(client: redis.Redis, tenant: str, names: list[str] | None = None) 
     return specs
 
 
-def refresh_server(rt: Any, tenant: str, name: str) -> dict[str, Any] | None:
+async def refresh_server(rt: Any, tenant: str, name: str) -> dict[str, Any] | None:
     """Re-fetch and re-check one server's tools; the record as stored (None if the server is gone)."""
-    record = get_server(rt.redis, tenant, name)
+    record = await anyio.to_thread.run_sync(get_server, rt.redis, tenant, name)
     if record is None:
         return None
     config = {k: v for k, v in record.items() if k not in {"tools", "refused", "fetched_at"}}
-    fresh = fetch_and_check(config, registry=rt.registry, settings=rt.settings)
-    if get_server(rt.redis, tenant, name) is None:  # deleted while fetching
+    taken = await anyio.to_thread.run_sync(taken_names, rt.redis, tenant, name)
+    fresh = await fetch_and_check(config, registry=rt.registry, settings=rt.settings, taken=taken)
+    if await anyio.to_thread.run_sync(get_server, rt.redis, tenant, name) is None:  # deleted while fetching
         return None
-    save_server(rt.redis, fresh)
+    await anyio.to_thread.run_sync(save_server, rt.redis, fresh)
     before = {t["name"] for t in record.get("tools", [])}
     after = {t["name"] for t in fresh["tools"]}
     log.info("mcp.refreshed", tenant=tenant, server=name, added=sorted(after - before), removed=sorted(before - after))
     return fresh
 
 
-def refresh_all(rt: Any) -> int:
+async def refresh_all(rt: Any) -> int:
     """Refresh every tenant's servers (the API's periodic refresh); a server that fails keeps its last list."""
     done = 0
-    for key in rt.redis.scan_iter(match=_servers_key("*"), count=100):
-        tenant = (key.decode() if isinstance(key, bytes) else key).split(":", 3)[3]
-        for name in list(rt.redis.hkeys(key)):
-            name = name.decode() if isinstance(name, bytes) else name
-            try:
-                refresh_server(rt, tenant, name)
-                done += 1
-            except Exception as exc:  # noqa: BLE001 - one server down must not stop the others' refresh
-                log.warning("mcp.refresh_failed", tenant=tenant, server=name, error=str(exc))
+
+    def servers() -> list[tuple[str, str]]:
+        found = []
+        for key in rt.redis.scan_iter(match=_servers_key("*"), count=100):
+            tenant = (key.decode() if isinstance(key, bytes) else key).split(":", 3)[3]
+            found += [(tenant, n.decode() if isinstance(n, bytes) else n) for n in rt.redis.hkeys(key)]
+        return found
+
+    for tenant, name in await anyio.to_thread.run_sync(servers):
+        try:
+            await refresh_server(rt, tenant, name)
+            done += 1
+        except Exception as exc:  # noqa: BLE001 - one server down must not stop the others' refresh
+            log.warning("mcp.refresh_failed", tenant=tenant, server=name, error=str(exc))
     return done

@@ -9,6 +9,12 @@
         (validation errors included: the model reads them and tries again); ``_meta`` carries the job id
         and the request id.
 
+A client's cancellation cancels the job (``set_status(..., "cancelled")``: calls not started never
+run): the client closing the call's response stream, or its ``notifications/cancelled`` — which, the
+endpoint being stateless, arrives on a POST of its own, possibly at another replica, and is matched
+to the job through ``tr:mcp:rpc:<tenant>:<request id>`` (the tenant's own calls only; an id two of
+its calls in flight share cancels neither).
+
 Stateless: no MCP session lives in one API process, so any replica answers any request. The wait for
 a job is bounded (``TOOLRAIL_MCP_CALL_TIMEOUT_S``); past it the result is ``isError`` with the job id,
 and the job goes on (``GET /v1/jobs/{id}``). ``toolrail mcp stdio`` serves the same handlers on
@@ -25,15 +31,16 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
-from executor.runs import loop as jobs
+from executor.runs.submit import cancel, submit
 from executor.api.sse import AsyncRedisFactory
 from executor.store.records import TERMINAL_JOB, JobRecord
-from mcpbridge.client import META_PREFIX
+from mcpbridge.session import META_PREFIX
 from toolrail import tracing
 from toolrail.context import sanitize_request_id
 from toolrail.logging import get_logger
@@ -46,6 +53,8 @@ log = get_logger("toolrail.mcp.server")
 #: Where the authenticated tenant and the request id travel in the ASGI scope (set by ``McpEndpoint``).
 TENANT_SCOPE_KEY = "toolrail.tenant"
 REQUEST_ID_SCOPE_KEY = "toolrail.request_id"
+#: The names a loopback client's ``Host`` and ``Origin`` may carry on a key-less install.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 #: Statuses after which a ``tools/call`` stops waiting although the job is not terminal.
 _PAUSED = frozenset({"awaiting_approval"})
 
@@ -76,8 +85,12 @@ class McpService:
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(self, tenant: str, request_id: str, name: str, arguments: Any,
-                        report: Callable[[float, float | None, str | None], Any] | None = None) -> types.CallToolResult:
-        """Run ``name`` as a one-call job and map its outcome to a ``CallToolResult``."""
+                        report: Callable[[float, float | None, str | None], Any] | None = None,
+                        rpc_id: Any = None) -> types.CallToolResult:
+        """Run ``name`` as a one-call job and map its outcome to a ``CallToolResult``.
+
+        ``rpc_id``: the JSON-RPC id of the client's request, which its ``notifications/cancelled`` names.
+        """
         known = {spec.name for spec in await asyncio.to_thread(self.specs, tenant)}
         if name not in known:
             return _error_result({"type": "unknown_tool", "message": f"unknown tool {name!r}",
@@ -93,7 +106,20 @@ class McpService:
             return _error_result({"type": "enqueue_failed", "message": f"could not queue the call: {type(exc).__name__}",
                                   "details": {}}, job_id=job.job_id, request_id=request_id)
         log.info("mcp.call", job_id=job.job_id, tool=name, tenant=tenant)
-        status = await self._wait(job.job_id, report=report)
+        rpc_key = self._rpc_key(tenant, rpc_id)
+        if rpc_key is not None:
+            await self._events.client().sadd(rpc_key, job.job_id)
+            await self._events.client().expire(rpc_key, int(self.settings.mcp_call_timeout_s) + 60)
+        try:
+            status = await self._wait(job.job_id, report=report)
+        except anyio.get_cancelled_exc_class():  # the client went away or gave up: so does its job
+            with anyio.CancelScope(shield=True):
+                await asyncio.to_thread(self.cancel_job, job.job_id, "the MCP client cancelled the call")
+            raise
+        finally:
+            if rpc_key is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._events.client().srem(rpc_key, job.job_id)
         record = await asyncio.to_thread(store.get, job.job_id)
         if status is None:
             return _error_result({"type": "timeout", "message": f"the call did not finish within "
@@ -101,15 +127,30 @@ class McpService:
                                   "details": {"status": record.status}}, job_id=job.job_id, request_id=request_id)
         return _result_of(record, request_id=request_id)
 
+    @staticmethod
+    def _rpc_key(tenant: str, rpc_id: Any) -> str | None:
+        return None if rpc_id is None else f"tr:mcp:rpc:{tenant}:{str(rpc_id)[:200]}"
+
+    def cancel_job(self, job_id: str, why: str) -> None:
+        """Cancel a job the MCP client gave up on (nothing if it has ended)."""
+        job, _ = cancel(self.runtime, job_id, why)
+        log.info("mcp.call_cancelled", job_id=job_id, status=job.status)
+
+    async def cancelled(self, tenant: str, rpc_id: Any) -> str | None:
+        """A ``notifications/cancelled`` for ``rpc_id``: cancel the one job of ``tenant`` it names; its id, or None."""
+        rpc_key = self._rpc_key(tenant, rpc_id)
+        members = await self._events.client().smembers(rpc_key) if rpc_key else set()
+        if len(members) != 1:
+            return None  # unknown, finished, or ambiguous (two of the tenant's calls share the id): cancel nothing
+        job_id = next(iter(members))
+        job_id = job_id.decode() if isinstance(job_id, bytes) else job_id
+        await asyncio.to_thread(self.cancel_job, job_id, "the MCP client cancelled the call (notifications/cancelled)")
+        return job_id
+
     def _submit(self, job: JobRecord) -> None:
-        """What ``POST /v1/jobs`` does with client calls: checked here and stored decided, the calls queued straight
-        to their tool queues (``executor.runs.loop.check_client_output``); or stored and the decide task queued."""
-        checked = jobs.check_client_output(self.runtime, job) if self.dispatch is not None else None
-        job, _ = self.runtime.store.create(checked or job)
-        if checked is None:
-            self.enqueue(job)
-        else:
-            jobs.start_checked(self.runtime, job, self.dispatch)
+        """``POST /v1/jobs``'s one path (``executor.runs.submit.submit``): its deadline, the client's calls checked and
+        queued straight to their tool queues, a queueing failure ending the job failed."""
+        submit(self.runtime, job, enqueue=self.enqueue, dispatch=self.dispatch)
 
     async def _wait(self, job_id: str, *, report: Callable[..., Any] | None) -> str | None:
         """Read the job's event stream until a terminal (or paused) status; progress events are reported."""
@@ -194,13 +235,22 @@ def build_server(service: McpService, *, tenant_of: Callable[[Any], str] | None 
             await ctx.session.report_progress(progress, total, message)
 
         try:
-            return await service.call_tool(tenant(ctx), request_id(ctx), params.name, params.arguments, report=report)
+            return await service.call_tool(tenant(ctx), request_id(ctx), params.name, params.arguments, report=report,
+                                           rpc_id=getattr(ctx, "request_id", None))
         except UnknownToolError as exc:  # a server-provided tool gone between listing and call
             return _error_result(exc.to_dict(), request_id=request_id(ctx))
 
-    return Server("toolrail", version="0.1.0", instructions="Tools run by toolrail: every call is validated, "
-                  "cleaned and executed once in a sandbox; errors come back as isError results to act on.",
-                  on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+    async def on_cancelled(ctx: Any, params: types.CancelledNotificationParams) -> None:
+        if params.request_id is not None:
+            # shielded: the stateless request that brought the notice ends (202) while the cancel is written
+            with anyio.CancelScope(shield=True):
+                await service.cancelled(tenant(ctx), params.request_id)
+
+    server = Server("toolrail", version="0.1.0", instructions="Tools run by toolrail: every call is validated, "
+                    "cleaned and executed once in a sandbox; errors come back as isError results to act on.",
+                    on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+    server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams, on_cancelled)
+    return server
 
 
 class McpEndpoint:
@@ -210,12 +260,25 @@ class McpEndpoint:
         self._server, self._tenants, self._limiter = server, tenants, rate_limiter
         self._asgi: StreamableHTTPASGIApp | None = None
 
+    def security(self) -> TransportSecuritySettings:
+        """The SDK's DNS-rebinding protection: without API keys, ``Host`` and ``Origin`` must name loopback.
+
+        A key-less install answers loopback clients only, and a web page whose name rebinds to 127.0.0.1 is
+        such a client: the browser sends the page's name as ``Host`` and its origin as ``Origin``, both
+        refused here (421, 403). With keys a request needs one, which no foreign page has.
+        """
+        if self._tenants:
+            return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        hosts = [f"{name}{port}" for name in LOOPBACK_NAMES for port in ("", ":*")]
+        origins = [f"{scheme}://{host}" for scheme in ("http", "https") for host in hosts]
+        return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                         allowed_origins=origins)
+
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """The SDK's session manager for one run of the app's lifespan (a manager runs once: a new one each time)."""
         manager = StreamableHTTPSessionManager(app=self._server, stateless=True, json_response=False,
-                                               security_settings=TransportSecuritySettings(
-                                                   enable_dns_rebinding_protection=False))
+                                               security_settings=self.security())
         async with manager.run():
             self._asgi = StreamableHTTPASGIApp(manager)
             try:

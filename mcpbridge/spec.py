@@ -39,8 +39,9 @@ __all__ = [
     "untrusted_description",
 ]
 
-#: Server names: short, lower case; they are part of every tool name and queue name.
-SERVER_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,19}$")
+#: Server names: short, lower case; they are part of every tool name and queue name. No ``__`` and no trailing
+#: ``_``, so that ``mcp__<server>__<tool>`` names one (server, tool) pair only.
+SERVER_NAME = re.compile(r"^(?!.*__)[a-z][a-z0-9_-]{0,19}(?<!_)$")
 #: Remote tool names the platform accepts (MCP allows the same characters).
 _REMOTE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 PREFIX = "mcp__"

@@ -7,6 +7,8 @@
 fail (isError), crash (the process exits), pay (destructiveHint; echoes the ``_meta`` it got),
 get_weather (the name of a local tool), change (adds a tool and sends ``tools/list_changed``).
 ``bad`` lists what must be refused or cut: a ``$ref`` loop, a 10 MB description, a bad name.
+``huge``: ``big`` answers with a ``structuredContent`` of ``mb`` megabytes; ``huge_list`` lists a tool
+whose description is 20 MB (a listing past the 16 MiB cap). ``clash`` lists ``y__z`` (a name clash test).
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ ADD_OUTPUT = {"type": "object", "properties": {"sum": {"type": "integer"}}, "req
 
 def _tools(kind: str, state: dict[str, Any]) -> list[types.Tool]:
     obj = lambda props, req=(): {"type": "object", "properties": props, "required": list(req)}  # noqa: E731
+    if kind == "huge":
+        return [types.Tool(name="big", description="Answers with mb megabytes.", input_schema=obj({"mb": {"type": "number"}}))]
+    if kind == "huge_list":
+        return [types.Tool(name="wide", description="w" * (20 * 1024 * 1024), input_schema=obj({}))]
+    if kind == "clash":
+        return [types.Tool(name="y__z", description="clashes with server x__y's tool z", input_schema=obj({}))]
     if kind == "bad":
         return [
             types.Tool(name="loop", description="a schema that refers to itself",
@@ -65,6 +73,9 @@ def build(kind: str = "good") -> Server:
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         args = params.arguments or {}
         text = lambda t: [types.TextContent(text=t)]  # noqa: E731
+        if params.name == "big":
+            blob = "b" * int(float(args.get("mb", 1)) * 1024 * 1024)
+            return types.CallToolResult(content=text("big"), structured_content={"blob": blob})
         if params.name == "add":
             return types.CallToolResult(content=text("sum"), structured_content={"sum": args["a"] + args["b"]})
         if params.name == "slow":
@@ -113,11 +124,18 @@ def build(kind: str = "good") -> Server:
     return Server(f"test-{kind}", on_list_tools=list_tools, on_call_tool=call_tool)
 
 
-def serve_http(kind: str = "good") -> tuple[str, Any]:
-    """Serve ``build(kind)`` over stateless streamable HTTP on a free loopback port: (url, stop)."""
-    import uvicorn  # noqa: PLC0415
+def serve_http(kind: str = "good", *, json_response: bool = False, any_host: bool = False) -> tuple[str, Any]:
+    """Serve ``build(kind)`` over stateless streamable HTTP on a free loopback port: (url, stop).
 
-    app = build(kind).streamable_http_app(stateless_http=True, streamable_http_path="/mcp")
+    ``json_response``: answers as one JSON body instead of an event stream; ``any_host``: the SDK's
+    DNS-rebinding protection off, for requests that name the server by a test name (a resolver double).
+    """
+    import uvicorn  # noqa: PLC0415
+    from mcp.server.transport_security import TransportSecuritySettings  # noqa: PLC0415
+
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False) if any_host else None
+    app = build(kind).streamable_http_app(stateless_http=True, streamable_http_path="/mcp", json_response=json_response,
+                                          transport_security=security)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -38,7 +38,7 @@ def test_add_mcp_over_the_api(api: str, http_server: str) -> None:
 
 def test_mcp_stdio_serves_the_registry(worker, redis_url: str) -> None:  # noqa: ANN001 - the worker fixture
     env = {"REDIS_URL": redis_url, "TOOLRAIL_TOOL_MODULES": "tests.executor.tools_for_tests", "TOOLRAIL_DECIDER": "none",
-           "PYTHONPATH": os.getcwd()}
+           "TOOLRAIL_DEMO_TOOLS": "all", "PYTHONPATH": os.getcwd()}
     params = StdioServerParameters(command=sys.executable, args=["-m", "toolrail.cli", "mcp", "stdio"], env=env,
                                    cwd=os.getcwd())
 
@@ -51,3 +51,13 @@ def test_mcp_stdio_serves_the_registry(worker, redis_url: str) -> None:  # noqa:
             assert bad.meta["toolrail.dev/job_id"].startswith("job_")
 
     anyio.run(main)
+
+
+def test_mcp_stdio_without_a_redis_url_is_one_line() -> None:
+    """No REDIS_URL and no --redis-url: one line on stderr and exit 1, never a guessed 127.0.0.1:6379."""
+    env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "TOOLRAIL_REDIS_URL"}}
+    done = subprocess.run([*TOOLRAIL, "mcp", "stdio"], capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "REDIS_URL" in lines[0] and "6379" not in lines[0], done.stderr

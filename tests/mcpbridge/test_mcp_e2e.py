@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Iterator
 
+import anyio
 import httpx
 import pytest
 import redis
@@ -93,7 +94,8 @@ def test_real_model_picks_the_mcp_tool(http_server: str) -> None:
     settings = Settings(decider="embedded")
     rt = Runtime.from_settings(settings, redis_url=url)
     config = providers.ServerConfig.build("default", name="model", url=http_server)
-    providers.save_server(rt.redis, providers.fetch_and_check(dict(config), registry=default_registry(), settings=settings))
+    record = anyio.run(lambda: providers.fetch_and_check(dict(config), registry=default_registry(), settings=settings))
+    providers.save_server(rt.redis, record)
     job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=uuid.uuid4().hex, tenant="default",
                     messages=[{"role": "user", "content": "What is 17 plus 25?"}], tools=["mcp__model__add"],
                     tool_choice="required", max_reasks=2)

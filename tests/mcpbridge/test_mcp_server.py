@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import httpx
 import pytest
@@ -150,3 +152,136 @@ def test_rate_limit_and_loopback_rule(runtime) -> None:  # noqa: ANN001 - the se
     anyio.run(endpoint, {"type": "http", "method": "POST", "path": "/mcp", "headers": [], "client": ("10.1.2.3", 5555)},
               receive, send)
     assert sent[0]["status"] == 403
+
+
+def _no_queue(job: object) -> None:
+    """A queue double: these tests list tools and check headers; nothing is queued."""
+
+
+@pytest.fixture(scope="module")
+def keyless_api(runtime):  # noqa: ANN001, ANN201 - the session runtime; yields the base URL
+    """An API without keys (a one-user install: loopback only), over the session Redis, with a queue double."""
+    from executor.api.app import create_app
+    from executor.stack import serve_in_thread
+    from toolrail.settings import Settings
+
+    settings = Settings(mcp_refresh_interval_s=0, mcp_allow_private_urls=True)
+    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, enqueue=_no_queue,
+                                                      ping_workers=lambda: 1))
+    yield base
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _rpc(base: str, method: str, *, headers: dict | None = None) -> httpx.Response:
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {}}
+    return httpx.post(f"{base}/mcp", json=body, timeout=30, headers={
+        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25", **(headers or {})})
+
+
+def _result(response: httpx.Response) -> dict:
+    import json
+
+    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+    return json.loads(data[-1] if data else response.text)["result"]
+
+
+def test_dns_rebinding_is_refused_without_keys(keyless_api: str) -> None:
+    """A web page whose name rebinds to 127.0.0.1 reaches /mcp from loopback, but its Host and Origin name it."""
+    port = keyless_api.rsplit(":", 1)[1]
+    forged_host = _rpc(keyless_api, "tools/list", headers={"Host": f"evil.example:{port}"})
+    assert forged_host.status_code == 421, forged_host.text
+    forged_origin = _rpc(keyless_api, "tools/list", headers={"Origin": "http://evil.example"})
+    assert forged_origin.status_code == 403, forged_origin.text
+    for host, origin in ((f"127.0.0.1:{port}", f"http://127.0.0.1:{port}"), (f"localhost:{port}", None)):
+        fine = _rpc(keyless_api, "tools/list", headers={"Host": host, **({"Origin": origin} if origin else {})})
+        assert fine.status_code == 200 and _result(fine)["tools"], fine.text
+
+
+def test_every_listed_tool_matches_the_specifications_tool_schema(keyless_api: str, http_server: str) -> None:
+    """Every entry of /mcp's tools/list, local and MCP-provided, against the Tool of the published specification
+    (the SDK's models generated from schema/2025-11-25.json) and the SDK's own ``mcp.types.Tool``."""
+    from mcp import types as sdk_types
+    from mcp_types._v2025_11_25 import Tool as SpecTool
+
+    created = httpx.post(f"{keyless_api}/v1/mcp-servers", json={"name": "spec", "url": http_server}, timeout=60)
+    assert created.status_code in (200, 201), created.text
+    tools = _result(_rpc(keyless_api, "tools/list"))["tools"]
+    assert any(t["name"].startswith("mcp__spec__") for t in tools) and any(t["name"] == "get_weather" for t in tools)
+    for tool in tools:
+        SpecTool.model_validate(tool, strict=False)
+        sdk_types.Tool.model_validate(tool)
+        assert tool["inputSchema"]["type"] == "object"
+        assert all(isinstance(v, (dict, bool)) for v in tool["inputSchema"].get("properties", {}).values()), tool["name"]
+        if "outputSchema" in tool:
+            assert tool["outputSchema"]["type"] == "object", tool["name"]
+
+
+def _running_call(redis_client, found: list[tuple[str, str]]):  # noqa: ANN001, ANN202 - the session Redis
+    """A progress callback that records (JSON-RPC id, job id) of the tenant's call in flight, once it runs."""
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        for key in [] if found else redis_client.scan_iter(match="tr:mcp:rpc:default:*"):
+            found.extend((key.decode().rsplit(":", 1)[1], m.decode()) for m in redis_client.smembers(key))
+
+    return progress
+
+
+def test_a_client_giving_up_cancels_the_job(api: str, redis_client) -> None:  # noqa: ANN001 - the session Redis
+    """The SDK client stops waiting for a call: the job ends ``cancelled`` instead of running to the end."""
+    found: list[tuple[str, str]] = []
+
+    async def main() -> None:
+        async with _client(f"{api}/mcp") as mcp:
+            async with anyio.create_task_group() as group:
+                group.start_soon(lambda: mcp.call_tool("progress_reporter", {"steps": 60, "delay_s": 0.5},
+                                                       progress_callback=_running_call(redis_client, found)))
+                with anyio.fail_after(30):
+                    while not found:
+                        await anyio.sleep(0.1)
+                group.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert len(found) == 1
+    assert _status_when_cancelled(api, found[0][1])["status"] == "cancelled"
+
+
+def test_notifications_cancelled_cancels_the_job(api: str, redis_client) -> None:  # noqa: ANN001 - the session Redis
+    """A ``notifications/cancelled`` naming the call's id, on a POST of its own (the endpoint is stateless): the job
+    is cancelled and the waiting call answers with the cancellation."""
+    found: list[tuple[str, str]] = []
+    outcome: list = []
+
+    async def main() -> None:
+        async with _client(f"{api}/mcp") as mcp:
+            async with anyio.create_task_group() as group:
+
+                async def call() -> None:
+                    outcome.append(await mcp.call_tool("progress_reporter", {"steps": 60, "delay_s": 0.5},
+                                                       progress_callback=_running_call(redis_client, found)))
+
+                group.start_soon(call)
+                with anyio.fail_after(30):
+                    while not found:
+                        await anyio.sleep(0.1)
+                rpc_id = int(found[0][0]) if found[0][0].isdigit() else found[0][0]
+                notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rpc_id}}
+                sent = await anyio.to_thread.run_sync(lambda: httpx.post(f"{api}/mcp", json=notice, timeout=30, headers={
+                    "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}))
+                assert sent.status_code == 202, sent.text
+
+    anyio.run(main)
+    job = _status_when_cancelled(api, found[0][1])
+    assert job["status"] == "cancelled" and "notifications/cancelled" in job["error"]["message"]
+    assert outcome[0].is_error and outcome[0].meta[f"{META}error"]["type"] == "cancelled"
+
+
+def _status_when_cancelled(api: str, job_id: str) -> dict:
+    deadline = time.monotonic() + 20
+    job: dict = {}
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{api}/v1/jobs/{job_id}").json()
+        if job["status"] == "cancelled":
+            break
+        time.sleep(0.2)
+    return job
