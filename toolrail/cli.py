@@ -54,9 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        from toolrail.logging import configure_logging  # noqa: PLC0415
         from toolrail.settings import get_settings  # noqa: PLC0415
 
-        get_settings()  # every command: a bad value is one line, an unknown TOOLRAIL_* variable one warning
+        get_settings()  # every command: a bad value is one line
+        configure_logging()  # ... and an unknown TOOLRAIL_* variable one warning
         return int(handler(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

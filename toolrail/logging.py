@@ -64,7 +64,14 @@ def configure_logging(*, json: bool | None = None, level: str | None = None, for
         logger_factory=structlog.WriteLoggerFactory(file=sys.__stderr__ or sys.stderr),
         cache_logger_on_first_use=False,
     )
+    first = not _configured
     _configured = True
+    if first:  # once per process, at its start: a misspelt variable is said, never silently ignored
+        from toolrail.settings import unknown_variables  # noqa: PLC0415
+
+        for name, nearest in unknown_variables().items():
+            structlog.get_logger("toolrail.settings").warning("settings.unknown_variable", variable=name,
+                                                              did_you_mean=nearest)
 
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:

@@ -324,18 +324,8 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> dict[str, str
     return {name: by_stem[matches[0]] if matches else None for name, matches in nearest.items()}
 
 
-_warned_unknown = False
-
-
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """Settings from the environment, cached per process; unknown ``TOOLRAIL_*`` variables are logged once."""
-    global _warned_unknown
-    settings = Settings()
-    if not _warned_unknown:
-        _warned_unknown = True
-        for name, nearest in unknown_variables().items():
-            from toolrail.logging import get_logger  # noqa: PLC0415 - logging reads the settings itself
-
-            get_logger("toolrail.settings").warning("settings.unknown_variable", variable=name, did_you_mean=nearest)
-    return settings
+    """Settings from the environment, cached per process (unknown ``TOOLRAIL_*`` variables are logged once, when
+    the process configures its logging: ``toolrail.logging``)."""
+    return Settings()

@@ -35,7 +35,7 @@ from executor.sandbox.boundary import CallRun, SandboxResult
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
 
-__all__ = ["DEFAULT_TENANT", "STATES", "BreakerCollector", "CircuitBreaker", "CircuitOpenError", "breaker_for",
+__all__ = ["DEFAULT_TENANT", "STATES", "BreakerCollector", "CircuitBreaker", "CircuitOpenError",
            "guarded_run", "is_health_failure"]
 
 log = get_logger("toolrail.breaker")
@@ -98,7 +98,8 @@ def is_health_failure(exc: SandboxError) -> bool:
     if isinstance(exc, CircuitOpenError):
         return False
     if isinstance(exc, ToolRaisedError):
-        return (exc.details.get("tool_error") or {}).get("type", "tool_error") == "tool_error"
+        # a typed error is the tool's answer (its own type, or an MCP tool's under details.tool_error): not ill health
+        return exc.type == "tool_error" and (exc.details.get("tool_error") or {}).get("type", "tool_error") == "tool_error"
     return True
 
 
@@ -150,20 +151,9 @@ class CircuitBreaker:
         self._redis.delete(self.tenants_key(tool), *(self.key(tool, t) for t in {*tenants, DEFAULT_TENANT}))
 
 
-def breaker_for(rt: Any) -> CircuitBreaker:
-    """The runtime's breaker, built once per runtime."""
-    breaker = rt.__dict__.get("_toolrail_breaker")
-    if breaker is None:
-        settings = rt.settings
-        breaker = CircuitBreaker(rt.redis, failures=getattr(settings, "breaker_failures", 5),
-                                 cooldown_s=getattr(settings, "breaker_cooldown_s", 30.0))
-        rt.__dict__["_toolrail_breaker"] = breaker
-    return breaker
-
-
 def guarded_run(rt: Any, spec: ToolSpec, call: CallRun, *, tenant: str = DEFAULT_TENANT) -> SandboxResult:
     """``rt.sandbox.run`` behind the circuit breaker of (``tenant``, tool)."""
-    breaker = breaker_for(rt)
+    breaker = rt.breaker
     key = getattr(spec, "breaker_name", spec.name)  # an MCP-provided tool: one breaker per (tenant, server)
     admission = breaker.admit(key, tenant=tenant, probe_ttl_s=spec.timeout_s + 5)
     if admission.state == "open":
@@ -196,7 +186,7 @@ class BreakerCollector:
         opens = CounterMetricFamily("toolrail_breaker_opens", "Times a breaker of the tool opened, all tenants",
                                     labels=["tool"])
         try:
-            breaker = breaker_for(self._runtime)
+            breaker = self._runtime.breaker
             tools = self._runtime.registry.names()
             pipe = self._runtime.redis.pipeline()
             for tool in tools:

@@ -31,7 +31,7 @@ from prometheus_client.core import GaugeMetricFamily
 from executor.errors import RetryableError
 from toolrail.logging import get_logger
 
-__all__ = ["ConcurrencyCollector", "ConcurrencyLimitedError", "ConcurrencyLimiter", "Slot", "limiter_for", "slot"]
+__all__ = ["ConcurrencyCollector", "ConcurrencyLimitedError", "ConcurrencyLimiter", "Slot", "slot"]
 
 log = get_logger("toolrail.concurrency")
 
@@ -152,22 +152,11 @@ class ConcurrencyLimiter:
         self._redis.delete(*self.keys(queue))
 
 
-def limiter_for(rt: Any) -> ConcurrencyLimiter:
-    """The runtime's limiter, built once per runtime."""
-    limiter = rt.__dict__.get("_toolrail_concurrency")
-    if limiter is None:
-        s = rt.settings
-        limiter = ConcurrencyLimiter(rt.redis, initial=getattr(s, "concurrency_initial", 16),
-                                     minimum=getattr(s, "concurrency_min", 4), maximum=getattr(s, "concurrency_max", 256))
-        rt.__dict__["_toolrail_concurrency"] = limiter
-    return limiter
-
-
 @contextmanager
 def slot(rt: Any, queue: str, *, lease_s: float) -> Iterator[Slot]:
     """Hold one of the queue's slots for the body; its duration is the latency sample."""
-    limiter = limiter_for(rt)
-    held = limiter.acquire(queue, lease_s=lease_s, wait_s=getattr(rt.settings, "concurrency_wait_s", 5.0))
+    limiter = rt.concurrency
+    held = limiter.acquire(queue, lease_s=lease_s, wait_s=rt.settings.concurrency_wait_s)
     ok = False
     try:
         yield held
@@ -192,7 +181,7 @@ class ConcurrencyCollector:
         latency = GaugeMetricFamily("toolrail_concurrency_latency_seconds", "Short-window call latency per tool queue",
                                     labels=["queue"])
         try:
-            limiter = limiter_for(self._runtime)
+            limiter = self._runtime.concurrency
             for queue in self._runtime.registry.queues():
                 state = limiter.state(queue)
                 limit.add_metric([queue], state["limit"])

@@ -174,7 +174,7 @@ class _EarlyDispatch:
 
     def __init__(self, rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], dispatch: Dispatch) -> None:
         self.rt, self.job, self.specs, self.dispatch = rt, job, specs, dispatch
-        self.enabled = bool(getattr(rt.settings, "dispatch_while_decoding", True))
+        self.enabled = rt.settings.dispatch_while_decoding
         #: Early calls by id, as stored (dispatched_at set); ``ended``: when the decision ended.
         self.sent: dict[str, CallRecord] = {}
         self.ended: float | None = None

@@ -10,11 +10,14 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import redis
 
 from decider.protocol import Decider
+from executor.runs.breaker import CircuitBreaker
+from executor.runs.concurrency import ConcurrencyLimiter
 from executor.store.idempotency import IdempotencyStore
 from executor.sandbox.boundary import Sandbox
 from executor.sandbox.process import ProcessSandbox
@@ -77,6 +80,18 @@ class Runtime:
         return cls(settings=settings, redis=client, store=RedisJobStore(client, ttl_s=settings.job_ttl_s),
                    idempotency=IdempotencyStore(client, ttl_s=settings.idempotency_ttl_s), registry=default_registry(),
                    sandbox_factory=lambda: ProcessSandbox(warm=1))
+
+    @cached_property
+    def breaker(self) -> CircuitBreaker:
+        """Per-(tool, tenant) circuit breakers, shared through Redis by every process of the deployment."""
+        return CircuitBreaker(self.redis, failures=self.settings.breaker_failures, cooldown_s=self.settings.breaker_cooldown_s)
+
+    @cached_property
+    def concurrency(self) -> ConcurrencyLimiter:
+        """The adaptive per-queue concurrency limits, shared through Redis."""
+        s = self.settings
+        return ConcurrencyLimiter(self.redis, initial=s.concurrency_initial, minimum=s.concurrency_min,
+                                  maximum=s.concurrency_max)
 
     @property
     def sandbox(self) -> Sandbox:

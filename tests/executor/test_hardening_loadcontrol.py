@@ -15,7 +15,7 @@ from conftest import wait_terminal
 from fastapi.testclient import TestClient
 
 from executor.api.app import create_app
-from executor.runs.breaker import CircuitBreaker, breaker_for
+from executor.runs.breaker import CircuitBreaker
 from executor.runs.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
 from executor.api.ratelimit import RateLimiter
 from executor.runs.runtime import Runtime
@@ -104,7 +104,7 @@ def test_breaker_state_machine(redis_client: redis.Redis) -> None:
 
 
 def test_breaker_opens_on_a_crashing_tool_and_fails_fast(client: httpx.Client, runtime) -> None:
-    breaker = breaker_for(runtime)
+    breaker = runtime.breaker
     breaker.reset("stress")
     crash = {"tool_calls": [{"name": "stress", "arguments": {"mode": "crash"}}]}
     try:
@@ -130,7 +130,7 @@ def test_breaker_opens_on_a_crashing_tool_and_fails_fast(client: httpx.Client, r
 
 
 def test_typed_tool_errors_do_not_trip_the_breaker(client: httpx.Client, runtime) -> None:
-    breaker = breaker_for(runtime)
+    breaker = runtime.breaker
     breaker.reset("transfer")
     body = {"tool_calls": [{"name": "transfer", "arguments": {"from_account": "nobody-here", "to": "bob", "amount": 1,
                                                                "currency": "CNY"}}]}

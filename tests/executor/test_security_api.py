@@ -25,7 +25,6 @@ from conftest import wait_terminal
 from fastapi.testclient import TestClient
 
 from executor.api.app import create_app
-from executor.runs.breaker import breaker_for
 from executor.stack import serve_in_thread, stop_process, wait_http_ok
 from executor.store.records import JobRecord
 from toolrail.redis_embed import free_port
@@ -288,7 +287,7 @@ def test_open_streams_are_capped_per_tenant(runtime) -> None:
 
 
 def test_one_tenants_crashing_calls_do_not_open_the_breaker_for_others(runtime, worker) -> None:
-    breaker = breaker_for(runtime)
+    breaker = runtime.breaker
     breaker.reset("stress")
     crash = {"tool_calls": [{"name": "stress", "arguments": {"mode": "crash"}}]}
     fine = {"tool_calls": [{"name": "stress", "arguments": {"mode": "ok"}}]}
