@@ -31,7 +31,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import copy
-import hashlib
 import heapq
 import logging
 import queue
@@ -55,7 +54,9 @@ from decider.errors import (
     InvalidRequestError,
     PromptTooLongError,
     StreamInterruptedError,
+    UnsupportedSchemaError,
 )
+from decider.grammar import GrammarCache
 
 __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
@@ -77,8 +78,6 @@ DEFAULT_PREFILL_CHUNK = 256
 #: Prefix-cache granularity in tokens.
 DEFAULT_PREFIX_BLOCK = 32
 DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
-#: Grammars compiled on demand (requests without ``compiled_grammar``), kept by schema hash.
-COMPILED_GRAMMAR_CACHE_SIZE = 256
 #: Prompt tokens given to the detokenizer as context (leading-space handling of SentencePiece vocabularies).
 DETOKENIZER_CONTEXT = 4
 
@@ -92,10 +91,6 @@ _OPEN_ENGINES: weakref.WeakSet[EmbeddedEngine] = weakref.WeakSet()
 def _close_open_engines() -> None:
     for engine in list(_OPEN_ENGINES):
         engine.close()
-
-
-def _schema_key(schema: str) -> str:
-    return hashlib.sha256(schema.encode()).hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,9 +531,9 @@ class EmbeddedEngine:
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=config.vocab_size, stop_token_ids=sorted(self.eos_token_ids)
         )
-        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=2, cache_enabled=True)
-        self._grammar_cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
-        self._grammar_lock = threading.Lock()
+        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=2, cache_enabled=False)
+        #: The one grammar cache of this engine: its deciders and its own json_schema requests share it.
+        self.grammar_cache = GrammarCache(self.compiler, self.tokenizer_info)
         self._fast_tokenizer = getattr(tokenizer, "_tokenizer", None)
 
         decode_model = None
@@ -663,22 +658,11 @@ class EmbeddedEngine:
         return need
 
     def compile_json_schema(self, schema: str) -> xgr.CompiledGrammar:
-        """Compile (or fetch from cache) a JSON Schema against this engine's tokenizer."""
-        key = _schema_key(schema)
-        with self._grammar_lock:
-            cached = self._grammar_cache.get(key)
-            if cached is not None:
-                self._grammar_cache.move_to_end(key)
-                return cached
+        """Compile (or fetch from :attr:`grammar_cache`) a JSON Schema against this engine's tokenizer."""
         try:
-            compiled = self.compiler.compile_json_schema(schema, any_whitespace=False)
-        except Exception as exc:  # xgrammar raises RuntimeError / InvalidJSONError subclasses
+            return self.grammar_cache.compile(schema).grammar
+        except UnsupportedSchemaError as exc:
             raise InvalidRequestError(f"JSON Schema does not compile: {exc}") from exc
-        with self._grammar_lock:
-            self._grammar_cache[key] = compiled
-            while len(self._grammar_cache) > COMPILED_GRAMMAR_CACHE_SIZE:
-                self._grammar_cache.popitem(last=False)
-        return compiled
 
     # ---------------------------------------------------------------- submission
 

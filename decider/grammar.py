@@ -1,9 +1,12 @@
-"""Compile grammar schemas with xgrammar, cached by (schema hash, tokenizer hash).
+"""Compile grammar schemas with xgrammar, cached by (schema hash, tokenizer hash): the one grammar cache.
 
 A compiled grammar is the expensive, shareable object (xgrammar's own advice: compile once,
 match per request); the per-request :class:`xgrammar.GrammarMatcher` is the backend's business.
 Base tool-call grammars hit the cache; per-request narrowed grammars (grounding) are compiled
-on demand and their compile time is measured and reported.
+on demand and their compile time is measured and reported. The embedded engine owns one
+:class:`GrammarCache` (its deciders and its own ``json_schema`` requests share it, compiled with
+the same options); xgrammar's internal cache is off beneath it, so :meth:`GrammarCache.stats`
+counts every compile.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class GrammarCache:
     def for_tokenizer(cls, tokenizer: Any, **options: Any) -> "GrammarCache":
         """A cache with its own compiler for a Hugging Face tokenizer."""
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=getattr(tokenizer, "vocab_size_padded", None) or len(tokenizer))
-        return cls(xgr.GrammarCompiler(info, max_threads=2), info, **options)
+        return cls(xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False), info, **options)
 
     def compile(self, schema_json: str) -> CompiledConstraint:
         """The compiled grammar of ``schema_json`` (a grammar schema as canonical JSON text)."""
@@ -96,6 +99,14 @@ class GrammarCache:
             while len(self._cache) > self.maxsize:
                 self._cache.popitem(last=False)
         return CompiledConstraint(grammar=grammar, key=key, compile_s=elapsed, cache_hit=False)
+
+    def stats(self) -> dict[str, Any]:
+        """Grammars held, hits, misses and compile seconds (median and slowest of the last 1,000 compiles)."""
+        with self._lock:
+            seconds = sorted(self.compile_seconds)
+            return {"size": len(self._cache), "maxsize": self.maxsize, "hits": self.hits, "misses": self.misses,
+                    "compile_s_p50": seconds[len(seconds) // 2] if seconds else 0.0,
+                    "compile_s_max": seconds[-1] if seconds else 0.0}
 
     def __len__(self) -> int:
         return len(self._cache)

@@ -711,9 +711,8 @@ class EmbeddedDecider(BackendDecider):
 
     @classmethod
     def from_engine(cls, engine: Any, *, config: DeciderConfig | None = None) -> "EmbeddedDecider":
-        """Wrap an already loaded engine, sharing its compiler and tokenizer info."""
-        cache = GrammarCache(engine.compiler, engine.tokenizer_info)
-        return cls(engine, tokenizer=engine.tokenizer, grammar_cache=cache,
+        """Wrap an already loaded engine, sharing its grammar cache (one per engine)."""
+        return cls(engine, tokenizer=engine.tokenizer, grammar_cache=engine.grammar_cache,
                    context_length=getattr(engine, "context_length", None), config=config or EMBEDDED_PROFILE)
 
 
