@@ -85,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn  # noqa: PLC0415
 
-    from executor.stack import start_worker, stop_process  # noqa: PLC0415
+    from executor.stack import SupervisedWorker  # noqa: PLC0415
     from toolrail.logging import configure_logging, get_logger  # noqa: PLC0415
     from toolrail.redis_embed import display_url, ensure_redis  # noqa: PLC0415
     from toolrail.settings import get_settings  # noqa: PLC0415
@@ -110,11 +110,8 @@ def _serve(args: argparse.Namespace) -> int:
     log.info("serve.redis", url=display_url(url), source=source)
     worker = None
     try:
-        if not args.no_worker:
-            from tools.registry import default_registry  # noqa: PLC0415
-
-            worker = start_worker(url, queues=["decide", *default_registry().queues()],
-                                  concurrency=args.concurrency or settings.worker_concurrency)
+        if not args.no_worker:  # every queue of the deployment (webhooks included), restarted when it dies
+            worker = SupervisedWorker(url, concurrency=args.concurrency or settings.worker_concurrency).start()
         api_workers = args.api_workers or settings.api_workers
         log.info("serve.listening", url=f"http://{host}:{port}", api_processes=api_workers)
         if api_workers == 1:  # the app is built from the environment, as each of several processes builds it
@@ -128,7 +125,8 @@ def _serve(args: argparse.Namespace) -> int:
                 os.environ[MULTIPROCESS_DIR_ENV] = shared
                 _serve_processes(host, port, api_workers)
     finally:
-        stop_process(worker)
+        if worker is not None:
+            worker.stop()
         if embedded:
             embedded.stop()
     return 0
@@ -169,28 +167,13 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _mcp_queues() -> list[str]:
-    """The registered MCP servers' queues, when a Redis is configured and answers (else none: a worker still
-    picks them up from the broadcast sent when a server is registered)."""
-    import redis  # noqa: PLC0415
-
-    from mcpbridge.providers import known_queues  # noqa: PLC0415
-    from toolrail.settings import get_settings  # noqa: PLC0415
-
-    url = get_settings().redis_url
-    if not url:
-        return []
-    try:
-        return known_queues(redis.Redis.from_url(url, socket_connect_timeout=2))
-    except redis.RedisError:
-        return []
-
-
 def _worker(args: argparse.Namespace) -> int:
+    from executor.stack import deployment_queues  # noqa: PLC0415
+    from toolrail.redis_embed import redis_url  # noqa: PLC0415
     from toolrail.settings import get_settings  # noqa: PLC0415
-    from tools.registry import default_registry  # noqa: PLC0415
 
-    queues = args.queues or ",".join(["decide", "webhooks", *default_registry().queues(), *_mcp_queues()])
+    url = redis_url(get_settings())  # no REDIS_URL: one line (RedisNotConfiguredError), never a default port
+    queues = args.queues or ",".join(deployment_queues(url))
     concurrency = args.concurrency or get_settings().worker_concurrency
     argv = [sys.executable, "-m", "celery", "-A", "executor.worker.celery", "worker", "-Q", queues, "-c", str(concurrency),
             "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"]

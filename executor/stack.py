@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,14 +22,35 @@ import redis
 from toolrail.logging import get_logger
 from toolrail.redis_embed import EmbeddedRedis, display_url, ensure_redis, free_port
 
-__all__ = ["LocalStack", "serve_in_thread", "start_worker", "wait_for_job", "wait_for_workers", "wait_http_ok"]
+__all__ = ["LocalStack", "SupervisedWorker", "deployment_queues", "serve_in_thread", "start_worker", "wait_for_job",
+           "wait_for_workers", "wait_http_ok"]
 
 log = get_logger("toolrail.stack")
 
 
-def start_worker(redis_url: str, *, queues: list[str], concurrency: int = 2, env: dict[str, str] | None = None,
-                 hostname: str | None = None, log_file: Path | None = None) -> subprocess.Popen:
-    """Start ``celery -A executor.worker.celery worker`` as a child process."""
+def deployment_queues(redis_url: str | None = None, *, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The queues of this deployment's worker (``executor.worker.config.worker_queues``): decide, webhooks, every tool
+    queue, ``extra``, and every registered MCP server's queue when ``redis_url`` answers (else none: a worker still
+    picks those up from the broadcast sent when a server is registered)."""
+    from executor.worker.config import worker_queues  # noqa: PLC0415
+    from mcpbridge.providers import known_queues  # noqa: PLC0415 - the assembly is the one place that knows mcpbridge
+    from tools.registry import default_registry  # noqa: PLC0415
+
+    mcp: list[str] = []
+    if redis_url:
+        try:
+            mcp = known_queues(redis.Redis.from_url(redis_url, socket_connect_timeout=2))
+        except redis.RedisError:
+            pass
+    return worker_queues(default_registry(), extra=[*extra, *mcp])
+
+
+def start_worker(redis_url: str, *, queues: list[str] | None = None, concurrency: int = 2,
+                 env: dict[str, str] | None = None, hostname: str | None = None,
+                 log_file: Path | None = None) -> subprocess.Popen:
+    """Start ``celery -A executor.worker.celery worker`` as a child process (``queues``: default, the deployment's)."""
+    if queues is None:
+        queues = deployment_queues(redis_url)
     child_env = {**os.environ, **(env or {}), "REDIS_URL": redis_url}
     root = str(Path(__file__).resolve().parent.parent)
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, child_env.get("PYTHONPATH")]))
@@ -112,6 +134,102 @@ def stop_process(proc: subprocess.Popen | None, *, grace_s: float = 10.0) -> Non
         proc.wait(timeout=5)
 
 
+class SupervisedWorker:
+    """A worker pool started again, with backoff and a log line, whenever its Celery main process dies (``toolrail
+    serve``'s pool).
+
+    While it is down ``/readyz`` answers 503 ``worker_down`` (``executor.api.readiness.mark_worker_down``, in Redis:
+    every API process of the serve sees it) until the new pool answers a ping by its own name. The new pool takes the
+    queued messages at once; those its predecessor held unacked come back after the visibility timeout (late acks),
+    so no job is lost. Orphaned pool processes of the dead one are killed first (its process group). Backoff
+    ``backoff_s`` doubling to ``max_backoff_s``; a pool that ran ``stable_s`` starts again from ``backoff_s``.
+    """
+
+    def __init__(self, redis_url: str, *, concurrency: int = 2, env: dict[str, str] | None = None,
+                 log_file: Path | None = None, poll_s: float = 0.5, backoff_s: float = 1.0, max_backoff_s: float = 30.0,
+                 stable_s: float = 60.0) -> None:
+        self.redis_url, self.concurrency, self.env, self.log_file = redis_url, concurrency, env, log_file
+        self.poll_s, self.backoff_s, self.max_backoff_s, self.stable_s = poll_s, backoff_s, max_backoff_s, stable_s
+        self.restarts = 0
+        self.proc: subprocess.Popen | None = None
+        self._hostname = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="toolrail-worker-supervisor", daemon=True)
+
+    def start(self) -> "SupervisedWorker":
+        self._spawn()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        stop_process(self.proc)
+
+    def _spawn(self) -> None:
+        self._hostname = f"toolrail-serve-{os.getpid()}-{self.restarts}@{socket.gethostname()}"
+        self.proc = start_worker(self.redis_url, concurrency=self.concurrency, env=self.env, hostname=self._hostname,
+                                 log_file=self.log_file)
+
+    def _watch(self) -> None:
+        from executor.api.readiness import mark_worker_down  # noqa: PLC0415
+
+        client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2, socket_timeout=5)
+        backoff, started = self.backoff_s, time.monotonic()
+        while not self._stop.wait(self.poll_s):
+            proc = self.proc
+            if proc is None or (returncode := proc.poll()) is None:
+                continue
+            ran_s = time.monotonic() - started
+            backoff = self.backoff_s if ran_s >= self.stable_s else backoff
+            _kill_group(proc.pid)  # its pool processes, orphaned: they would hold messages nobody acks
+            info = {"pid": proc.pid, "returncode": returncode, "restarts": self.restarts, "since": time.time()}
+            log.warning("worker.died", pid=proc.pid, returncode=returncode, ran_s=round(ran_s, 1),
+                        restart_in_s=backoff, restarts=self.restarts)
+            _quietly(mark_worker_down, client, info)
+            if self._stop.wait(backoff):
+                return
+            backoff = min(backoff * 2, self.max_backoff_s)
+            self.restarts += 1
+            self._spawn()
+            started = time.monotonic()
+            log.info("worker.restarted", pid=self.proc.pid, restarts=self.restarts)
+            self._await_answer(client, info)
+
+    def _await_answer(self, client: redis.Redis, info: dict) -> None:
+        """Until the new pool answers a ping by its name (then mark it up), dies, or the supervisor stops."""
+        from celery import Celery  # noqa: PLC0415
+
+        from executor.api.readiness import mark_worker_down  # noqa: PLC0415
+
+        probe = Celery("toolrail-supervisor", broker=self.redis_url)
+        while not self._stop.is_set() and self.proc is not None and self.proc.poll() is None:
+            try:
+                if probe.control.ping(destination=[self._hostname], timeout=1.0):
+                    _quietly(mark_worker_down, client, None)
+                    log.info("worker.answering", pid=self.proc.pid, restarts=self.restarts)
+                    return
+            except (redis.RedisError, OSError):
+                pass
+            _quietly(mark_worker_down, client, info)  # keep the mark alive while it starts
+            self._stop.wait(self.poll_s)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _quietly(fn: object, *args: object) -> None:
+    try:
+        fn(*args)  # type: ignore[operator]
+    except redis.RedisError as exc:  # Redis down: /readyz says so itself
+        log.warning("worker.mark_failed", error=type(exc).__name__)
+
+
 @dataclass
 class LocalStack:
     """Redis + worker pool + API in a background thread, torn down on exit."""
@@ -144,13 +262,7 @@ class LocalStack:
         os.environ["REDIS_URL"] = url
         get_settings.cache_clear()
         if self.with_worker:
-            from tools.registry import default_registry  # noqa: PLC0415
-
-            from mcpbridge.providers import known_queues  # noqa: PLC0415 - registered MCP servers' queues
-
-            queues = ["decide", "webhooks", *default_registry().queues(), *known_queues(redis.Redis.from_url(url))]
-            self._worker = start_worker(url, queues=queues, concurrency=self.concurrency, env=self.worker_env,
-                                        log_file=self.log_file)
+            self._worker = start_worker(url, concurrency=self.concurrency, env=self.worker_env, log_file=self.log_file)
         self._start_api()
         if self.with_worker and wait_workers:
             wait_for_workers(url, count=1, timeout_s=90)

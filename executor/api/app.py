@@ -43,20 +43,20 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from executor.runs import loop as jobs
 from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody
 from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
 from executor.api.bodies import run_fields as _run_fields
-from executor.api.middleware import BodyGuard, Correlate
+from executor.api.middleware import BodyGuard, Correlate, LocalOnly
 from executor.errors import (ApprovalConflictError, ExecutorError, IdempotencyConflictError, InvalidApprovalError,
                              JobNotFoundError, StoreUnavailableError)
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector
 from executor.api.ratelimit import install_load_control, rate_limited
 from executor.api.readiness import Readiness
 from executor.runs.runtime import Runtime
+from executor.runs.submit import cancel, submit
 from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
-from executor.store.records import TERMINAL_JOB, CallRecord, JobRecord
+from executor.store.records import CallRecord, JobRecord
 from executor.runs.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
 from toolrail import tracing
 from toolrail.extensions import API_GROUP, installed
@@ -171,6 +171,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     started_at = int(time.time())
     install_load_control(app, settings=settings, runtime=runtime, metrics=metrics, counters=counters)
 
+    app.add_middleware(LocalOnly, keyed=bool(tenants), allowed_hosts=settings.allowed_hosts,  # before any route, inside
+                       allowed_origins=settings.allowed_origins)  # Correlate: a refusal has its request id and log line
     app.add_middleware(Correlate, latency=http_latency)
 
     @app.exception_handler(ApiError)
@@ -293,19 +295,11 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         job = job.model_copy(update=run)
         body_hash = hashlib.sha256(body.model_dump_json().encode()).hexdigest() if idempotency_key else None
         # The client's own calls are checked here and stored decided, their calls queued straight to the tool
-        # queues: no decide task (unless the check needs a decider's re-ask).
-        checked = jobs.check_client_output(runtime, job) if client_output is not None and rerun is not None else None
-        job, created = runtime.store.create(checked or job, idempotency_key=idempotency_key, body_hash=body_hash)
+        # queues: no decide task (unless the check needs a decider's re-ask). The one path MCP takes too.
+        job, created = submit(runtime, job, enqueue=enqueue, dispatch=rerun, idempotency_key=idempotency_key,
+                              body_hash=body_hash)  # a broker refusal: the job ended failed, 503
         if created:
             jobs_created.labels(tenant).inc()
-            try:
-                if checked is None:
-                    enqueue(job)
-                else:
-                    jobs.start_checked(runtime, job, rerun)
-            except Exception as exc:  # noqa: BLE001 - the broker is down: the job must not stay queued silently
-                runtime.store.update(job.job_id, lambda j, error=exc: _fail_enqueue(j, error))
-                raise StoreUnavailableError(f"could not queue the job: {exc}") from exc
             log.info("job.created", job_id=job.job_id, tenant=tenant, tools=len(names) + len(inline))
         return JSONResponse({"job_id": job.job_id, "request_id": job.request_id, "status": job.status},
                             status_code=202 if created else 200, headers={"Location": f"/v1/jobs/{job.job_id}"})
@@ -352,19 +346,9 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     def cancel_job(job_id: str, tenant: Tenant) -> JSONResponse:
         """Stop a job: calls not yet started never run; a call already running finishes in its sandbox."""
         runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 for other tenants
-        outcome: dict[str, str] = {}
-
-        def mutate(job: JobRecord) -> None:
-            if job.status in TERMINAL_JOB:
-                outcome["terminal"] = job.status
-                return
-            job.status = "cancelled"
-            job.error = {"type": "cancelled", "message": "the job was cancelled by its owner", "details": {}}
-
-        job = runtime.store.update(job_id, mutate)
-        if "terminal" in outcome:
-            raise ApiError(409, "already_terminal", f"job {job_id} already ended: {outcome['terminal']}",
-                           job_status=outcome["terminal"])
+        job, cancelled = cancel(runtime, job_id, "the job was cancelled by its owner")  # through set_status
+        if not cancelled:
+            raise ApiError(409, "already_terminal", f"job {job_id} already ended: {job.status}", job_status=job.status)
         log.info("job.cancelled", job_id=job_id, tenant=tenant)
         return JSONResponse({"job_id": job_id, "request_id": job.request_id, "status": job.status})
 
@@ -420,11 +404,6 @@ def _served_models(settings: Settings, *, created: int) -> list[dict[str, Any]]:
 
         model_id = settings.model or DEFAULT_MODEL_NAME
     return [{"id": model_id, "object": "model", "created": created, "owned_by": "toolrail", "backend": settings.decider}]
-
-
-def _fail_enqueue(job: JobRecord, exc: Exception) -> None:
-    job.status = "failed"
-    job.error = {"type": "enqueue_failed", "message": f"could not queue the job: {type(exc).__name__}", "details": {}}
 
 
 def _checked_id(job_id: str) -> str:

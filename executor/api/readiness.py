@@ -10,10 +10,15 @@ Now one probe runs at a time, at most every ``probe_interval_s``; the result is 
 once workers have answered, a missed ping does not make the service unready until no worker
 has answered for ``workers_grace_s``. Redis is checked live: without it no job can be taken.
 While not ready the body says what it is waiting for.
+
+A supervised worker pool (``toolrail serve``) that died is known at once, without waiting out the grace: its
+supervisor sets ``WORKER_DOWN_KEY`` until the restarted pool answers, and ``/readyz`` answers 503 with
+``reason: worker_down`` meanwhile (in every API process of that serve: the mark is in Redis).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -22,10 +27,20 @@ from typing import Any
 
 import redis
 
-__all__ = ["DEFAULT_PROBE_INTERVAL_S", "DEFAULT_WORKERS_GRACE_S", "Readiness"]
+__all__ = ["DEFAULT_PROBE_INTERVAL_S", "DEFAULT_WORKERS_GRACE_S", "WORKER_DOWN_KEY", "Readiness", "mark_worker_down"]
 
 DEFAULT_PROBE_INTERVAL_S = 2.0
 DEFAULT_WORKERS_GRACE_S = 30.0
+#: Set by a worker supervisor while its pool is down (expires on its own if the supervisor dies too).
+WORKER_DOWN_KEY = "tr:readiness:worker_down"
+
+
+def mark_worker_down(client: redis.Redis, info: dict[str, Any] | None, *, ttl_s: int = 120) -> None:
+    """Mark the supervised worker pool down (``info``: what the supervisor knows), or up again (None)."""
+    if info is None:
+        client.delete(WORKER_DOWN_KEY)
+    else:
+        client.set(WORKER_DOWN_KEY, json.dumps(info), ex=ttl_s)
 
 
 @dataclass
@@ -68,8 +83,15 @@ class Readiness:
             checks["redis"] = "ok"
         except redis.RedisError as exc:
             checks["redis"] = f"down: {type(exc).__name__}"
+        down = None
         if checks["redis"] == "ok":
             self._probe_workers()
+            try:
+                down = self.redis_client.get(WORKER_DOWN_KEY)
+            except redis.RedisError:
+                down = None
+            if down is not None:
+                checks["worker_down"] = json.loads(down)
         checks["workers"] = self._workers
         if self._probe_error:
             checks["workers_error"] = self._probe_error
@@ -77,11 +99,14 @@ class Readiness:
         workers_ok = seen_at is not None and self.clock() - seen_at <= self.workers_grace_s
         if seen_at is not None:
             checks["workers_seen_s_ago"] = round(self.clock() - seen_at, 1)
+        workers_ok = workers_ok and down is None
         waiting = [name for name, ok in (("redis", checks["redis"] == "ok"), ("workers", workers_ok)) if not ok]
         ready = not waiting
         body: dict[str, Any] = {"status": "ready" if ready else ("not_ready" if self._was_ready else "starting"),
                                 "checks": checks}
         if waiting:
             body["waiting_for"] = waiting
+        if down is not None:
+            body["reason"] = "worker_down"
         self._was_ready = self._was_ready or ready
         return ready, body

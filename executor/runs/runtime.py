@@ -23,6 +23,7 @@ from executor.sandbox.boundary import Sandbox
 from executor.sandbox.process import ProcessSandbox
 from executor.store.records import RedisJobStore
 from toolrail.logging import get_logger
+from toolrail.redis_embed import redis_url as resolve_redis_url
 from toolrail.settings import Settings, get_settings
 from toolrail.extensions import TOOL_SOURCES_GROUP, installed
 from tools.registry import Registry, default_registry
@@ -74,7 +75,7 @@ class Runtime:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, redis_url: str | None = None) -> "Runtime":
-        url = redis_url or settings.redis_url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+        url = redis_url or resolve_redis_url(settings)  # never a default port: unset is RedisNotConfiguredError
         client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10,
                                       retry_on_timeout=True)
         return cls(settings=settings, redis=client, store=RedisJobStore(client, ttl_s=settings.job_ttl_s),
@@ -138,7 +139,7 @@ def _url_of(client: redis.Redis) -> str:
     if "path" in kw:
         return f"unix://{kw['path']}?db={kw.get('db', 0)}"
     auth = f":{kw['password']}@" if kw.get("password") else ""
-    return f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+    return f"redis://{auth}{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
 
 
 _runtime: Runtime | None = None

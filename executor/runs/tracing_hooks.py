@@ -10,7 +10,7 @@
   spans of each task would go nowhere, and making them costs every task.
 - :func:`instrument_api` — FastAPI's instrumentation (an incoming ``traceparent`` is honoured, one
   is generated when absent), a link from each later request about a job (polls, event streams,
-  the trace itself) to the job's span, and the job span of a job cancelled through the API.
+  the trace itself) to the job's span (a cancelled job's span is written by ``set_status``, as every end's).
 - :func:`in_job_trace` — wraps ``enqueue(job)``/``dispatch(job, call)`` so what they publish is a
   child of the job's span (the reconciler's requeues included).
 - :func:`step`, :func:`execute_tool` — the ``step {n}`` span of a decide task and the
@@ -271,14 +271,7 @@ def instrument_api(app: Any, runtime: Any, **setup_options: Any) -> None:
                 tracing.link_to(job.trace_context)
             except Exception:  # noqa: BLE001 - a missing job is the endpoint's 404 to give, not ours
                 pass
-        response = await call_next(request)
-        if match is not None and request.method == "POST" and request.url.path.endswith("/cancel") \
-                and response.status_code == 200:
-            try:  # a cancelled job ends here, not in a worker: its job span is written here
-                tracing.end_job(await asyncio.to_thread(runtime.store.get, match.group(1)))
-            except Exception:  # noqa: BLE001 - tracing never fails the request
-                pass
-        return response
+        return await call_next(request)  # a cancelled job's span: set_status writes it (executor.runs.submit.cancel)
 
 
 class _IncomingContext:

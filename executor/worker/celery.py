@@ -9,30 +9,40 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import structlog
-from celery import Celery
+from celery import Celery, Task
 from celery.signals import before_task_publish, task_postrun, task_prerun, worker_init, worker_process_init
 
 from executor.worker.config import celery_config
 from executor.runs.tracing_hooks import instrument_celery
 from toolrail.context import CELERY_REQUEST_ID_HEADER, bind_request, current_request_id
 from toolrail.logging import configure_logging, get_logger
+from toolrail.redis_embed import redis_url
 from toolrail.settings import get_settings
 
 __all__ = ["app"]
 
-DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
-
 log = get_logger("toolrail.worker")
 
 
-def _broker_url() -> str:
-    return get_settings().redis_url or os.environ.get("REDIS_URL") or DEFAULT_BROKER
+class BoundaryTask(Task):
+    """Every task's last word: a failure no retry will answer (a bug, retries exhausted) ends the task's work — its job,
+    call or webhook delivery — with ``internal_error``, never stranded. ``given_up(task_name, args, exc)`` is what
+    does it (``executor.worker.tasks`` sets it to ``executor.runs.submit.end_stranded``: imports run one way)."""
+
+    given_up: Callable[[str, list[Any], BaseException], None] | None = None
+
+    def on_failure(self, exc: BaseException, task_id: str, args: tuple, kwargs: dict, einfo: object) -> None:
+        if BoundaryTask.given_up is not None:
+            BoundaryTask.given_up(self.name, list(args or ()), exc)
 
 
-app = Celery("toolrail", include=["executor.worker.tasks", "executor.runs.webhooks"])
-app.conf.update(celery_config(_broker_url(), visibility_timeout_s=get_settings().visibility_timeout_s,
+app = Celery("toolrail", include=["executor.worker.tasks", "executor.runs.webhooks"], task_cls=BoundaryTask)
+# REDIS_URL, never a default port: without it this import is RedisNotConfiguredError (one line from `toolrail worker`)
+app.conf.update(celery_config(redis_url(get_settings()), visibility_timeout_s=get_settings().visibility_timeout_s,
                               task_time_limit_s=getattr(get_settings(), "task_time_limit_s", None)))
 
 

@@ -13,12 +13,26 @@ per channel instead of one built for every publish and ack.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["DEFAULT_TASK_TIME_LIMIT_S", "celery_config", "task_time_limit_for"]
+__all__ = ["DECIDE_QUEUE", "DEFAULT_TASK_TIME_LIMIT_S", "WEBHOOK_QUEUE", "celery_config", "task_time_limit_for",
+           "worker_queues"]
+
+DECIDE_QUEUE = "decide"
+WEBHOOK_QUEUE = "webhooks"
 
 DEFAULT_TASK_TIME_LIMIT_S = 600
 DEFAULT_SOFT_TIME_LIMIT_S = 570
+
+
+def worker_queues(registry: Any, *, extra: Iterable[str] = ()) -> list[str]:
+    """Every queue a worker of this deployment consumes, each once: decide, webhooks, each tool's queue, then ``extra``
+    (the registered MCP servers' queues, which only the assembly reads: ``executor.stack.deployment_queues``).
+
+    The one list: ``toolrail serve``, ``toolrail worker``, the local stack and the tests' workers all start from it
+    (a queue left out is work nobody takes: webhooks under ``serve`` were never delivered)."""
+    return list(dict.fromkeys([DECIDE_QUEUE, WEBHOOK_QUEUE, *registry.queues(), *extra]))
 
 
 def task_time_limit_for(visibility_timeout_s: int) -> int:

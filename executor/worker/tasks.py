@@ -8,9 +8,10 @@ from decider.errors import DeciderRetryableError
 from executor.runs import concurrency
 from executor.runs import loop as jobs
 from executor.runs import tracing_hooks
-from executor.worker.celery import app
+from executor.worker.celery import BoundaryTask, app
 from executor.errors import RetryableError
 from executor.runs.runtime import get_runtime
+from executor.runs.submit import end_stranded
 from executor.store.records import CallRecord, JobRecord
 from toolrail.context import CELERY_REQUEST_ID_HEADER, request_scope
 from toolrail.logging import get_logger
@@ -68,6 +69,14 @@ def enqueue_decide(job: JobRecord) -> None:
     """Queue the decision of a job's current step (the API for a new job; the run loop for each later step)."""
     with request_scope(job.request_id):
         decide.apply_async(args=[job.job_id], queue="decide", headers={CELERY_REQUEST_ID_HEADER: job.request_id})
+
+
+def _given_up(task: str, args: list, exc: BaseException) -> None:
+    """A task failed for good: end its job, call or delivery (``internal_error`` with the request id)."""
+    end_stranded(get_runtime(), task, args, exc, next_step=enqueue_decide)
+
+
+BoundaryTask.given_up = _given_up
 
 
 @app.task(name="toolrail.noop", acks_late=True)

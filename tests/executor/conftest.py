@@ -73,12 +73,8 @@ def worker_log() -> Path:
 
 @pytest.fixture(scope="session")
 def worker(redis_url: str, worker_env: dict[str, str], worker_log: Path) -> Iterator[object]:
-    """A real Celery worker pool (2 processes) on every queue."""
-    from tools.registry import default_registry
-
-    queues = ["decide", "webhooks", *default_registry().queues()]
-    proc = start_worker(redis_url, queues=queues, concurrency=2, env=worker_env, log_file=worker_log,
-                        hostname="toolrail-test@%h")
+    """A real Celery worker pool (2 processes) on every queue of the deployment (``deployment_queues``, as serve's)."""
+    proc = start_worker(redis_url, concurrency=2, env=worker_env, log_file=worker_log, hostname="toolrail-test@%h")
     try:
         wait_for_workers(redis_url, count=1, timeout_s=60)
         yield proc
@@ -144,13 +140,13 @@ def own_database(number: int) -> str:
 def start_decider_worker(db_url: str, *, factory: str, env: dict[str, str] | None = None, queues: tuple[str, ...] = (),
                          name: str) -> tuple[object, Path]:
     """A real worker pool on ``db_url`` with the test tools and ``TOOLRAIL_DECIDER=custom`` from ``factory``; returns
-    the process (stop it with ``stop_process``) and its log file."""
-    from tools.registry import default_registry
+    the process (stop it with ``stop_process``) and its log file (every queue of the deployment, and ``queues``)."""
+    from executor.stack import deployment_queues
 
     worker_env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": factory,
                   "TOOLRAIL_TOOL_MODULES": TEST_TOOL_MODULES, "TOOLRAIL_LOG_JSON": "1", **(env or {})}
     log = Path(tempfile.mkdtemp(prefix=f"toolrail-{name}-")) / "worker.log"
-    proc = start_worker(db_url, queues=["decide", *queues, *default_registry().queues()], concurrency=2, env=worker_env,
+    proc = start_worker(db_url, queues=deployment_queues(db_url, extra=queues), concurrency=2, env=worker_env,
                         log_file=log, hostname=f"toolrail-{name}@%h")
     wait_for_workers(db_url, count=1, timeout_s=90)
     return proc, log

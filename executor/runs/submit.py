@@ -1,0 +1,109 @@
+"""A job's edges outside the loop: how it enters (``submit``), how its owner stops it (``cancel``), and how a task
+that failed for good ends its work (``end_stranded``) — one path each, whatever the entry point.
+
+``POST /v1/jobs`` and MCP ``tools/call`` both submit through :func:`submit`: the deadline set, the record
+created, the first step queued (or the client's own calls checked and queued straight to their tool queues), and
+a queueing failure ends the job ``failed`` (``enqueue_failed``) before the caller hears of it. Every end goes
+through ``set_status``: the webhook, the event stream and the job's span see each one.
+
+Nothing stranded: a task whose exception no retry will answer (a bug, or retries exhausted) ends what it was
+doing — the decide step's job ``failed``, a call ``failed`` (the run goes on as after any failed call), a
+webhook delivery ``failed`` — with ``internal_error`` carrying the request id, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from executor.errors import StoreUnavailableError
+from executor.runs import policy
+from executor.runs.loop import Dispatch, NextStep, advance, check_client_output, set_status, start_checked
+from executor.runs.runtime import Runtime
+from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, JobRecord
+from toolrail.logging import get_logger
+
+__all__ = ["cancel", "end_stranded", "internal_error", "submit"]
+
+log = get_logger("toolrail.submit")
+
+
+def submit(rt: Runtime, job: JobRecord, *, enqueue: NextStep, dispatch: Dispatch | None,
+           idempotency_key: str | None = None, body_hash: str | None = None) -> tuple[JobRecord, bool]:
+    """Store a new job and queue its first step; ``(job, created)`` (an idempotent repeat is not queued again).
+
+    ``dispatch`` None: the client's own calls go through the decide task too (an API built with a no-op
+    ``enqueue``). Raises ``StoreUnavailableError`` when the broker refused, after ending the job ``failed``."""
+    if job.deadline_at is None:
+        job = job.model_copy(update={"deadline_at": time.time() + rt.settings.run_deadline_s})
+    checked = check_client_output(rt, job) if job.client_output is not None and dispatch is not None else None
+    job, created = rt.store.create(checked or job, idempotency_key=idempotency_key, body_hash=body_hash)
+    if not created:
+        return job, False
+    try:
+        if checked is None:
+            enqueue(job)
+        else:
+            start_checked(rt, job, dispatch)  # type: ignore[arg-type] - checked implies dispatch
+    except Exception as exc:  # noqa: BLE001 - the broker is down: the job must not stay queued silently
+        log.error("job.enqueue_failed", job_id=job.job_id, request_id=job.request_id, error=type(exc).__name__)
+        set_status(rt, job.job_id, "failed", mutate=lambda j: policy.close_step(j, status="failed"),
+                   error={"type": "enqueue_failed", "message": f"could not queue the job: {type(exc).__name__}",
+                          "details": {"request_id": job.request_id}})
+        raise StoreUnavailableError(f"could not queue the job: {exc}", job_id=job.job_id) from exc
+    return job, True
+
+
+def cancel(rt: Runtime, job_id: str, message: str) -> tuple[JobRecord, bool]:
+    """Cancel a job through ``set_status`` (calls not started never run; one running finishes in its sandbox).
+
+    Returns ``(job, cancelled)``: False when it had already ended (``job.status`` says how)."""
+    seen: list[str] = []
+    job = set_status(rt, job_id, "cancelled", mutate=lambda j: seen.append(j.status),
+                     error={"type": "cancelled", "message": message, "details": {}})
+    return job, bool(seen) and job.status == "cancelled"
+
+
+def internal_error(exc: BaseException, *, request_id: str, where: str) -> dict[str, Any]:
+    """The typed error of work a bug (or exhausted retries) ended: the exception's class, never its trace."""
+    return {"type": "internal_error", "message": f"{where} failed ({type(exc).__name__}); the worker's log has it "
+            f"under request_id {request_id}", "details": {"request_id": request_id, "exception": type(exc).__name__}}
+
+
+def end_stranded(rt: Runtime, task: str, args: list[Any], exc: BaseException, *,
+                 next_step: NextStep | None = None) -> None:
+    """End the work of a task that failed for good (its ``on_failure``): never raises."""
+    try:
+        if task == "toolrail.decide" and args:
+            _end_job(rt, str(args[0]), exc)
+        elif task == "toolrail.run_call" and len(args) >= 2:
+            _end_call(rt, str(args[0]), str(args[1]), exc, next_step)
+        elif task == "toolrail.deliver_webhook" and len(args) >= 2:
+            from executor.runs.webhooks import _finish  # noqa: PLC0415 - the delivery's one end
+
+            _finish(rt, str(args[0]), str(args[1]), state="failed", outcome="error", reason=type(exc).__name__)
+    except Exception as error:  # noqa: BLE001 - the reconciler is the next line of defence
+        log.error("task.end_stranded_failed", task=task, error=f"{type(error).__name__}: {error}")
+
+
+def _end_job(rt: Runtime, job_id: str, exc: BaseException) -> None:
+    job = rt.store.get(job_id)
+    if job.status in TERMINAL_JOB:
+        return
+    log.error("job.internal_error", job_id=job_id, request_id=job.request_id, error=f"{type(exc).__name__}: {exc}")
+    set_status(rt, job_id, "failed", mutate=lambda j: policy.close_step(j, status="failed"),
+               error=internal_error(exc, request_id=job.request_id, where="the decide step"))
+
+
+def _end_call(rt: Runtime, job_id: str, call_id: str, exc: BaseException, next_step: NextStep | None) -> None:
+    job = rt.store.get(job_id)
+    call = next((c for c in job.calls if c.id == call_id), None)
+    if job.status in TERMINAL_JOB or call is None or call.status in TERMINAL_CALL:
+        return
+    log.error("call.internal_error", job_id=job_id, call_id=call_id, request_id=job.request_id,
+              error=f"{type(exc).__name__}: {exc}")
+    call.status, call.finished_at = "failed", time.time()
+    call.error = internal_error(exc, request_id=job.request_id, where=f"call {call.name}")
+    remaining, read = rt.store.finish_call_and_read(job_id, call)
+    if remaining == 0:
+        advance(rt, job_id, next_step, read=read)
