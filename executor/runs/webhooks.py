@@ -14,8 +14,8 @@ attempt per run: 2xx ends it (delivered); 5xx, 408, 429, timeouts and connection
 with exponential backoff and jitter until ``webhook_max_attempts``; any other answer ends it
 (rejected). Every attempt is appended to the delivery's list (:func:`deliveries` reads them).
 
-SSRF: only http(s) URLs; every address the host resolves to must be public unless
-``TOOLRAIL_WEBHOOK_ALLOW_PRIVATE=1``. The check runs when the job is created
+SSRF (:mod:`toolrail.netguard`, the one guard MCP servers pass too): only http(s) URLs; every address
+the host resolves to must be global unless ``TOOLRAIL_WEBHOOK_ALLOW_PRIVATE=1``. The check runs when the job is created
 (:func:`validate_webhook_url`) and again before every attempt, and the attempt connects to the
 address that was checked (the ``Host`` header and TLS server name keep the URL's host), so a DNS
 answer that changes between the check and the connection is never followed. Redirects are not
@@ -34,13 +34,11 @@ import base64
 import binascii
 import hashlib
 import hmac
-import ipaddress
 import json
 import random
-import socket
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -53,6 +51,7 @@ from executor.worker.celery import app
 from executor.errors import WebhookUrlError
 from executor.runs.runtime import Runtime, get_runtime
 from executor.store.records import JobRecord
+from toolrail import netguard
 from toolrail.context import CELERY_REQUEST_ID_HEADER, request_scope
 from toolrail.logging import get_logger
 from toolrail.settings import Settings
@@ -80,15 +79,14 @@ log = get_logger("toolrail.webhooks")
 EVENTS: dict[str, str] = {"succeeded": "job.succeeded", "failed": "job.failed", "needs_review": "job.needs_review",
                           "awaiting_approval": "job.awaiting_approval", "expired": "job.expired"}
 WEBHOOK_QUEUE = "webhooks"
-#: Longest webhook URL accepted.
-MAX_URL_CHARS = 2048
 #: How far a ``webhook-timestamp`` may be from now for :func:`verify` (the spec's replay window).
 DEFAULT_TOLERANCE_S = 300
 _SECRET_PREFIX = "whsec_"
 _USER_AGENT = "toolrail-webhooks/1"
 
-#: ``resolve(host, port) -> addresses``: the resolver the SSRF check uses.
-Resolver = Callable[[str, int], list[str]]
+#: ``resolve(host, port) -> addresses``: the resolver the SSRF check uses (tests pass a double).
+Resolver = netguard.Resolver
+resolve_host = netguard.resolve_host
 
 
 # ----------------------------------------------------------------- signatures (Standard Webhooks)
@@ -136,71 +134,13 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, *, tolerance_s:
 # ----------------------------------------------------------------- URLs (SSRF)
 
 
-def resolve_host(host: str, port: int) -> list[str]:
-    """Every address ``host`` resolves to (an IP literal resolves to itself)."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(str(info[4][0]).split("%", 1)[0] for info in infos))
-
-
-def _embedded_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries (mapped, 6to4, Teredo, NAT64), if any."""
-    if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    if ip.sixtofour is not None:
-        return ip.sixtofour
-    if ip.teredo is not None:
-        return ip.teredo[1]
-    if ip in ipaddress.ip_network("64:ff9b::/96"):
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return None
-
-
-def _public(address: str) -> bool:
-    """A globally routable unicast address (no loopback, private, link-local, shared, reserved, multicast)."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and (inner := _embedded_v4(ip)) is not None and not _public(str(inner)):
-        return False
-    return ip.is_global and not ip.is_multicast
-
-
 def _checked(url: str, *, allow_private: bool, resolve: Resolver) -> tuple[httpx.URL, list[str]]:
-    """The parsed URL and its host's addresses, or ``WebhookUrlError`` saying why not."""
-    if not isinstance(url, str) or not url.strip():
-        raise WebhookUrlError("the webhook URL is empty", url=url if isinstance(url, str) else None)
-    if len(url) > MAX_URL_CHARS:
-        raise WebhookUrlError(f"the webhook URL is longer than {MAX_URL_CHARS} characters", length=len(url))
-    if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in url.strip()):
-        raise WebhookUrlError("the webhook URL contains whitespace or control characters", url=url[:200])
+    """The parsed URL and its host's addresses (:mod:`toolrail.netguard`, the one SSRF guard), or ``WebhookUrlError``."""
     try:
-        parsed = httpx.URL(url.strip())
-    except (httpx.InvalidURL, ValueError, TypeError) as exc:
-        raise WebhookUrlError(f"the webhook URL cannot be parsed: {exc}", url=url[:200]) from None
-    if parsed.scheme not in ("http", "https"):
-        raise WebhookUrlError(f"a webhook URL must be http or https, not {parsed.scheme or 'scheme-less'}",
-                              url=url[:200], scheme=parsed.scheme)
-    if not parsed.host:
-        raise WebhookUrlError("the webhook URL has no host", url=url[:200])
-    if parsed.userinfo:
-        raise WebhookUrlError("a webhook URL may not carry credentials (user:password@)", url=parsed.host)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        addresses = resolve(parsed.raw_host.decode("ascii"), port)
-    except (OSError, UnicodeError) as exc:
-        raise WebhookUrlError(f"the webhook host {parsed.host} does not resolve: {exc}", host=parsed.host,
-                              reason="unresolved") from None
-    if not addresses:
-        raise WebhookUrlError(f"the webhook host {parsed.host} resolves to no address", host=parsed.host,
-                              reason="unresolved")
-    if not allow_private:
-        refused = [a for a in addresses if not _public(a)]
-        if refused:
-            raise WebhookUrlError(f"the webhook host {parsed.host} resolves to {refused[0]}, a loopback, private, "
-                                  "link-local or otherwise non-public address (TOOLRAIL_WEBHOOK_ALLOW_PRIVATE=1 allows "
-                                  "it)", host=parsed.host, address=refused[0])
-    return parsed.copy_with(fragment=None), addresses
+        return netguard.check_url(url, allow_private=allow_private, resolve=resolve)
+    except netguard.UrlRefusedError as exc:
+        hint = " (TOOLRAIL_WEBHOOK_ALLOW_PRIVATE=1 allows it)" if exc.reason == "not_public" else ""
+        raise WebhookUrlError(f"webhook: {exc}{hint}", **exc.details) from None
 
 
 def validate_webhook_url(url: str, *, allow_private: bool, resolve: Resolver = resolve_host) -> str:
@@ -377,9 +317,8 @@ async def _post(url: httpx.URL, address: str, headers: dict[str, str], body: byt
 
     The certificate is checked against the URL's host (the server name), never against the address.
     """
-    target = url.copy_with(host=address)
-    headers = {**headers, "Host": url.netloc.decode("ascii")}
-    extensions = {"sni_hostname": url.raw_host.decode("ascii")} if url.scheme == "https" else {}
+    target, host, extensions = netguard.pinned(url, address)
+    headers = {**headers, **host}
     async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False, trust_env=False, verify=tls_verify) as client:
         request = client.build_request("POST", target, headers=headers, content=body, extensions=extensions)
         response = await client.send(request, stream=True)
