@@ -148,9 +148,11 @@ def cmd_triton_repo(args: argparse.Namespace) -> int:
         model = args.model
         llm_api_options: dict[str, Any] = {}
         bls_instances = None
+        built: dict[str, Any] = {}
         if args.build_dir is not None:
             manifest = Manifest.read(args.build_dir)
             bls_instances = manifest.sizing.get("bls_instances")
+            built = manifest.options  # the repository serves what was built: batch size, KV fraction
             flavor = flavor or manifest.backend
             model = model or manifest.model
             if manifest.backend == "engine":
@@ -183,8 +185,8 @@ def cmd_triton_repo(args: argparse.Namespace) -> int:
             model=args.server_model or model,
             tokenizer_dir=args.server_tokenizer_dir,
             engine_dir=engine_dir,
-            max_batch_size=args.max_batch_size,
-            kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_mem_fraction,
+            max_batch_size=args.max_batch_size or built.get("max_batch_size", 64),
+            kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_mem_fraction or built.get("kv_cache_free_gpu_mem_fraction", 0.85),
             triton_backend=args.triton_backend,
             llm_api_options=llm_api_options,
             model_code_from=args.model_code_from,
@@ -275,8 +277,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     repo.add_argument("--server-root", default=None, help="path the repository is mounted at on the server")
     repo.add_argument("--server-model", default=None, help="model path/id as the server sees it (default: --model)")
     repo.add_argument("--server-tokenizer-dir", default=None, help="tokenizer dir as the server sees it")
-    repo.add_argument("--max-batch-size", type=int, default=64)
-    repo.add_argument("--kv-cache-free-gpu-mem-fraction", type=float, default=0.85)
+    repo.add_argument("--max-batch-size", type=int, default=None, help="default: the build's (else 64)")
+    repo.add_argument("--kv-cache-free-gpu-mem-fraction", type=float, default=None, help="default: the build's (else 0.85)")
     repo.add_argument("--triton-backend", choices=("tensorrtllm", "python"), default="tensorrtllm")
     repo.set_defaults(handler=cmd_triton_repo)
 

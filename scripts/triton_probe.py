@@ -9,7 +9,10 @@ Checks, each recorded with what was seen:
 2. ``guided_1`` / ``guided_16``: 1, then 16 concurrent guided requests, each with its own schema
    (its own enum of one marker); every output must parse and validate against *its* schema.
 3. ``length``: a request with ``max_tokens=5`` must end with ``finish_reason == "length"``.
-4. ``raw_stream``: one request sent on a raw gRPC stream without, then with,
+4. ``hangup``: a second client starts a long generation and closes its stream after the first
+   text (a decide worker that dies mid-request); the server must go on answering the first
+   client's guided requests (no batch slot or BLS instance left stuck).
+5. ``raw_stream``: one request sent on a raw gRPC stream without, then with,
    ``triton_enable_empty_final_response``: whether a response flagged
    ``triton_final_response`` arrives within ``--raw-timeout`` seconds. For the release's BLS,
    Triton forwards the closing empty response only with the opt-in (``expected_final_without_opt_in``
@@ -95,6 +98,28 @@ async def _guided(backend: TritonBackend, tokenizer: Any, count: int, tag: str) 
     return {"ok": ok, "seconds": round(seconds, 3), "requests": rows}
 
 
+async def _hangup(backend: TritonBackend, tokenizer: Any, *, timeout: float) -> dict[str, Any]:
+    """A client that hangs up mid-stream must not take the server's capacity with it."""
+    leaving = TritonBackend(url=backend.url, model_name=backend.model_name, request_timeout_s=timeout)
+    first_text = None
+    try:
+        await leaving.start()
+        long_request = GenerationRequest(request_id="probe-hangup", max_tokens=512,
+                                         prompt=render(tokenizer, "Write a very long story about the sea."))
+        stream = leaving.generate(long_request)
+        first = await asyncio.wait_for(stream.__anext__(), timeout=timeout)
+        first_text = first.text
+        await stream.aclose()
+    except Exception as exc:  # noqa: BLE001 - recorded
+        return {"ok": False, "error": f"before hang-up: {type(exc).__name__}: {exc}"}
+    finally:
+        await leaving.aclose()  # the hang-up: the whole stream and channel go away
+    start = time.perf_counter()
+    after = await _guided(backend, tokenizer, 4, "after-hangup")
+    return {"ok": after["ok"], "first_text": first_text, "after_seconds": round(time.perf_counter() - start, 3),
+            "after": after["requests"]}
+
+
 async def _raw_final(backend: TritonBackend, *, opt_in: bool, timeout: float) -> dict[str, Any]:
     """Send one request on a raw stream; report whether a response flagged final arrived."""
     message = backend._encode(  # the exact request the decider sends, the opt-in toggled
@@ -162,6 +187,7 @@ async def probe(url: str, model: str, *, tokenizer: Any = None, raw_timeout: flo
             checks["length"] = {"ok": reason == "length", "finish_reason": reason}
         except Exception as exc:  # noqa: BLE001
             checks["length"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        checks["hangup"] = await _hangup(backend, tokenizer, timeout=request_timeout)
         without = await _raw_final(backend, opt_in=False, timeout=raw_timeout)
         with_opt_in = await _raw_final(backend, opt_in=True, timeout=raw_timeout)
         bls = backend._profile.cumulative_text or backend._profile.count_tokens
