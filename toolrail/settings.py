@@ -81,6 +81,14 @@ class Settings(BaseSettings):
     (`TOOLRAIL_SSE_MAX_STREAMS_PER_TENANT`) holds per process."""
     api_keys: str = ""
     """`key:tenant` pairs, comma separated. Empty: no auth, loopback only."""
+    allowed_hosts: str = ""
+    """Without API keys the API answers only requests whose `Host` is a loopback name (`127.0.0.1`, `localhost`,
+    `[::1]`, any port; 403 `host_not_allowed` otherwise: a web page can rebind its own name to 127.0.0.1). More
+    names, comma separated (e.g. a local reverse proxy's). With keys set, the key is the boundary."""
+    allowed_origins: str = ""
+    """Browser origins (`scheme://host[:port]`, comma separated) allowed to call the API from another origin.
+    Unset: a request with an `Origin` header is refused (403 `origin_not_allowed`) unless it is a loopback origin
+    (no keys set) or the API's own origin (keys set)."""
     max_body_bytes: int = Field(default=1_000_000, ge=1)
     """Largest request body the API reads (413 above)."""
     max_json_depth: int = Field(default=32, ge=1)

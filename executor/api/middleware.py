@@ -1,4 +1,4 @@
-"""The job API's ASGI middleware: body limits before any parsing, and request correlation.
+"""The job API's ASGI middleware: local means local, body limits before any parsing, and request correlation.
 
 Split from :mod:`executor.api.app` to keep each module one concern.
 """
@@ -19,11 +19,94 @@ from toolrail import tracing
 from toolrail.context import REQUEST_ID_HEADER, bind_request, sanitize_request_id
 from toolrail.logging import get_logger
 
-__all__ = ["BodyGuard", "Correlate", "route_template"]
+__all__ = ["BodyGuard", "Correlate", "LOOPBACK_NAMES", "LocalOnly", "route_template"]
 
 log = get_logger("toolrail.api")
 
 # ----------------------------------------------------------------- middleware
+
+#: Host names that can only mean this machine: a page elsewhere cannot make a browser send them for its own name.
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
+def _host_name(value: str) -> str:
+    """``Host`` (or an origin's authority) without its port, lower-cased: ``[::1]:8000`` → ``[::1]``."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        rest = value[end + 1:] if end > 0 else ":x"
+        return value[:end + 1] if rest == "" or rest[:1] == ":" and rest[1:].isdigit() else ""
+    name, colon, port = value.rpartition(":")
+    if colon:
+        return name if port.isdigit() and name else ""
+    return value
+
+
+def _origin_parts(origin: str) -> tuple[str, str] | None:
+    """``(scheme, authority)`` of an ``Origin`` header; None for ``null`` or anything that is not one."""
+    scheme, sep, authority = origin.strip().lower().partition("://")
+    if not sep or scheme not in ("http", "https") or not authority or "/" in authority or "@" in authority:
+        return None
+    return scheme, authority
+
+
+class LocalOnly:
+    """ASGI middleware, every route: local means local (DESIGN.md, "Trust boundaries").
+
+    Without API keys the API trusts whoever reaches it, so it must be someone on this machine: the
+    ``Host`` must be a loopback name (or an operator's ``TOOLRAIL_ALLOWED_HOSTS``) and an ``Origin``,
+    when a browser sends one, a loopback origin. A page that rebinds its own name to 127.0.0.1 makes
+    the browser send *its* name as ``Host`` and its origin as ``Origin``: 403 ``host_not_allowed`` /
+    ``origin_not_allowed`` before any route (or the body) is read. With keys set the key is the
+    boundary and any ``Host`` is served, but a cross-origin browser request is still refused unless
+    ``TOOLRAIL_ALLOWED_ORIGINS`` lists its origin: a page never gets to spend a key a browser holds.
+    Requests without ``Origin`` (curl, SDKs, servers) are not browsers' cross-origin requests.
+    """
+
+    def __init__(self, app: Any, *, keyed: bool, allowed_hosts: str = "", allowed_origins: str = "") -> None:
+        self.app, self.keyed = app, keyed
+        self.hosts = LOOPBACK_NAMES | {_host_name(h) for h in allowed_hosts.split(",") if _host_name(h)}
+        self.origins = {o.strip().lower().rstrip("/") for o in allowed_origins.split(",") if o.strip()}
+
+    def refusal(self, host: str | None, origin: str | None) -> tuple[str, str] | None:
+        """``(type, message)`` of a request to refuse, or None to serve it."""
+        if not self.keyed and (host is None or _host_name(host) not in self.hosts):
+            return "host_not_allowed", ("this API has no API keys and serves this machine only: the Host header must "
+                                        "name a loopback address (127.0.0.1, localhost, [::1]) or a TOOLRAIL_ALLOWED_HOSTS "
+                                        "name")
+        if origin is None or origin.strip().lower().rstrip("/") in self.origins:
+            return None
+        parts = _origin_parts(origin)
+        if parts is not None:
+            if not self.keyed and _host_name(parts[1]) in LOOPBACK_NAMES:
+                return None
+            if self.keyed and host is not None and parts[1] == host.strip().lower():
+                return None  # the API's own origin (a page it serves)
+        return "origin_not_allowed", ("cross-origin requests are refused: the Origin is not this API's own"
+                                      + ("" if self.keyed else " nor a loopback origin")
+                                      + " and TOOLRAIL_ALLOWED_ORIGINS does not list it")
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = origin = None
+        for key, value in scope.get("headers", ()):
+            if key == b"host":
+                host = value.decode("latin-1")
+            elif key == b"origin":
+                origin = value.decode("latin-1")
+        refused = self.refusal(host, origin)
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        kind, message = refused
+        log.warning("http.refused", reason=kind, path=scope.get("path", "")[:200])
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await _send_json(send, 403, _error_body(kind, message))
+
 
 
 def _json_depth_exceeds(body: bytes, limit: int) -> bool:

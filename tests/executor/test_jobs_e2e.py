@@ -163,7 +163,7 @@ def test_job_api_serves_the_openai_endpoint(runtime) -> None:
     assert "/v1/chat/completions" in paths and "/v1/jobs" in paths
     from fastapi.testclient import TestClient
 
-    response = TestClient(app).post("/v1/chat/completions", json={"messages": []})
+    response = TestClient(app, base_url="http://127.0.0.1").post("/v1/chat/completions", json={"messages": []})
     assert 400 <= response.status_code < 500 and response.json()["error"]["type"]
 
 
