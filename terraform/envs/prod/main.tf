@@ -132,3 +132,11 @@ module "api" {
   log_group_name                 = module.observability.log_group_names["api"]
   lb_logs_bucket                 = module.observability.lb_logs_bucket
 }
+
+# A build whose model the server downloads itself (publish --hub-egress) needs a route out of the GPU subnets.
+check "hub_egress_has_a_route" {
+  assert {
+    condition     = !var.engine.hub_egress || var.nat_gateway_mode != "none"
+    error_message = "engine.hub_egress needs a NAT gateway (nat_gateway_mode single or per_az): the GPU subnets have no other route to a model hub."
+  }
+}
