@@ -12,6 +12,13 @@
         │                     recursive or remote ``$ref``, too large, too deep (permanent)
         └── UnsupportedPatternError  a ``pattern`` no linear-time engine can run (backreference,
                                      lookaround); carries ``path``, ``pattern`` and ``reason``
+
+A tool's own subclass keeps its ``type``, message and details in the call's error record, one
+level deep (``{"type": "order_not_found", "message": ..., "details": {...}}``). The type must
+be snake_case of at most 64 characters and name no outcome of the platform's own (``tool_*``,
+``sandbox_*``, ``mcp_*``, ``timeout``, ``circuit_open``, ...: see
+``executor.sandbox.child.tool_error_type``); a refused one is recorded as ``tool_error`` with
+``details.refused_type``. Details must be JSON (what is not becomes a string).
 """
 
 from __future__ import annotations
@@ -23,12 +30,12 @@ __all__ = ["AmbiguousOutputError", "CleaningError", "InsufficientFundsError", "P
 
 
 class ToolError(Exception):
-    """Base class of errors a tool reports on purpose."""
+    """Base class of errors a tool reports on purpose: ``type`` names the failure, ``details`` are its data."""
 
     retryable = False
     type = "tool_error"
 
-    def __init__(self, message: str, **details: Any) -> None:
+    def __init__(self, message: str, /, **details: Any) -> None:  # a detail may be called ``message`` too
         super().__init__(message)
         self.details = details
 

@@ -67,6 +67,9 @@ class ToolSpec(BaseModel):
     requires_approval: bool = False
     #: The same call may answer differently each time (a poll): an identical repeat in a run is not held back.
     repeatable: bool = False
+    #: A failed call records the tool's own traceback under ``details.traceback`` (its frames only, paths relative
+    #: to its package); the operator turns it on for every tool with ``TOOLRAIL_TOOL_ERROR_TRACEBACKS``.
+    error_traceback: bool = False
     #: ``module:function`` executed in the sandbox; None for inline specs the client executes.
     entrypoint: str | None = None
     model: type[BaseModel] | None = Field(default=None, exclude=True)

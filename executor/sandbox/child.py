@@ -46,6 +46,7 @@ import signal
 import stat
 import struct
 import sys
+import re
 import time
 import traceback
 from typing import Any
@@ -97,10 +98,40 @@ SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/
 DEVICE_PATHS = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 #: Packages of this platform a tool imports through ``tools.context`` and friends.
 PLATFORM_PACKAGES = ("toolrail", "tools", "executor")
-#: Error types a tool process may report; anything else it claims becomes ``tool_error``.
-KNOWN_ERROR_TYPES = frozenset({"tool_error", "tool_input_error", "insufficient_funds", "unknown_tool",
-                               "tool_memory_limit", "tool_output_invalid", "sandbox_denied", "tool_process_limit",
-                               "tool_left_process", "sandbox_error"})
+#: A tool's own error type (``tools.errors.ToolError.type``): snake_case, a letter first, at most 64 characters.
+TOOL_ERROR_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+#: The platform's types a tool raises on purpose (``tools.errors``): a tool may report them as they are.
+TOOL_RAISABLE_TYPES = frozenset({"tool_error", "tool_input_error", "insufficient_funds", "pattern_budget_exceeded"})
+#: What the sandbox's own code in the tool process reports (``classify``, ``encode_result``, a failed set-up).
+SANDBOX_REPORTED_TYPES = frozenset({"tool_memory_limit", "tool_output_invalid", "sandbox_denied", "tool_process_limit",
+                                    "sandbox_error"})
+#: Prefixes of the platform's own outcomes (limits, crashes, the sandbox, MCP servers): never a tool's own type.
+RESERVED_TYPE_PREFIXES = ("tool_", "sandbox_", "mcp_", "toolrail_", "executor_")
+#: The platform's other error types (the job API's, the run loop's, the check path's): never a tool's own type.
+RESERVED_TYPES = frozenset({
+    "ambiguous_output", "approval_conflict", "approval_expired", "call_as_text", "call_in_progress", "circuit_open",
+    "concurrency_limited", "decider_unavailable", "generation_bound", "idempotency_conflict", "invalid_arguments",
+    "invalid_output", "invalid_tool_calls", "not_found", "permanent", "rate_limited", "rejected", "repeated_call",
+    "repeated_side_effect", "retryable", "schema_rejected", "store_unavailable", "timeout", "ungrounded_values",
+    "unknown_tool", "unsupported_pattern", "validation_error", "webhook_url_not_allowed"})
+
+
+def tool_error_type(claimed: Any, *, from_sandbox: bool = False) -> str | None:
+    """``claimed`` when a tool may report it as its error's type, else None (the error is then ``tool_error``).
+
+    A tool's own type (``order_not_found``) is kept; one that is not snake_case of at most 64
+    characters, or that names an outcome of the platform's own (``tool_timeout``,
+    ``sandbox_denied``, ``circuit_open``, ...), is refused, so a tool cannot pass its failure off
+    as the platform's. ``from_sandbox``: the answer of a tool process, whose sandbox code also
+    reports the failures it classifies itself (``SANDBOX_REPORTED_TYPES``).
+    """
+    if not isinstance(claimed, str) or not TOOL_ERROR_TYPE.fullmatch(claimed):
+        return None
+    if claimed in TOOL_RAISABLE_TYPES or (from_sandbox and claimed in SANDBOX_REPORTED_TYPES):
+        return claimed
+    if claimed in RESERVED_TYPES or claimed.startswith(RESERVED_TYPE_PREFIXES):
+        return None
+    return claimed
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -553,8 +584,11 @@ def _checked_answer(payload: dict) -> dict:
     error = payload.get("error")
     if payload.get("ok") is not False or not isinstance(error, dict):
         return _error("tool_output_invalid", "the tool's answer has neither a result nor an error")
-    kind = error.get("type") if error.get("type") in KNOWN_ERROR_TYPES else "tool_error"
+    claimed = error.get("type")
+    kind = tool_error_type(claimed, from_sandbox=True) or "tool_error"
     details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    if claimed is not None and kind != claimed:  # the tool claimed a type it may not: say so, do not believe it
+        details = {**details, "refused_type": str(claimed)[:80]}
     return {"ok": False, "error": {"type": kind, "message": str(error.get("message", "tool failed"))[:2000],
                                    "details": details}}
 
@@ -601,8 +635,13 @@ def classify(exc: BaseException) -> dict:
     if isinstance(exc, MemoryError):
         return {"type": "tool_memory_limit", "message": "the tool exceeded its memory limit", "details": {}}
     to_dict = getattr(exc, "to_dict", None)
-    if callable(to_dict):
-        return to_dict()
+    if callable(to_dict):  # a ``ToolError``: the tool's own type, message and details
+        error = to_dict()
+        claimed = error.get("type") if isinstance(error, dict) else None
+        if isinstance(error, dict) and claimed is not None and tool_error_type(claimed) is None:
+            details = error.get("details") if isinstance(error.get("details"), dict) else {}
+            error = {**error, "type": "tool_error", "details": {**details, "refused_type": str(claimed)[:80]}}
+        return error
     name = type(exc).__name__
     details = {"exception": name}
     if isinstance(exc, RecursionError):
@@ -615,6 +654,52 @@ def classify(exc: BaseException) -> dict:
     if isinstance(exc, OSError) and exc.errno in (errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL):
         return {"type": "sandbox_denied", "message": f"the tool has no network: {name}: {exc}", "details": details}
     return {"type": "tool_error", "message": f"{name}: {exc}", "details": details}
+
+
+#: Most characters of a tool's traceback (``details.traceback``), and most frames; the innermost are kept.
+MAX_TRACEBACK_CHARS = 4000
+MAX_TRACEBACK_FRAMES = 20
+
+
+def _tool_scope(module_name: str) -> tuple[list[str], str]:
+    """Where the tool's own code lives (its top-level package's folders, or its module file) and the folder paths
+    are shown relative to. A tool module inside one of the platform's packages (``tools.builtin``) is its file only."""
+    top = module_name.split(".")[0]
+    module = sys.modules.get(module_name if top in PLATFORM_PACKAGES else top)
+    if module is None:
+        return [], ""
+    folders = [os.path.realpath(p) for p in getattr(module, "__path__", None) or []] if top not in PLATFORM_PACKAGES \
+        else []
+    if folders:
+        return folders, os.path.dirname(folders[0])
+    origin = getattr(module, "__file__", None)
+    if not origin:
+        return [], ""
+    origin = os.path.realpath(origin)
+    base = os.path.dirname(origin)
+    for _ in range(module_name.count(".") if top in PLATFORM_PACKAGES else 0):
+        base = os.path.dirname(base)  # tools/builtin.py, relative to the folder holding ``tools``
+    return [origin], base
+
+
+def tool_traceback(exc: BaseException, module_name: str) -> str:
+    """``exc``'s traceback in the tool's own frames only, each path relative to the folder holding its package.
+
+    The platform's frames (the sandbox that called the tool) and frames of libraries the tool
+    called are left out, so no absolute path of the server appears; at most
+    ``MAX_TRACEBACK_FRAMES`` frames and ``MAX_TRACEBACK_CHARS`` characters, the innermost kept.
+    """
+    scope, base = _tool_scope(module_name)
+    frames = []
+    for frame in traceback.extract_tb(exc.__traceback__):
+        real = os.path.realpath(frame.filename)
+        if any(real == s or real.startswith(s + os.sep) for s in scope):
+            frames.append(traceback.FrameSummary(os.path.relpath(real, base), frame.lineno, frame.name,
+                                                 line=frame.line))
+    text = "".join(traceback.format_list(frames[-MAX_TRACEBACK_FRAMES:]))
+    summary = "".join(traceback.format_exception_only(type(exc), exc))
+    return ("Traceback (the tool's own frames):\n" + text)[-(MAX_TRACEBACK_CHARS - min(len(summary), 1000)):] \
+        + summary[:1000]
 
 
 _parent_pid: int | None = None
@@ -793,7 +878,9 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
         if os.getpid() != me:
             os._exit(1)  # a process the tool forked unwound to here: it reports nothing
         error = classify(exc)
-        error.setdefault("details", {})["traceback"] = traceback.format_exc(limit=5)[-2000:]
+        if request.get("traceback") and isinstance(error, dict):  # asked for by the tool's spec or the operator
+            details = error.get("details") if isinstance(error.get("details"), dict) else {}
+            error = {**error, "details": {**details, "traceback": tool_traceback(exc, request["entrypoint"].partition(":")[0])}}
         payload = {"ok": False, "error": error}
     if os.getpid() != me:
         os._exit(0)  # a forked copy of the tool returned: only the tool process answers

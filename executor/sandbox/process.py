@@ -77,7 +77,8 @@ log = get_logger("toolrail.sandbox")
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 #: Bytes of a tool's stdout, and of its stderr, kept per call; the rest is read, discarded and counted.
 MAX_STREAM_BYTES = 256_000
-#: Lines of tool output logged per call (``tool.output``), and characters kept of each.
+#: Lines of tool output logged per call (``tool.output``), and characters kept of each. Each stream has half of
+#: them, and the lines one stream leaves unused go to the other: a flood on stdout never hides stderr.
 MAX_OUTPUT_LINES = 200
 MAX_LINE_CHARS = 1000
 #: Processes (and threads) one call may have at once, the sandbox's own included.
@@ -311,8 +312,11 @@ class ProcessSandbox:
     def __init__(self, *, warm: int = 1, scratch_root: Path | None = None, python: str = sys.executable,
                  preload: str | None = None, own_uid: bool | None = None, confine: bool = True,
                  max_processes: int = DEFAULT_MAX_PROCESSES, forkserver: bool = True,
-                 parent_per_call: bool = False) -> None:
+                 parent_per_call: bool = False, error_tracebacks: bool | None = None) -> None:
         self._warm_target = max(0, warm)
+        #: Every tool's failures carry its traceback (``details.traceback``), not only those whose spec asks
+        #: (``ToolSpec.error_traceback``); None: ``TOOLRAIL_TOOL_ERROR_TRACEBACKS``.
+        self._error_tracebacks = _tracebacks_setting() if error_tracebacks is None else error_tracebacks
         #: Fork a call parent per call from the fork server (one more process per call) instead of the
         #: server being every call's parent; what the server does where it cannot own a PID namespace.
         self._parent_per_call = parent_per_call
@@ -451,6 +455,7 @@ class ProcessSandbox:
                 "scratch_root": str(self._scratch_root), "limits": _limits(spec, max_processes=self._max_processes),
                 "network": spec.networked, "own_uid": self._own_uid, "confine": self._confine,
                 "timeout_s": spec.timeout_s, "env": {**call.env, "TOOLRAIL_REQUEST_ID": call.request_id},
+                "traceback": bool(getattr(spec, "error_traceback", False) or self._error_tracebacks),
                 "trace_context": call.trace_context,
             }
             warm, pending = self._take(json.dumps(request, ensure_ascii=False).encode() + b"\n")
@@ -499,9 +504,31 @@ class ProcessSandbox:
                                  network=str(frame.get("network", "")), logs=logs, isolation=isolation, output=output)
         if "exit" in frame and not frame.get("error"):
             raise _death_error(spec, frame.get("exit"), stderr)
-        error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
-        cls = _ERRORS.get(str(error.get("type", "")), ToolRaisedError)
-        raise cls(str(error.get("message", "tool failed")), tool_error=error)
+        raise _tool_failure(frame.get("error") if isinstance(frame.get("error"), dict) else {})
+
+
+def _tool_failure(error: dict[str, Any]) -> SandboxError:
+    """The error a failed call ends with: the type, message and details of the call parent's checked frame, one
+    level deep (``{type, message, details}``; a traceback, when asked for, is ``details.traceback``).
+
+    A sandbox outcome (``sandbox_denied``, ``tool_memory_limit``, ...) is its own class; any other type is
+    the tool's own (``order_not_found``), carried by a ``ToolRaisedError`` (the call parent refused the
+    types a tool may not claim: ``executor.sandbox.child.tool_error_type``).
+    """
+    kind = str(error.get("type") or "tool_error")
+    cls = _ERRORS.get(kind, ToolRaisedError)
+    failure = cls(str(error.get("message", "tool failed")))
+    failure.details = dict(error.get("details") or {})  # set, not passed: a tool's detail may be named ``message``
+    if cls is ToolRaisedError:
+        failure.type = kind
+    return failure
+
+
+def _tracebacks_setting() -> bool:
+    """``TOOLRAIL_TOOL_ERROR_TRACEBACKS``, as the process's settings read it."""
+    from toolrail.settings import get_settings  # noqa: PLC0415 - read where the sandbox is built
+
+    return bool(getattr(get_settings(), "tool_error_tracebacks", False))
 
 
 def _adopt_spans(spans: Any, call: CallRun) -> None:
@@ -617,36 +644,56 @@ def _release(warm: _Warm) -> None:
     warm.fds = {}
 
 
-def _log_output(streams: dict[str, _Captured], *, spec: ToolSpec, call: CallRun) -> list[dict[str, Any]]:
-    """One bounded ``tool.output`` event per line the tool printed; returns its structured (JSON) records."""
+def _output_lines(streams: dict[str, _Captured], call_id: str) -> tuple[dict[str, list[bytes]], list[dict[str, Any]]]:
+    """The non-blank lines of stdout and stderr, and the sandbox's own structured events (JSON lines on stderr
+    carrying the call's id: ``tool.start``, ``tool.end``), which are records, not output."""
+    lines: dict[str, list[bytes]] = {}
     records: list[dict[str, Any]] = []
-    logged = dropped_lines = 0
-    ids = {"request_id": call.request_id, "job_id": call.job_id, "call_id": call.call_id, "tool": spec.name}
     for name in ("stdout", "stderr"):
-        captured = streams.get(name)
-        if captured is None:
+        if name not in streams:
             continue
-        for raw in bytes(captured.data).splitlines():
+        kept = lines[name] = []
+        for raw in bytes(streams[name].data).splitlines():
             if name == "stderr" and raw.startswith(b"{"):
                 try:
                     item = json.loads(raw)
                 except (ValueError, RecursionError):
                     item = None
-                if isinstance(item, dict) and item.get("call_id") == call.call_id:
-                    records.append(item)  # the sandbox's own structured events (tool.start, tool.end)
+                if isinstance(item, dict) and item.get("call_id") == call_id:
+                    records.append(item)
                     continue
-            if not raw.strip():
-                continue
-            if logged >= MAX_OUTPUT_LINES:
-                dropped_lines += 1
-                continue
-            logged += 1
+            if raw.strip():
+                kept.append(raw)
+    return lines, records
+
+
+def output_budgets(counts: dict[str, int], total: int = MAX_OUTPUT_LINES) -> dict[str, int]:
+    """Lines logged of each stream: an equal share each, and what one stream leaves unused goes to the others."""
+    budgets = {name: 0 for name in counts}
+    left, waiting = total, sorted(counts, key=lambda n: counts[n])
+    while waiting:
+        share = left // len(waiting)
+        name = waiting.pop(0)
+        budgets[name] = min(counts[name], share if waiting else left)
+        left -= budgets[name]
+    return budgets
+
+
+def _log_output(streams: dict[str, _Captured], *, spec: ToolSpec, call: CallRun) -> list[dict[str, Any]]:
+    """One bounded ``tool.output`` event per line the tool printed, each stream with its own budget
+    (``output_budgets``); one ``tool.output_truncated`` per stream that lost lines or bytes, with the counts.
+    Returns the sandbox's structured (JSON) records."""
+    ids = {"request_id": call.request_id, "job_id": call.job_id, "call_id": call.call_id, "tool": spec.name}
+    lines, records = _output_lines(streams, call.call_id)
+    budgets = output_budgets({name: len(found) for name, found in lines.items()})
+    for name, found in lines.items():
+        for raw in found[:budgets[name]]:
             log.info("tool.output", stream=name, line=raw.decode(errors="replace")[:MAX_LINE_CHARS], **ids)
-        if captured.dropped:
-            log.warning("tool.output_truncated", stream=name, kept_bytes=len(captured.data),
-                        dropped_bytes=captured.dropped, **ids)
-    if dropped_lines:
-        log.warning("tool.output_truncated", lines_not_logged=dropped_lines, max_lines=MAX_OUTPUT_LINES, **ids)
+    for name, found in lines.items():
+        captured, not_logged = streams[name], len(found) - budgets[name]
+        if not_logged or captured.dropped:
+            log.warning("tool.output_truncated", stream=name, lines_logged=budgets[name], lines_not_logged=not_logged,
+                        max_lines=MAX_OUTPUT_LINES, kept_bytes=len(captured.data), dropped_bytes=captured.dropped, **ids)
     return records
 
 

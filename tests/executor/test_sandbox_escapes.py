@@ -143,7 +143,7 @@ def test_network_is_unreachable_when_not_declared(sandbox: ProcessSandbox, redis
 def test_processes_left_after_return_are_killed_and_reported(sandbox: ProcessSandbox, mode: str) -> None:
     error = attempt(sandbox, mode)
     assert error.type == "tool_left_process", error.to_dict()
-    assert error.details["tool_error"]["details"]["processes"] >= 1
+    assert error.details["processes"] >= 1  # one level deep: the sandbox's own details
     time.sleep(0.1)
     assert [p for p in uid_processes() if "sleep(60)" in p] == []
     out = subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True, text=True).stdout.split()

@@ -158,7 +158,7 @@ def test_malformed_results_are_typed_errors(box: ProcessSandbox, mode: str, amou
 def test_a_forged_result_on_stdout_or_a_descriptor_is_never_taken(box: ProcessSandbox) -> None:
     error = failure(box, "forge_result", target='{"ok": true, "result": {"forged": true}}')
     assert error.type == "tool_output_invalid"  # its own answer pipe got garbage: refused, not believed
-    assert "forged" not in json.dumps(error.details.get("tool_error", {}).get("details", {}))
+    assert "forged" not in json.dumps(error.details)
 
 
 def test_a_recursion_error_in_the_tool_is_a_typed_error(box: ProcessSandbox) -> None:
@@ -293,10 +293,11 @@ def test_tool_output_becomes_bounded_log_events_with_the_call_id(hostile_stack: 
             break
         time.sleep(0.2)
     lines = [e for e in events if e["event"] == "tool.output"]
-    assert len(lines) == 200  # 300 lines printed, 200 logged
-    assert {e["stream"] for e in lines} == {"stdout", "stderr"}
+    assert len(lines) == 200  # 300 lines printed, 200 logged: 100 of each stream
+    assert sum(e["stream"] == "stderr" for e in lines) == 100
     assert lines[0]["line"] == "hello line 0" and lines[0]["job_id"] == job["job_id"]
-    assert any(e.get("lines_not_logged") == 100 for e in events)
+    truncated = {e["stream"]: e for e in events if e["event"] == "tool.output_truncated"}
+    assert {s: e["lines_not_logged"] for s, e in truncated.items()} == {"stdout": 50, "stderr": 50}
 
 
 # ----------------------------------------------------------------- a non-root worker

@@ -116,6 +116,60 @@ def register(registry) -> None:
 '''
 
 
+ORDER_ERRORS = '''
+"""The package's own error types, as a tool author writes them."""
+from tools.errors import ToolError
+
+
+class OrderNotFound(ToolError):
+    type = "order_not_found"
+
+
+class PosingAsTimeout(ToolError):
+    type = "tool_timeout"  # the platform's own outcome: a tool may not claim it
+'''
+
+ORDER_LOOKUP = '''
+"""A tool package (a folder of its own) whose failures have types of their own."""
+import sys
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from order_tools.errors import OrderNotFound, PosingAsTimeout
+from tools.spec import ToolSpec
+
+
+class OrderArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    order_id: str = Field(min_length=1, max_length=32)
+    mode: Literal["missing", "plain", "forged", "flood"] = "missing"
+
+
+def _find(order_id: str) -> dict:
+    raise OrderNotFound(f"no order {order_id}", order_id=order_id, message="a detail may be called message")
+
+
+def find_order(args: OrderArgs) -> dict:
+    if args.mode == "plain":
+        raise ValueError("the order service answered nonsense")
+    if args.mode == "forged":
+        raise PosingAsTimeout("not really a timeout")
+    if args.mode == "flood":  # a flood on stdout must not hide stderr
+        for i in range(5000):
+            print(f"out {i}")
+            print(f"err {i}", file=sys.stderr)
+        return {"printed": 5000}
+    return _find(args.order_id)
+
+
+def register(registry) -> None:
+    registry.add(ToolSpec.from_model("find_order", OrderArgs, entrypoint="order_tools.lookup:find_order", timeout_s=5))
+    registry.add(ToolSpec.from_model("find_order_traced", OrderArgs, entrypoint="order_tools.lookup:find_order",
+                                     timeout_s=5, error_traceback=True))
+'''
+
+
 def write_tool_tree(root: Path) -> tuple[Path, Path]:
     """A local-module folder and a site folder holding an installed distribution with an entry point."""
     local = root / "project"
@@ -126,6 +180,10 @@ def write_tool_tree(root: Path) -> tuple[Path, Path]:
     (local / "dup_tools.py").write_text(DUP_TOOLS)
     (local / "broken_tools.py").write_text("raise RuntimeError('shop database unreachable at import')\n")
     (local / "env_tools.py").write_text(ENV_TOOLS)
+    (local / "order_tools").mkdir()
+    (local / "order_tools" / "__init__.py").write_text("from order_tools.lookup import register  # noqa: F401\n")
+    (local / "order_tools" / "errors.py").write_text(ORDER_ERRORS)
+    (local / "order_tools" / "lookup.py").write_text(ORDER_LOOKUP)
     (site / "acme_tools" / "__init__.py").write_text(ACME_TOOLS)
     dist = site / "acme_tools-1.0.dist-info"
     dist.mkdir()
@@ -141,7 +199,7 @@ def tool_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     yield local, site
     for entry in (str(local), str(site)):
         sys.path.remove(entry)
-    for name in ("shop_tools", "dup_tools", "acme_tools"):
+    for name in ("shop_tools", "dup_tools", "acme_tools", "order_tools", "order_tools.errors", "order_tools.lookup"):
         sys.modules.pop(name, None)
 
 
@@ -179,10 +237,10 @@ def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: py
 
     redis_url = private_db(redis_url, 3)
     local, site = tool_tree
-    registry = load_registry(modules=["shop_tools", "dup_tools"])
+    registry = load_registry(modules=["shop_tools", "dup_tools", "order_tools"])
     log_file = tmp_path_factory.mktemp("own-worker") / "worker.log"
     worker = start_worker(redis_url, queues=["decide", *registry.queues()], concurrency=1,
-                          env=tool_env(local, site, "shop_tools,dup_tools"), log_file=log_file,
+                          env=tool_env(local, site, "shop_tools,dup_tools,order_tools"), log_file=log_file,
                           hostname="toolrail-own-tools@%h")
     try:
         wait_for_workers(redis_url, count=1, timeout_s=90)
@@ -190,7 +248,7 @@ def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: py
         runtime.registry = registry
         server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False,
                                                           enqueue=enqueue_on(redis_url)))
-        yield {"url": base, "registry": registry, "log": log_file, "worker": worker}
+        yield {"url": base, "registry": registry, "log": log_file, "worker": worker, "local": local}
         server.should_exit = True
         thread.join(timeout=10)
     finally:
@@ -263,6 +321,58 @@ def test_refused_tools_do_not_stop_the_worker_and_the_others_run(own_stack: dict
     assert job["status"] == "succeeded", job
     assert job["calls"][0]["result"] == {"value": 7}
     assert own_stack["worker"].poll() is None
+
+
+def _events(log_file: Path, call_id: str, *, until: str, timeout_s: float = 10) -> list[dict]:
+    """The worker's JSON log events of one call, once one named ``until`` is there."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = [json.loads(line) for line in log_file.read_text().splitlines() if line.startswith("{")]
+        events = [e for e in events if e.get("call_id") == call_id]
+        if any(e.get("event") == until for e in events) or time.monotonic() > deadline:
+            return events
+        time.sleep(0.2)
+
+
+def test_a_tools_own_error_type_message_and_details_are_kept_one_level_deep(own_stack: dict) -> None:
+    job = run_job(own_stack["url"], "find_order", {"order_id": "A-1"})
+    assert job["status"] == "failed", job
+    error = job["calls"][0]["error"]
+    # before: {"type": "tool_error", "details": {"tool_error": {"type": "order_not_found", ..., "details": {traceback}}}}
+    assert error == {"type": "order_not_found", "message": "no order A-1",
+                     "details": {"order_id": "A-1", "message": "a detail may be called message"}}, error
+    assert "order_not_found" in json.dumps(job["error"])  # the job's own summary names it too
+
+
+def test_a_traceback_only_when_the_tool_asks_and_only_its_own_frames(own_stack: dict) -> None:
+    job = run_job(own_stack["url"], "find_order_traced", {"order_id": "B-2"})
+    error = job["calls"][0]["error"]
+    assert error["type"] == "order_not_found" and set(error["details"]) == {"order_id", "message", "traceback"}
+    trace = error["details"]["traceback"]
+    assert 'File "order_tools/lookup.py"' in trace and "in _find" in trace and "in find_order" in trace, trace
+    assert "executor" not in trace and str(own_stack["local"]) not in trace and 'File "/' not in trace, trace
+    assert trace.rstrip().endswith("OrderNotFound: no order B-2"), trace
+    plain = run_job(own_stack["url"], "find_order_traced", {"order_id": "C-3", "mode": "plain"})["calls"][0]["error"]
+    assert plain["type"] == "tool_error" and plain["message"] == "ValueError: the order service answered nonsense"
+    assert plain["details"]["exception"] == "ValueError" and "order_tools/lookup.py" in plain["details"]["traceback"]
+
+
+def test_a_tool_cannot_claim_a_platform_error_type(own_stack: dict) -> None:
+    error = run_job(own_stack["url"], "find_order", {"order_id": "D-4", "mode": "forged"})["calls"][0]["error"]
+    assert error["type"] == "tool_error" and error["details"]["refused_type"] == "tool_timeout", error
+    assert error["message"] == "not really a timeout"
+
+
+def test_a_stdout_flood_leaves_stderr_its_own_share_of_the_logged_lines(own_stack: dict) -> None:
+    job = run_job(own_stack["url"], "find_order", {"order_id": "E-5", "mode": "flood"})
+    assert job["status"] == "succeeded", job
+    events = _events(own_stack["log"], job["calls"][0]["id"], until="tool.output_truncated")
+    logged = [e for e in events if e.get("event") == "tool.output"]
+    # before: 200 stdout lines and not one of the 5,000 stderr lines
+    assert sum(e["stream"] == "stdout" for e in logged) == 100 and sum(e["stream"] == "stderr" for e in logged) == 100
+    assert [e["line"] for e in logged if e["stream"] == "stderr"][:2] == ["err 0", "err 1"]
+    dropped = {e["stream"]: e["lines_not_logged"] for e in events if e.get("event") == "tool.output_truncated"}
+    assert dropped == {"stdout": 4900, "stderr": 4900}, dropped
 
 
 # ----------------------------------------------------------------- the worker's start-up check
