@@ -27,7 +27,7 @@ from tools.evidence import DEFAULT_ROLES, ConversationValues, conversation_text
 from tools.patterns import compile_pattern
 from tools.schema_walk import declared_types
 from tools.spec import ToolSpec
-from tools.validation import validate
+from tools.validator import validate
 
 __all__ = ["MAX_CANDIDATES", "Narrowing", "narrow_tools"]
 

@@ -30,9 +30,9 @@ from typing import Any
 import jsonschema
 
 from decider.errors import UnsupportedSchemaError
-from tools.patterns import validation_errors as _safe_validation_errors
 from tools.schema_walk import SCHEMA_LISTS, SCHEMA_MAPS, SINGLE_SCHEMA, declared_types, map_subschemas, pointer
 from tools.spec import ToolSpec
+from tools.validator import validation_errors  # the validator (tools.validator), re-exported for decider callers
 
 __all__ = [
     "DEFAULT_MAX_CALLS",
@@ -149,11 +149,6 @@ def canonical_json(value: Any) -> str:
 def schema_hash(value: Any) -> str:
     """A short stable hash of a schema."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
-
-
-def validation_errors(schema: Mapping[str, Any], instance: Any) -> list[str]:
-    """Every ``jsonschema`` error of ``instance`` (formats checked, patterns in linear time), as ``path: message``."""
-    return _safe_validation_errors(schema, instance)
 
 
 def prepare_schema(schema: Mapping[str, Any]) -> PreparedSchema:

@@ -56,7 +56,7 @@ from mcpbridge.errors import (McpOutputError, McpProtocolError, McpServerExitedE
 from mcpbridge.launch import launch_argv
 from mcpbridge.transport import guarded_client
 from toolrail.netguard import UrlRefusedError
-from tools.patterns import validation_errors
+from tools.validator import validation_errors
 
 __all__ = ["Endpoint", "MAX_CALL_BYTES", "MAX_LISTING_BYTES", "MAX_RESULT_BYTES", "META_PREFIX", "Trouble",
            "call_error", "call_tool", "checked_result", "connect", "invoke", "list_tools"]

@@ -25,10 +25,10 @@ from pydantic import Field
 
 from mcpbridge.errors import McpToolRejectedError
 from tools.errors import SchemaRejectedError
-from tools.patterns import validator_for
 from tools.registry import Registry
 from tools.schema_guard import check_client_schema
 from tools.spec import ToolSpec, strict_schema
+from tools.validator import validator_for
 
 __all__ = [
     "MAX_DESCRIPTION_CHARS",

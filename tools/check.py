@@ -23,7 +23,7 @@ from tools.errors import AmbiguousOutputError, CleaningError
 from tools.evidence import ConversationValues
 from tools.grounding import check_grounding
 from tools.spec import ToolSpec
-from tools.validation import validate
+from tools.validator import validate
 
 __all__ = [
     "CONTRACT_VALIDATORS",

@@ -63,9 +63,9 @@ from toolrail.extensions import API_GROUP, installed
 from toolrail.logging import get_logger
 from toolrail.settings import Settings, get_settings
 from tools.errors import SchemaRejectedError, UnknownToolError
-from tools.patterns import validator_for
 from tools.schema_guard import check_client_schema
 from tools.spec import ToolSpec
+from tools.validator import validator_for
 
 __all__ = ["ApiError", "JobCreate", "app_from_environment", "create_app"]
 

@@ -31,7 +31,7 @@ from tools.evidence import ConversationValues  # noqa: E402
 from tools.grounding import check_grounding, grounded_paths  # noqa: E402
 from tools.schema_guard import check_client_schema  # noqa: E402
 from tools.spec import ToolSpec  # noqa: E402
-from tools.validation import validate  # noqa: E402
+from tools.validator import validate  # noqa: E402
 
 CONFIG = DeciderConfig()
 

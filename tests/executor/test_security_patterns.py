@@ -9,17 +9,10 @@ import time
 
 import pytest
 
-from tools.validation import validate
 from tools import patterns
 from tools.errors import PatternBudgetError, UnsupportedPatternError
-from tools.patterns import (
-    MAX_MATCH_COST,
-    check_schema_patterns,
-    compile_pattern,
-    match_budget,
-    validation_errors,
-    validator_for,
-)
+from tools.patterns import MAX_MATCH_COST, check_schema_patterns, compile_pattern, match_budget
+from tools.validator import validate, validation_errors, validator_for
 
 EVIL = r"^(a+)+$"
 

@@ -17,7 +17,7 @@ from tools.grounding import check_grounding, declaration_errors, grounded_paths
 from tools.schema_guard import check_client_schema
 from tools.schema_walk import declared_types, described_values, map_subschemas, subschemas
 from tools.spec import ToolSpec, strict_schema
-from tools.validation import validate
+from tools.validator import validate
 
 #: Every property is named like a keyword; ``counts`` is a map (a record of integers).
 EDGE = {
@@ -139,3 +139,10 @@ def test_bfcl_dialect_is_refused_with_the_pointer():
     with pytest.raises(UnsupportedSchemaError) as caught:
         prepare_tool(spec)
     assert caught.value.path == "/tools/f/parameters/properties/x/type"
+
+
+def test_public_names_are_sorted():
+    from tools import schema_walk, validator
+
+    for module in (schema_walk, validator):
+        assert module.__all__ == sorted(module.__all__), module.__name__
