@@ -183,6 +183,9 @@ class Settings(BaseSettings):
     """How long a call waits for a concurrency slot before it is retried later."""
     sandbox_network: bool = False
     """Give tools that declare `networked` network access in the sandbox."""
+    tool_error_tracebacks: bool = False
+    """Record every failed tool call's traceback under the error's `details.traceback`: the tool's own frames only,
+    paths relative to its package (a tool's spec asks for its own with `error_traceback=True`)."""
     demo_tools: str = ""
     """Built-in demo tools to register, comma-separated (`get_weather`, `query_balance`, `transfer`, `stress`) or
     `all`. Unset: none, so a model is never offered a tool that exists to misbehave (`stress`) or moves demo money

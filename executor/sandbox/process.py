@@ -528,7 +528,7 @@ def _tracebacks_setting() -> bool:
     """``TOOLRAIL_TOOL_ERROR_TRACEBACKS``, as the process's settings read it."""
     from toolrail.settings import get_settings  # noqa: PLC0415 - read where the sandbox is built
 
-    return bool(getattr(get_settings(), "tool_error_tracebacks", False))
+    return get_settings().tool_error_tracebacks
 
 
 def _adopt_spans(spans: Any, call: CallRun) -> None:
