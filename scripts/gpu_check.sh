@@ -9,7 +9,8 @@
 #                                          # stubbed; everything else runs (tests/engine_build/test_gpu_check.py)
 #
 # Inside the image: toolrail is installed from the source tree into a virtualenv over the image's
-# packages (its TensorRT-LLM, torch and transformers 4.x stay; WHEELHOUSE=<dir> installs offline);
+# packages (its TensorRT-LLM, torch and transformers 4.x stay; WHEELHOUSE=<dir> installs offline:
+# `pip download` there toolrail's dependencies, setuptools, wheel and moto[server] for the image's Python);
 # the model is GPU_CHECK_MODEL (an HF dir, e.g. the SmolLM2 export of `toolrail engine export-hf4`)
 # or a tiny random llama made here (the grammar forces the probe's answers, so it needs no weights
 # worth the name). Then, for each flavour - pytorch (LLM API), then engine (trtllm-build, the
@@ -51,6 +52,7 @@ SERVER_PID=""
 S3_PID=""
 SYSPY="${SYSPY:-python3}"
 ENTRYPOINT="${GPU_CHECK_ENTRYPOINT:-/opt/toolrail/entrypoint.py}"
+[ -f "$ENTRYPOINT" ] || ENTRYPOINT="$ROOT/docker/triton/entrypoint.py"  # the plain NGC image has no entrypoint
 ALL_MODELS="${ALL_MODELS:-/app/all_models/inflight_batcher_llm}"
 VENV="${GPU_CHECK_VENV:-/tmp/toolrail-venv}"
 TPY="$VENV/bin/python"
@@ -157,6 +159,8 @@ if [ ! -x "$TPY" ]; then
     _ "$SYSPY" "$VENV" "$SRC" "${INDEX[@]}"
 fi
 TOOLRAIL=("$TPY" -m toolrail.cli)  # an array, not a function: `timeout` runs it
+ENTRY_PY="$SYSPY"  # the image's python runs the entrypoint; the plain NGC image has no boto3 there
+"$SYSPY" -c 'import boto3' 2>/dev/null || ENTRY_PY="$TPY"
 
 # ---- 2. the model, and a local S3 in another region than us-east-1
 MODEL="${GPU_CHECK_MODEL:-$OUT/tiny-llama}"
@@ -206,7 +210,7 @@ serve_and_probe() {  # serve_and_probe FLAVOUR ENTRY_MODEL BUILD_DIR: publish â†
     --engine-root "$ENGINE_ROOT" --tfvars "$OUT/engine-$flavour.auto.tfvars.json" || return 1
   local key; key="$("$SYSPY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["engine"]["build_key"])' "$OUT/engine-$flavour.auto.tfvars.json")"
   TOOLRAIL_ENGINE_MANIFEST_URI="s3://gpu-check/engines/$key/manifest.json" TOOLRAIL_ENGINE_DIR="$ENGINE_ROOT" \
-    TOOLRAIL_EXPECTED_TRTLLM_VERSION="$TRTLLM_VERSION" "$SYSPY" "$ENTRYPOINT" > "$OUT/$flavour.server.log" 2>&1 &
+    TOOLRAIL_EXPECTED_TRTLLM_VERSION="$TRTLLM_VERSION" "$ENTRY_PY" "$ENTRYPOINT" > "$OUT/$flavour.server.log" 2>&1 &
   SERVER_PID=$!
   if [ "$DRY_RUN" = 1 ]; then
     wait "$SERVER_PID"; local rc=$?; SERVER_PID=""
