@@ -1,0 +1,217 @@
+"""Seams under a real ``toolrail serve`` — its own Redis, its own supervised worker pool, nothing faked.
+
+- a job's webhook is delivered to a receiver on loopback, signed as Standard Webhooks' reference library checks;
+- a decide step whose decider raises a bug (``TypeError``) ends its job ``failed`` with ``internal_error``
+  carrying the request id, within seconds (it used to stay ``deciding`` for ever);
+- the Celery main process and its pool processes SIGKILLed while 30 jobs are submitted: serve restarts the pool
+  (``/readyz`` answers 503 ``worker_down`` meanwhile) and all 30 end ``succeeded``.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from executor.stack import wait_for_job
+from toolrail.redis_embed import EmbeddedRedis, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"serve-seams-webhook-key-01234567").decode()
+WEATHER = {"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}
+
+
+def raising_decider(settings: object) -> object:
+    """The serve's ``TOOLRAIL_DECIDER_FACTORY``: a decider that cannot be built, by a bug."""
+    raise TypeError("unhashable type: 'dict' (a decider factory with a bug)")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _celery_main(serve_pid: int) -> int | None:
+    for child in _children(serve_pid):
+        try:
+            if b"celery" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return child
+        except OSError:
+            continue
+    return None
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen, Path]]:
+    """``toolrail serve`` with its worker pool (no ``--no-worker``) on a Redis of its own."""
+    redis_server = EmbeddedRedis(data_dir=tmp_path_factory.mktemp("serve-redis")).start()
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve-log") / "serve.log"
+    env = {**os.environ, "TOOLRAIL_DECIDER": "custom",
+           "TOOLRAIL_DECIDER_FACTORY": "tests.executor.test_serve_seams:raising_decider",
+           # unacked messages of a killed pool come back after this (late acks): short, for the test's sake
+           "TOOLRAIL_VISIBILITY_TIMEOUT_S": "20", "TOOLRAIL_RECONCILE_INTERVAL_S": "5",
+           "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1", "TOOLRAIL_WEBHOOK_SECRET": WEBHOOK_SECRET,
+           "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2", "TOOLRAIL_LOG_JSON": "1", "TOOLRAIL_RATE_LIMIT_PER_S": "0",
+           "PYTHONPATH": str(REPO)}
+    env.pop("REDIS_URL", None)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "toolrail.cli", "serve", "--port", str(port), "--redis-url",
+                                 redis_server.url, "--concurrency", "2"], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not _ready(base):
+            assert proc.poll() is None, f"serve exited: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"serve not ready in 120 s: {log.read_text()[-3000:]}"
+            time.sleep(0.3)
+        yield base, proc, log
+    finally:
+        main = _celery_main(proc.pid)
+        seen.update(p for p in [main, *(_children(main) if main else [])] if p)
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        for pid in seen:  # a pool serve could not stop
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        redis_server.stop()
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    got: queue.Queue
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.got.put((dict(self.headers.items()), body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_webhook_is_delivered_under_serve(serve: tuple[str, subprocess.Popen, Path]) -> None:
+    from standardwebhooks.webhooks import Webhook
+
+    base, _, log = serve
+    got: queue.Queue = queue.Queue()
+    handler = type("Receiver", (_Receiver,), {"got": got})
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        with httpx.Client(base_url=base, timeout=30) as client:
+            created = client.post("/v1/jobs", json={"tool_calls": [WEATHER], "tools": ["get_weather"],
+                                                    "webhook_url": f"http://127.0.0.1:{receiver.server_port}/hook"})
+            assert created.status_code == 202, created.text
+            job = wait_for_job(client, created.json()["job_id"], timeout_s=60)
+            assert job["status"] == "succeeded", job
+            events = []
+            deadline = time.monotonic() + 30
+            while "job.succeeded" not in events:
+                assert time.monotonic() < deadline, f"no job.succeeded delivery (got {events}): {log.read_text()[-2000:]}"
+                try:
+                    headers, body = got.get(timeout=1)
+                except queue.Empty:
+                    continue
+                payload = Webhook(WEBHOOK_SECRET).verify(body, headers)  # raises on a bad signature
+                events.append(payload["type"])
+                assert payload["data"]["job_id"] == job["job_id"]
+            deadline = time.monotonic() + 10  # the receiver answered: the delivery's record says so a moment later
+            while True:
+                record = client.get(f"/v1/jobs/{job['job_id']}").json()
+                if any(d["event"] == "job.succeeded" and d["state"] == "delivered" for d in record["webhooks"]):
+                    break
+                assert time.monotonic() < deadline, record["webhooks"]
+                time.sleep(0.1)
+    finally:
+        receiver.shutdown()
+
+
+def test_a_decide_step_that_raises_ends_its_job_failed(serve: tuple[str, subprocess.Popen, Path]) -> None:
+    base, _, _ = serve
+    with httpx.Client(base_url=base, timeout=30) as client:
+        created = client.post("/v1/jobs", json={"messages": [{"role": "user", "content": "weather in Beijing?"}],
+                                                "tools": ["get_weather"]}, headers={"X-Request-ID": "req-raises-1"})
+        assert created.status_code == 202, created.text
+        started = time.monotonic()
+        job = wait_for_job(client, created.json()["job_id"], timeout_s=30)
+    took = time.monotonic() - started
+    assert job["status"] == "failed", job
+    assert job["error"]["type"] == "internal_error" and job["error"]["details"]["request_id"] == "req-raises-1", job
+    assert job["error"]["details"]["exception"] == "TypeError" and "Traceback" not in json.dumps(job["error"])
+    assert took < 15, f"took {took:.1f} s"
+
+
+def test_sigkilled_worker_under_serve_loses_no_job(serve: tuple[str, subprocess.Popen, Path]) -> None:
+    base, proc, log = serve
+    main = _celery_main(proc.pid)
+    assert main is not None, "serve runs no Celery worker"
+    pool = _children(main)
+    ids: list[str] = []
+    down_seen = threading.Event()
+    stop = threading.Event()
+
+    def watch_readiness() -> None:
+        with httpx.Client(base_url=base, timeout=5) as probe:
+            while not stop.is_set() and not down_seen.is_set():
+                ready = probe.get("/readyz")
+                if ready.status_code == 503 and ready.json().get("reason") == "worker_down":
+                    down_seen.set()
+                time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch_readiness, daemon=True)
+    watcher.start()
+    with httpx.Client(base_url=base, timeout=30) as client:
+        for index in range(30):
+            if index == 10:  # mid-submission: the main process and every pool process, no goodbye
+                for pid in [main, *pool]:
+                    os.kill(pid, signal.SIGKILL)
+            created = client.post("/v1/jobs", json={"tool_calls": [{**WEATHER, "arguments": {
+                "city": f"City{index}", "date": "today"}}], "tools": ["get_weather"]})
+            assert created.status_code == 202, created.text
+            ids.append(created.json()["job_id"])
+        jobs = [wait_for_job(client, job_id, timeout_s=90) for job_id in ids]
+        stop.set()
+        statuses = [job["status"] for job in jobs]
+        assert statuses.count("succeeded") == 30, f"{statuses}: {log.read_text()[-3000:]}"
+        assert down_seen.is_set(), "/readyz never answered 503 worker_down while the pool was down"
+        assert _ready(base)
+    new_main = _celery_main(proc.pid)
+    assert new_main is not None and new_main != main
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    events = [line.get("event") for line in lines]
+    assert "worker.died" in events and "worker.restarted" in events, events[-20:]
