@@ -7,6 +7,10 @@ its last status change; a job that has not moved for longer than any message cou
 to be redelivered (visibility timeout + task time limit) gets its work queued again. Every
 task is idempotent — statuses only move forward, calls finish once, side effects go
 through idempotency records — so a needless re-queue costs one no-op task.
+
+Work that vanishes again and again (a message that kills its worker each time is redelivered for
+ever) is not re-queued for ever: after ``MAX_REQUEUES`` re-queues at the same step and status the
+job ends ``failed`` with ``internal_error`` (the request id in it), so its client learns it died.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from executor.runs.runtime import Runtime
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
 from toolrail.logging import get_logger
 
-__all__ = ["Reconciler", "reconcile_once"]
+__all__ = ["MAX_REQUEUES", "Reconciler", "reconcile_once"]
 
 log = get_logger("toolrail.reconcile")
+
+#: Re-queues of one job at one step and status before it is ended as lost.
+MAX_REQUEUES = 3
 
 
 def reconcile_once(rt: Runtime, *, stale_after_s: float, redecide: Callable[[JobRecord], None],
@@ -46,6 +53,9 @@ def reconcile_once(rt: Runtime, *, stale_after_s: float, redecide: Callable[[Job
         if job.status == "awaiting_approval":  # waits for a person, not for a message: nothing to re-queue
             rt.store.touch_active(job_id)
             continue
+        if _requeues(rt, job) > MAX_REQUEUES:
+            _end_lost(rt, job)
+            continue
         if job.status == "running":
             pending = [c for c in job.step_calls() if c.status not in TERMINAL_CALL]
             if not pending:
@@ -59,6 +69,28 @@ def reconcile_once(rt: Runtime, *, stale_after_s: float, redecide: Callable[[Job
         requeued += 1
         log.warning("job.reconciled", job_id=job_id, request_id=job.request_id, status=job.status)
     return requeued
+
+
+def _requeues(rt: Runtime, job: JobRecord) -> int:
+    """Count one more re-queue of ``job`` at its step and status; the count so far."""
+    key = f"tr:reconciled:{job.job_id}:{job.step}:{job.status}"
+    pipe = rt.redis.pipeline()
+    pipe.incr(key)
+    pipe.expire(key, rt.settings.job_ttl_s)
+    return int(pipe.execute()[0])
+
+
+def _end_lost(rt: Runtime, job: JobRecord) -> None:
+    from executor.runs.loop import set_status  # noqa: PLC0415 - as above
+    from executor.runs.policy import close_step  # noqa: PLC0415
+    from executor.runs.submit import internal_error  # noqa: PLC0415
+
+    log.error("job.lost", job_id=job.job_id, request_id=job.request_id, status=job.status, step=job.step,
+              requeues=MAX_REQUEUES)
+    set_status(rt, job.job_id, "failed", mutate=lambda j: close_step(j, status="failed"),
+               error=internal_error(f"the job's work was lost {MAX_REQUEUES} times at step {job.step} ({job.status})",
+                                    request_id=job.request_id, requeues=MAX_REQUEUES))
+    rt.store.forget_active(job.job_id)
 
 
 class Reconciler:

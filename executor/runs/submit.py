@@ -64,10 +64,16 @@ def cancel(rt: Runtime, job_id: str, message: str) -> tuple[JobRecord, bool]:
     return job, bool(seen) and job.status == "cancelled"
 
 
-def internal_error(exc: BaseException, *, request_id: str, where: str) -> dict[str, Any]:
-    """The typed error of work a bug (or exhausted retries) ended: the exception's class, never its trace."""
-    return {"type": "internal_error", "message": f"{where} failed ({type(exc).__name__}); the worker's log has it "
-            f"under request_id {request_id}", "details": {"request_id": request_id, "exception": type(exc).__name__}}
+def internal_error(message: str, *, request_id: str, **details: Any) -> dict[str, Any]:
+    """The typed error of work the platform ended (a bug, exhausted retries, work lost again and again): what
+    happened and the request id the logs have it under, never a trace."""
+    return {"type": "internal_error", "message": f"{message}; the logs have it under request_id {request_id}",
+            "details": {"request_id": request_id, **details}}
+
+
+def _raised(exc: BaseException, *, request_id: str, where: str) -> dict[str, Any]:
+    return internal_error(f"{where} failed ({type(exc).__name__})", request_id=request_id,
+                          exception=type(exc).__name__)
 
 
 def end_stranded(rt: Runtime, task: str, args: list[Any], exc: BaseException, *,
@@ -92,7 +98,7 @@ def _end_job(rt: Runtime, job_id: str, exc: BaseException) -> None:
         return
     log.error("job.internal_error", job_id=job_id, request_id=job.request_id, error=f"{type(exc).__name__}: {exc}")
     set_status(rt, job_id, "failed", mutate=lambda j: policy.close_step(j, status="failed"),
-               error=internal_error(exc, request_id=job.request_id, where="the decide step"))
+               error=_raised(exc, request_id=job.request_id, where="the decide step"))
 
 
 def _end_call(rt: Runtime, job_id: str, call_id: str, exc: BaseException, next_step: NextStep | None) -> None:
@@ -103,7 +109,7 @@ def _end_call(rt: Runtime, job_id: str, call_id: str, exc: BaseException, next_s
     log.error("call.internal_error", job_id=job_id, call_id=call_id, request_id=job.request_id,
               error=f"{type(exc).__name__}: {exc}")
     call.status, call.finished_at = "failed", time.time()
-    call.error = internal_error(exc, request_id=job.request_id, where=f"call {call.name}")
+    call.error = _raised(exc, request_id=job.request_id, where=f"call {call.name}")
     remaining, read = rt.store.finish_call_and_read(job_id, call)
     if remaining == 0:
         advance(rt, job_id, next_step, read=read)
