@@ -18,6 +18,10 @@ A job's latency is submit → terminal state (a blocking read of the job's event
 One stack: embedded Redis, ``--workers`` Celery processes, the API in-process. This machine is
 shared: the load average before and after is printed with the table.
 Usage: ``python bench/mcp.py [--quick] [--workers 2] [--out bench/results/mcp.md]``.
+
+``--fairness``: another tenant's ``/mcp tools/list`` latency alone and while one tenant's 12
+registrations wait on a server that never answers (issue 25: 0.23 s alone, 19.8 s during, when
+registrations held the API's thread pool); the ratio during / alone is the figure (target: ≤ 2×).
 """
 
 from __future__ import annotations
@@ -169,7 +173,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "mcp.md"))
+    parser.add_argument("--fairness", action="store_true", help="only the two-tenant fairness rows")
     args = parser.parse_args()
+    if args.fairness:
+        return fairness(hanging=12, samples=5 if args.quick else 20)
     sizes = {1: 10 if args.quick else 30, 16: 48 if args.quick else 160}
     load_before = os.getloadavg()
     add_url, stop_add = _serve_add()
@@ -199,6 +206,62 @@ def main() -> int:
     load_after = os.getloadavg()
     _write(Path(args.out), results, sizes=sizes, workers=args.workers, load=(load_before, load_after))
     print(f"wrote {args.out}")
+    return 0
+
+
+def fairness(*, hanging: int, samples: int) -> int:
+    """Beta's tools/list p50/p99 alone, then while alpha's ``hanging`` registrations wait on a silent server."""
+    import socket  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    from executor.api.app import create_app  # noqa: PLC0415
+    from executor.runs.runtime import Runtime  # noqa: PLC0415
+    from executor.stack import serve_in_thread  # noqa: PLC0415
+    from toolrail.redis_embed import EmbeddedRedis  # noqa: PLC0415
+    from toolrail.settings import Settings  # noqa: PLC0415
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # accepts (the kernel's backlog) and never answers
+    silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}/mcp"
+    store = EmbeddedRedis(data_dir=Path(tempfile.mkdtemp(prefix="bench-mcp-"))).start()
+    settings = Settings(api_keys="ka:alpha,kb:beta", redis_url=store.url, mcp_allow_private_urls=True,
+                        mcp_refresh_interval_s=0, mcp_connect_timeout_s=10, mcp_max_concurrent_per_tenant=hanging,
+                        rate_limit_per_s=10_000, rate_limit_burst=10_000)
+    server, thread, base = serve_in_thread(create_app(settings, Runtime.from_settings(settings), mount_openai=False,
+                                                      enqueue=lambda job: None, ping_workers=lambda: 1))
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Authorization": "Bearer kb", "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2025-11-25"}
+
+    def sample() -> list[float]:
+        took = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            httpx.post(f"{base}/mcp", json=body, headers=headers, timeout=60).raise_for_status()
+            took.append(time.perf_counter() - started)
+        return took
+
+    try:
+        alone = sample()
+        with ThreadPoolExecutor(hanging) as pool, httpx.Client(base_url=base, timeout=60,
+                                                               headers={"Authorization": "Bearer ka"}) as alpha:
+            pending = [pool.submit(alpha.post, "/v1/mcp-servers", json={"name": f"hang{i}", "url": silent_url})
+                       for i in range(hanging)]
+            time.sleep(0.5)
+            during = sample()
+            codes = sorted({f.result().status_code for f in pending})
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        store.stop()
+        silent.close()
+    a50, d50 = percentile(alone, 0.5) * 1000, percentile(during, 0.5) * 1000
+    print(f"beta tools/list alone   p50 {a50:7.1f} ms  p99 {percentile(alone, 0.99) * 1000:7.1f} ms")
+    print(f"beta tools/list during  p50 {d50:7.1f} ms  p99 {percentile(during, 0.99) * 1000:7.1f} ms  "
+          f"({hanging} hanging registrations of alpha, answered {codes})")
+    print(f"during / alone (p50): {d50 / a50:.2f}x")
     return 0
 
 

@@ -140,7 +140,8 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
     """
     tenants = settings.tenants_by_key()
     service = McpService(runtime, settings, enqueue, dispatch)
-    endpoint = McpEndpoint(build_server(service), tenants=tenants, rate_limiter=getattr(app.state, "rate_limiter", None))
+    endpoint = McpEndpoint(build_server(service), tenants=tenants, rate_limiter=getattr(app.state, "rate_limiter", None),
+                           allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins)
     app.router.routes.append(Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
     allow_stdio, allow_private = providers.allows_stdio(settings), providers.allows_private_urls(settings)
     router = APIRouter(prefix="/v1/mcp-servers", tags=["mcp"])

@@ -38,6 +38,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 
 from executor.runs.submit import cancel, submit
+from executor.api.middleware import LOOPBACK_NAMES
 from executor.api.sse import AsyncRedisFactory
 from executor.store.records import TERMINAL_JOB, JobRecord
 from mcpbridge.session import META_PREFIX
@@ -53,8 +54,6 @@ log = get_logger("toolrail.mcp.server")
 #: Where the authenticated tenant and the request id travel in the ASGI scope (set by ``McpEndpoint``).
 TENANT_SCOPE_KEY = "toolrail.tenant"
 REQUEST_ID_SCOPE_KEY = "toolrail.request_id"
-#: The names a loopback client's ``Host`` and ``Origin`` may carry on a key-less install.
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 #: Statuses after which a ``tools/call`` stops waiting although the job is not terminal.
 _PAUSED = frozenset({"awaiting_approval"})
 
@@ -256,8 +255,11 @@ def build_server(service: McpService, *, tenant_of: Callable[[Any], str] | None 
 class McpEndpoint:
     """The ASGI app at ``/mcp``: authentication, the tenant's rate limit, then the SDK's session manager."""
 
-    def __init__(self, server: Server, *, tenants: dict[str, str], rate_limiter: Any = None) -> None:
+    def __init__(self, server: Server, *, tenants: dict[str, str], rate_limiter: Any = None, allowed_hosts: str = "",
+                 allowed_origins: str = "") -> None:
         self._server, self._tenants, self._limiter = server, tenants, rate_limiter
+        self._hosts = [*LOOPBACK_NAMES, *(h.strip().lower() for h in allowed_hosts.split(",") if h.strip())]
+        self._origins = [o.strip().lower().rstrip("/") for o in allowed_origins.split(",") if o.strip()]
         self._asgi: StreamableHTTPASGIApp | None = None
 
     def security(self) -> TransportSecuritySettings:
@@ -265,12 +267,14 @@ class McpEndpoint:
 
         A key-less install answers loopback clients only, and a web page whose name rebinds to 127.0.0.1 is
         such a client: the browser sends the page's name as ``Host`` and its origin as ``Origin``, both
-        refused here (421, 403). With keys a request needs one, which no foreign page has.
+        refused here (421, 403) — behind the API's own check of every route (``executor.api.middleware``),
+        with the same operator additions (``TOOLRAIL_ALLOWED_HOSTS`` / ``_ORIGINS``). With keys a request
+        needs one, which no foreign page has.
         """
         if self._tenants:
             return TransportSecuritySettings(enable_dns_rebinding_protection=False)
-        hosts = [f"{name}{port}" for name in LOOPBACK_NAMES for port in ("", ":*")]
-        origins = [f"{scheme}://{host}" for scheme in ("http", "https") for host in hosts]
+        hosts = [f"{name}{port}" for name in self._hosts for port in ("", ":*")]
+        origins = [f"{scheme}://{host}" for scheme in ("http", "https") for host in hosts] + self._origins
         return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
                                          allowed_origins=origins)
 

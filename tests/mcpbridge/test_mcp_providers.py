@@ -188,3 +188,56 @@ def test_operator_flags_side_effects_and_approval(client: httpx.Client, http_ser
     assert approved.status_code == 200, approved.text
     paid = _call(client, job_id)
     assert paid["status"] == "succeeded" and paid["result"]["meta"]["toolrail.dev/idempotency_key"].startswith(job_id)
+
+
+class _Runtime:
+    """A runtime double for ``mcpbridge.client.run_call`` in this process: the session Redis and settings only."""
+
+    def __init__(self, redis_client, settings) -> None:  # noqa: ANN001
+        self.redis, self.settings = redis_client, settings
+
+
+def _spec(tenant: str, url: str):  # noqa: ANN202 - an McpToolSpec
+    from mcpbridge.spec import McpToolSpec
+
+    record = {"name": "fair", "url": url, "timeout_s": 10.0, "idle_timeout_s": 10.0, "queue": f"mcp.{tenant}.fair"}
+    tool = {"name": "mcp__fair__add", "remote_name": "add", "description": "add", "side_effects": False,
+            "requires_approval": False, "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                                                          "b": {"type": "integer"}}}}
+    return McpToolSpec.from_record(tenant, record, tool)
+
+
+def test_a_tenants_calls_past_its_limit_hold_no_worker(redis_client, http_server: str,  # noqa: ANN001
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """With alpha's one slot taken (its hanging call elsewhere), alpha's next call goes back to its queue within about
+    a second, without connecting; beta's call of the same server runs meanwhile; once the slot frees, alpha's runs."""
+    from executor.errors import RetryableError
+    from executor.runs.concurrency import ConcurrencyLimitedError
+    from executor.sandbox.process import CallRun
+    from mcpbridge.client import run_call, tenant_slots
+    from toolrail.settings import Settings
+
+    from toolrail import netguard
+
+    connections: list[str] = []
+    resolve = netguard.resolve_host
+    monkeypatch.setattr(netguard, "resolve_host", lambda host, port: connections.append(host) or resolve(host, port))
+    rt = _Runtime(redis_client, Settings(mcp_max_concurrent_per_tenant=1, mcp_allow_private_urls=True))
+    call = CallRun(request_id="r1", job_id="job_fair", call_id="c1", idempotency_key="job_fair:c1",
+                   arguments={"a": 2, "b": 3})
+    slots = tenant_slots(rt)
+    for tenant in ("alpha", "beta"):
+        slots.reset(tenant)
+    held = slots.try_acquire("alpha", lease_s=60)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConcurrencyLimitedError) as caught:
+            run_call(rt, _spec("alpha", http_server), call)
+        assert time.monotonic() - started < 5 and isinstance(caught.value, RetryableError)
+        assert caught.value.details["limit"] == 1 and caught.value.details["retry_in_s"] is not None
+        assert connections == []  # nothing was sent: the call held no connection and no worker
+        assert run_call(rt, _spec("beta", http_server), call).result == {"sum": 5}
+    finally:
+        slots.release(held)
+    assert run_call(rt, _spec("alpha", http_server), call).result == {"sum": 5}
+    assert slots.state("alpha")["in_flight"] == 0

@@ -186,16 +186,42 @@ def _result(response: httpx.Response) -> dict:
     return json.loads(data[-1] if data else response.text)["result"]
 
 
-def test_dns_rebinding_is_refused_without_keys(keyless_api: str) -> None:
-    """A web page whose name rebinds to 127.0.0.1 reaches /mcp from loopback, but its Host and Origin name it."""
-    port = keyless_api.rsplit(":", 1)[1]
-    forged_host = _rpc(keyless_api, "tools/list", headers={"Host": f"evil.example:{port}"})
-    assert forged_host.status_code == 421, forged_host.text
-    forged_origin = _rpc(keyless_api, "tools/list", headers={"Origin": "http://evil.example"})
-    assert forged_origin.status_code == 403, forged_origin.text
-    for host, origin in ((f"127.0.0.1:{port}", f"http://127.0.0.1:{port}"), (f"localhost:{port}", None)):
-        fine = _rpc(keyless_api, "tools/list", headers={"Host": host, **({"Origin": origin} if origin else {})})
-        assert fine.status_code == 200 and _result(fine)["tools"], fine.text
+def test_dns_rebinding_is_refused_without_keys(keyless_api: str, runtime) -> None:  # noqa: ANN001
+    """A web page whose name rebinds to 127.0.0.1 reaches /mcp from loopback, but its Host and Origin name it: refused
+    by the API (its check of every route) and, behind it, by /mcp itself (the SDK's DNS-rebinding protection, on)."""
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from executor.stack import serve_in_thread
+    from mcpbridge.server import McpEndpoint, McpService, build_server
+    from toolrail.settings import Settings
+
+    endpoint = McpEndpoint(build_server(McpService(runtime, Settings(), _no_queue)), tenants={})
+
+    @asynccontextmanager
+    async def lifespan(app):  # noqa: ANN001, ANN202
+        async with endpoint.running():
+            yield
+
+    bare = Starlette(routes=[Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"]),
+                             Route("/healthz", endpoint=lambda request: PlainTextResponse("ok"))], lifespan=lifespan)
+    server, thread, bare_url = serve_in_thread(bare)
+    try:
+        for base, host_refusal in ((keyless_api, 403), (bare_url, 421)):
+            port = base.rsplit(":", 1)[1]
+            forged_host = _rpc(base, "tools/list", headers={"Host": f"evil.example:{port}"})
+            assert forged_host.status_code == host_refusal, (base, forged_host.text)
+            forged_origin = _rpc(base, "tools/list", headers={"Origin": "http://evil.example"})
+            assert forged_origin.status_code == 403, (base, forged_origin.text)
+            for host, origin in ((f"127.0.0.1:{port}", f"http://127.0.0.1:{port}"), (f"localhost:{port}", None)):
+                fine = _rpc(base, "tools/list", headers={"Host": host, **({"Origin": origin} if origin else {})})
+                assert fine.status_code == 200 and _result(fine)["tools"], fine.text
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def test_every_listed_tool_matches_the_specifications_tool_schema(keyless_api: str, http_server: str) -> None:
