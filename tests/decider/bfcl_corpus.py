@@ -9,8 +9,9 @@ BFCL writes its schemas in a Python-flavoured dialect (``"type": "dict"``, ``"fl
 ``"tuple"``, ``"any"``, Java's ``"HashMap"``...). toolrail does not guess at that dialect: such a
 schema is refused with the JSON Pointer at fault. :func:`to_json_schema` is the documented
 conversion BFCL itself applies before offering the tools to an OpenAI-style API (its
-``GORILLA_TO_OPENAPI`` table, unknown names as ``string``), applied to ``type`` *keywords* only
-(a parameter named ``type`` keeps its name).
+``GORILLA_TO_OPENAPI`` table, unknown names as ``string``; ``bench/bfcl.py`` applies it through
+BFCL's own ``convert_to_tool``), here on every ``type`` *keyword* at any depth (a parameter named
+``type`` keeps its name).
 """
 
 from __future__ import annotations
