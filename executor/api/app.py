@@ -46,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody
 from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
+from executor.api.bodies import refuse_invalid_calls as _refuse_invalid_calls
 from executor.api.bodies import run_fields as _run_fields
 from executor.api.middleware import BodyGuard, Correlate, LocalOnly
 from executor.errors import (ApprovalConflictError, ExecutorError, IdempotencyConflictError, InvalidApprovalError,
@@ -293,6 +294,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                         trace_context=tracing.new_job_context(request_id))
         run = _run_fields(runtime, body, settings, client_output=client_output, names=names, inline=inline)
         job = job.model_copy(update=run)
+        _refuse_invalid_calls(runtime, body, job)  # the client's own malformed calls: 422 with their paths, nothing stored
         body_hash = hashlib.sha256(body.model_dump_json().encode()).hexdigest() if idempotency_key else None
         # The client's own calls are checked here and stored decided, their calls queued straight to the tool
         # queues: no decide task (unless the check needs a decider's re-ask). The one path MCP takes too.

@@ -16,7 +16,7 @@ from executor.runs.runtime import Runtime
 from toolrail.settings import Settings
 
 __all__ = ["AnyToolCall", "ApiError", "ApprovalBody", "JobCreate", "Message", "NamedChoice", "RejectionBody", "check_conversation",
-           "error_body", "run_fields"]
+           "error_body", "refuse_invalid_calls", "run_fields"]
 
 class ApiError(Exception):
     """An error with an HTTP status and the standard error body."""
@@ -230,6 +230,43 @@ class RejectionBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: str | None = Field(default=None, max_length=500)
+
+
+def refuse_invalid_calls(runtime: Runtime, body: JobCreate, job: Any) -> None:
+    """422 ``invalid_tool_calls`` when the client's own ``tool_calls`` fail validation and cleaning: nothing stored.
+
+    As the OpenAI API answers a malformed request, with the JSON path into the request body of every
+    problem (``/tool_calls/0/arguments/amount``, ``/tool_calls/1/function/name``) — the same check path
+    the job would take (clean, validate, normalize). The contract findings a person reviews (a value the
+    conversation does not state, a repeated side effect) are not malformed: those jobs are stored and go
+    to review as before. ``raw_output`` is model text, checked by the job (a conversation keeps its re-ask).
+    """
+    if body.tool_calls is None:
+        return
+    from executor.runs.loop import job_specs  # noqa: PLC0415 - the job's tools, registered, inline or the tenant's
+    from tools.check import CONTRACT_VALIDATORS, check_tool_calls  # noqa: PLC0415
+
+    specs = job_specs(runtime, job)
+    check = check_tool_calls([call.flat() for call in body.tool_calls], specs)
+    problems = [{"path": "/tool_calls" + str(e.get("path") or "").rstrip("/"), "message": str(e.get("message", "")),
+                 "validator": e.get("validator")} for e in check.errors if e.get("validator") not in CONTRACT_VALIDATORS]
+    for call in check.calls:
+        shape = body.tool_calls[call.index] if call.index < len(body.tool_calls) else None
+        prefix = f"/tool_calls/{call.index}" + ("/function" if isinstance(shape, OpenAIToolCall) else "")
+        for error in call.errors:
+            if error.get("validator") in CONTRACT_VALIDATORS:
+                continue
+            inner = str(error.get("path") or "").rstrip("/")  # "/" is the arguments object itself
+            path = f"{prefix}/name" if call.name not in specs else f"{prefix}/arguments{inner}"
+            problems.append({"path": path, "message": str(error.get("message", "")), "validator": error.get("validator"),
+                             "tool": call.name or None})
+    if not body.tool_calls and (body.tool_choice == "required" or isinstance(body.tool_choice, NamedChoice)):
+        problems.append({"path": "/tool_calls", "message": "tool_choice requires a call, but tool_calls is empty",
+                         "validator": "minItems"})
+    if problems:
+        shown = "; ".join(f"{p['path']}: {p['message']}" for p in problems[:3])
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise ApiError(422, "invalid_tool_calls", f"tool_calls fail their tools' schemas: {shown}{more}", errors=problems)
 
 
 def run_fields(runtime: Runtime, body: JobCreate, settings: Settings, *, client_output: dict[str, Any] | None,

@@ -107,6 +107,15 @@ def _decider_configured(rt: Runtime) -> bool:
     return rt.settings.decider != "none"
 
 
+def _why_no_reask(rt: Runtime, job: JobRecord) -> str:
+    """Why a failing output went to review without a re-ask: never "no decider" where one is configured."""
+    if not _decider_configured(rt):
+        return "no decider is configured to re-ask"
+    if not job.messages:
+        return "the job brings no conversation to re-ask a model with (send messages to have it re-asked)"
+    return "the decider could not be loaded to re-ask"
+
+
 def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextStep | None = None) -> JobRecord:
     """Decide the current step (or take the client's output), check and re-ask, then dispatch its calls.
 
@@ -154,7 +163,7 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
     if decision.status == "needs_review":
         error = dict(decision.error or {})
         if decider is None or decider() is None:
-            error["message"] = f"{error.get('message')}; no decider is configured to re-ask"
+            error["message"] = f"{error.get('message')}; {_why_no_reask(rt, job)}"
         log.warning("job.needs_review", job_id=job_id, step=job.step, attempts=len(attempts), error_type=error.get("type"))
         return _end_step(rt, job, "needs_review", attempts=attempts, error=error)
     if decision.status == "failed":
@@ -268,7 +277,7 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
     status, error, calls = decision.status, decision.error, []
     if decision.status == "needs_review":
         error = {**(decision.error or {})}
-        error["message"] = f"{error.get('message')}; no decider is configured to re-ask"
+        error["message"] = f"{error.get('message')}; {_why_no_reask(rt, job)}"
     elif decision.status == "calls":
         trip = runs.guard_new_calls(job, [(c.name, c.arguments) for c in decision.calls], rt.settings)
         if trip is not None:
