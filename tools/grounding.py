@@ -68,8 +68,8 @@ def _leaves(node: Any, root: Mapping[str, Any], path: str, listed: frozenset[str
         return
     for key in ("anyOf", "oneOf"):
         branches = node.get(key)
-        if isinstance(branches, list) and any(isinstance(_resolve(b, root), Mapping) and
-                                               "object" in declared_types(_resolve(b, root), inferred=True) for b in branches):
+        if isinstance(branches, list) and any("object" in declared_types(_resolve(b, root), inferred=True)
+                                               for b in branches):
             for branch in branches:
                 yield from _leaves(branch, root, path, frozenset(), side_effects, marked)
             return
@@ -90,7 +90,8 @@ def declaration_errors(parameters: Mapping[str, Any]) -> list[str]:
     for path, node in subschemas(parameters):
         flag = node.get("x-grounded")
         props = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
-        if flag is not None and not (isinstance(flag, bool) or isinstance(flag, list) and all(isinstance(n, str) for n in flag)):
+        names = isinstance(flag, list) and all(isinstance(name, str) for name in flag)
+        if flag is not None and not (isinstance(flag, bool) or names):
             errors.append(f"{path or '/'}: x-grounded must be true, false or a list of field names")
         elif isinstance(flag, list):
             errors += [f"{pointer(path, name)}: x-grounded names a field that does not exist"
