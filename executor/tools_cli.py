@@ -1,7 +1,9 @@
 """``toolrail tools list | show NAME | check``: the tools a worker would load, and whether they can run.
 
 ``list`` and ``show`` read the registry exactly as a worker builds it (built-ins,
-``TOOLRAIL_TOOL_MODULES``, the ``toolrail.tools`` entry points). ``check`` runs the worker's
+``TOOLRAIL_TOOL_MODULES``, the ``toolrail.tools`` entry points); ``list --tenant T`` adds the
+tools a tenant's job may call beyond it, from the runtime's tool sources (its registered MCP
+servers, read from Redis: ``--redis-url`` or ``REDIS_URL``). ``check`` runs the worker's
 start-up check (every tool module imported inside a real sandbox child) and a schema
 self-test; it exits 0 when every tool passes, 1 otherwise. Errors are one line on stderr.
 """
@@ -24,8 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tools.set_defaults(handler=lambda args: _usage(tools))
 
     listing = commands.add_parser("list", help="one line per tool: name, source, flags",
-                                  description="List every registered tool with where it came from.")
+                                  description="List every tool a worker would run with where it came from: built-ins, "
+                                              "modules, entry points and, with --tenant, the tenant's MCP servers.")
     listing.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+    listing.add_argument("--tenant", default=None, metavar="TENANT",
+                         help="also list this tenant's tools from other sources (its MCP servers), read from Redis")
+    listing.add_argument("--redis-url", default=None, metavar="URL",
+                         help="the deployment's Redis, for --tenant (default: REDIS_URL)")
     listing.set_defaults(handler=_list)
 
     show = commands.add_parser("show", help="a tool's spec: schema, limits, entrypoint, source",
@@ -68,10 +75,33 @@ def _row(registry: Any, spec: Any) -> dict[str, Any]:
             "memory_mb": spec.memory_mb, "queue": spec.queue_name}
 
 
+def _tenant_rows(registry: Any, tenant: str, redis_url: str | None) -> list[dict[str, Any]]:
+    """The tenant's tools beyond the registry, from the runtime's tool sources (``Runtime.tenant_specs``)."""
+    from executor.runs.runtime import Runtime  # noqa: PLC0415 - Redis and the tool sources only when asked
+    from toolrail.settings import get_settings  # noqa: PLC0415
+
+    runtime = Runtime.from_settings(get_settings(), redis_url=redis_url)
+    runtime.registry = registry
+    rows = []
+    for name, spec in sorted(runtime.tenant_specs(tenant).items()):
+        public = spec.public()
+        rows.append({"name": name, "source": f"{public.get('source') or type(spec).__name__} (tenant {tenant})",
+                     "entrypoint": spec.entrypoint, "side_effects": spec.side_effects, "networked": spec.networked,
+                     "timeout_s": spec.timeout_s, "memory_mb": spec.memory_mb, "queue": spec.queue_name, "tenant": tenant})
+    return rows
+
+
 def _list(args: argparse.Namespace) -> int:
     _quiet()
     registry = _registry()
     rows = [_row(registry, spec) for spec in registry.specs()]
+    if args.tenant is not None:
+        try:
+            rows += _tenant_rows(registry, args.tenant, args.redis_url)
+        except Exception as exc:  # noqa: BLE001 - one line, not a traceback
+            print(f"toolrail tools list: cannot read tenant {args.tenant!r}'s tools: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(rows, ensure_ascii=False, indent=2))
     else:

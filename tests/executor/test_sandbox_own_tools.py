@@ -428,6 +428,39 @@ def test_tools_list_and_show_name_each_source(tool_tree: tuple[Path, Path]) -> N
     assert unknown.stderr.strip().count("\n") == 0 and "unknown tool 'nope'" in unknown.stderr
 
 
+def test_tools_list_with_a_tenant_adds_its_mcp_tools_from_the_runtimes_sources(tool_tree: tuple[Path, Path],
+                                                                                redis_url: str) -> None:
+    import redis
+
+    from mcpbridge.providers import delete_server, save_server
+
+    url = private_db(redis_url, 4)
+    client = redis.Redis.from_url(url)
+    save_server(client, {"tenant": "acme", "name": "forecast", "url": "https://mcp.example.com/mcp", "timeout_s": 30,
+                         "idle_timeout_s": 10, "queue": "mcp.acme.forecast", "tools": [
+                             {"name": "forecast_week", "remote_name": "week", "description": "A week of weather",
+                              "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+                              "side_effects": False, "requires_approval": False}]})
+    try:
+        env = tool_env(*tool_tree, "shop_tools")
+        plain = {row["name"] for row in json.loads(_cli("list", "--json", env=env).stdout)}
+        assert "forecast_week" not in plain  # no tenant named: the registry only
+        listed = _cli("list", "--json", "--tenant", "acme", "--redis-url", url, env=env)
+        assert listed.returncode == 0, listed.stderr
+        rows = {row["name"]: row for row in json.loads(listed.stdout)}
+        assert rows["forecast_week"]["source"] == "mcp:forecast (tenant acme)" and rows["forecast_week"]["tenant"] == "acme"
+        assert rows["shop_lookup"]["source"] == "module shop_tools"  # and every registered tool, as before
+        table = _cli("list", "--tenant", "acme", "--redis-url", url, env=env).stdout
+        assert any(line.startswith("forecast_week") and line.endswith("mcp:forecast (tenant acme)")
+                   for line in table.splitlines()), table
+        other = json.loads(_cli("list", "--json", "--tenant", "other", "--redis-url", url, env=env).stdout)
+        assert "forecast_week" not in {row["name"] for row in other}  # tenants are separate
+    finally:
+        delete_server(client, "acme", "forecast")
+    down = _cli("list", "--tenant", "acme", "--redis-url", "redis://127.0.0.1:1/0", env=env)
+    assert down.returncode == 2 and down.stderr.strip().count("\n") == 0 and "cannot read tenant 'acme'" in down.stderr
+
+
 def test_tools_check_passes_good_tools_and_names_every_problem(tool_tree: tuple[Path, Path]) -> None:
     good = _cli("check", env=tool_env(*tool_tree, "shop_tools"))
     assert good.returncode == 0, good.stdout + good.stderr
