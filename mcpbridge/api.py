@@ -12,8 +12,8 @@ enters (the SDK's session manager, and the periodic refresh of every server's to
 
 Who may register what (docs/mcp.md): a stdio server runs a command on the workers, so it is accepted
 only when ``TOOLRAIL_MCP_ALLOW_STDIO`` says so (default: only without API keys, a one-user install);
-a URL whose host resolves to a non-public address (:mod:`toolrail.netguard`, checked here and again
-at every connection) only when ``TOOLRAIL_MCP_ALLOW_PRIVATE_URLS`` says so (same default); timeouts
+a URL whose host resolves to a non-public address (:mod:`toolrail.netguard`, checked at every
+connection: 403 ``mcp_url_not_allowed``) only when ``TOOLRAIL_MCP_ALLOW_PRIVATE_URLS`` says so (same default); timeouts
 up to ``TOOLRAIL_MCP_MAX_TIMEOUT_S``. A registration or refresh waits for the server on the event
 loop, holding no thread, and a tenant has at most ``TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT`` of them
 in flight per API process (429 past it).
@@ -40,7 +40,6 @@ from executor.errors import SandboxError
 from mcpbridge.errors import McpServerRejectedError, McpTooLargeError, McpUrlNotAllowedError
 from mcpbridge.server import McpEndpoint, McpService, build_server
 from mcpbridge.spec import SERVER_NAME
-from toolrail import netguard
 from toolrail.logging import get_logger
 
 __all__ = ["McpBridge", "McpServerCreate", "mount"]
@@ -143,7 +142,7 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
     endpoint = McpEndpoint(build_server(service), tenants=tenants, rate_limiter=getattr(app.state, "rate_limiter", None),
                            allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins)
     app.router.routes.append(Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
-    allow_stdio, allow_private = providers.allows_stdio(settings), providers.allows_private_urls(settings)
+    allow_stdio = providers.allows_stdio(settings)
     router = APIRouter(prefix="/v1/mcp-servers", tags=["mcp"])
     fetching: Counter[str] = Counter()  # registrations and refreshes in flight per tenant (this process's event loop)
 
@@ -179,13 +178,6 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
         if body.command and not allow_stdio:
             raise ApiError(403, "mcp_stdio_not_allowed", "stdio MCP servers run a command on the workers; this "
                            "deployment does not allow tenants to register them (TOOLRAIL_MCP_ALLOW_STDIO)")
-        if body.url:  # refused before anything is started; the transport checks again at every connection
-            try:
-                await asyncio.to_thread(netguard.check_url, body.url, allow_private=allow_private)
-            except netguard.UrlRefusedError as exc:
-                if exc.reason != "unresolved":  # a name that does not resolve fails the fetch with its own error
-                    raise ApiError(403, "mcp_url_not_allowed", f"{exc} (TOOLRAIL_MCP_ALLOW_PRIVATE_URLS)",
-                                   **exc.details) from None
         try:
             config = providers.ServerConfig.build(tenant, **body.model_dump(), max_timeout_s=settings.mcp_max_timeout_s)
         except McpServerRejectedError as exc:

@@ -49,9 +49,11 @@ def test_http_server_tools_run_as_tool_calls(client: httpx.Client, http_server: 
     assert listed["mcp__web__add"]["source"] == "mcp:web" and listed["mcp__web__add"]["output_schema"]
     assert "get_weather" in listed and listed["get_weather"].get("source") is None  # the local tool is untouched
 
+    invalid = client.post("/v1/jobs", json={"tools": ["mcp__web__add"],
+                                            "tool_calls": [{"name": "mcp__web__add", "arguments": {"a": 2, "c": 3}}]})
+    assert invalid.status_code == 422 and invalid.json()["error"]["type"] == "invalid_tool_calls"  # never sent
     jobs = {
         "ok": _submit(client, "mcp__web__add", {"a": 2, "b": 3}),
-        "invalid": _submit(client, "mcp__web__add", {"a": 2, "c": 3}),
         "progress": _submit(client, "mcp__web__slow", {"seconds": 2.5, "progress": True}),
         "idle": _submit(client, "mcp__web__slow", {"seconds": 3}),
         "hard": _submit(client, "mcp__web__slow", {"seconds": 6, "progress": True}),
@@ -63,8 +65,6 @@ def test_http_server_tools_run_as_tool_calls(client: httpx.Client, http_server: 
     calls = {key: _call(client, job_id) for key, job_id in jobs.items()}
 
     assert calls["ok"]["status"] == "succeeded" and calls["ok"]["result"] == {"sum": 5}
-    assert calls["invalid"]["job_status"] == "needs_review" and calls["invalid"]["status"] is None  # never called
-    assert calls["invalid"]["job_error"]["type"] == "invalid_tool_calls"
     assert calls["progress"]["status"] == "succeeded", calls["progress"]  # progress reset the 1.5 s idle timer
     assert calls["progress"]["result"]["steps"] >= 10
     for key, limit in (("idle", "idle"), ("hang", "idle"), ("hard", "hard")):
