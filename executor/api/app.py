@@ -56,6 +56,7 @@ from executor.api.ratelimit import install_load_control, rate_limited
 from executor.api.readiness import Readiness
 from executor.runs.runtime import Runtime
 from executor.runs.submit import cancel, submit
+from executor.worker.config import worker_queues
 from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
 from executor.store.records import CallRecord, JobRecord
 from executor.runs.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
@@ -495,7 +496,7 @@ class _QueueDepth:
         age = GaugeMetricFamily("toolrail_queue_oldest_age_seconds", "Age of the oldest message per Celery queue "
                                 "(from its publish-time header; 0 when empty)", labels=["queue"])
         try:
-            queues = ["decide", *self._runtime.registry.queues()]
+            queues = worker_queues(self._runtime.registry)  # the workers' own list (webhooks included)
             pipe = self._runtime.redis.pipeline()
             for queue in queues:
                 pipe.llen(queue)

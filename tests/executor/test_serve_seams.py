@@ -215,3 +215,12 @@ def test_sigkilled_worker_under_serve_loses_no_job(serve: tuple[str, subprocess.
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     events = [line.get("event") for line in lines]
     assert "worker.died" in events and "worker.restarted" in events, events[-20:]
+
+
+def test_a_worker_without_a_redis_url_exits_with_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "TOOLRAIL_REDIS_URL"}}
+    done = subprocess.run([sys.executable, "-m", "toolrail.cli", "worker"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert "REDIS_URL" in lines[0] and "6379" not in lines[0]
