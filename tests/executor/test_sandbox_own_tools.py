@@ -434,7 +434,7 @@ def test_tools_list_with_a_tenant_adds_its_mcp_tools_from_the_runtimes_sources(t
 
     from mcpbridge.providers import delete_server, save_server
 
-    url = private_db(redis_url, 4)
+    url = private_db(redis_url, 12)  # a database no other module uses
     client = redis.Redis.from_url(url)
     save_server(client, {"tenant": "acme", "name": "forecast", "url": "https://mcp.example.com/mcp", "timeout_s": 30,
                          "idle_timeout_s": 10, "queue": "mcp.acme.forecast", "tools": [
