@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
+    "IN_PLACE",
     "SCHEMA_LISTS",
     "SCHEMA_MAPS",
     "SINGLE_SCHEMA",
@@ -44,6 +45,9 @@ SINGLE_SCHEMA = ("additionalProperties", "unevaluatedProperties", "items", "addi
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
 #: Keywords whose value is a list of subschemas.
 SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+#: Keywords whose subschemas apply to the parent's own instance alongside it (not instead of it, as
+#: ``anyOf``/``oneOf`` branches do): each holds a part or a condition of the parent's shape.
+IN_PLACE = ("allOf", "if", "then", "else", "not", "dependentSchemas", "dependencies", "contains", "propertyNames")
 
 _JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null",
                list: "array", dict: "object"}
@@ -70,13 +74,13 @@ def _slots(node: Mapping[str, Any]) -> Iterator[tuple[str, str | int | None, Any
             yield from ((key, index, sub) for index, sub in enumerate(value))
 
 
-def children(node: Any, path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Each direct subschema object of ``node`` (booleans skipped) with its JSON Pointer."""
+def children(node: Any, path: str = "") -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """``(keyword, JSON Pointer, subschema)`` for each direct subschema object of ``node`` (booleans skipped)."""
     if not isinstance(node, Mapping):
         return
     for key, slot, sub in _slots(node):
         if isinstance(sub, Mapping):
-            yield (pointer(path, key) if slot is None else pointer(path, key, slot)), sub
+            yield key, (pointer(path, key) if slot is None else pointer(path, key, slot)), sub
 
 
 def subschemas(schema: Any, path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -90,7 +94,7 @@ def subschemas(schema: Any, path: str = "") -> Iterator[tuple[str, Mapping[str, 
         if not isinstance(node, Mapping):
             continue
         yield where, node
-        stack.extend(reversed(list(children(node, where))))
+        stack.extend(reversed([(child_path, child) for _, child_path, child in children(node, where)]))
 
 
 def map_subschemas(node: Mapping[str, Any], fn: Callable[[Any, str], Any], path: str = "") -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tools.grounding import declaration_errors
-from tools.schema_walk import declared_types, subschemas
+from tools.schema_walk import IN_PLACE, children, declared_types, subschemas
 
 __all__ = ["ToolSpec", "strict_schema"]
 
@@ -31,19 +31,27 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
 def strict_schema(schema: dict[str, Any], *, allow_extra: bool = False) -> dict[str, Any]:
-    """Return a copy of ``schema`` with ``additionalProperties: false`` on every object schema.
+    """Return a copy of ``schema`` in which every object schema refuses fields it does not declare.
 
     Objects are found by :func:`tools.schema_walk.subschemas`: a parameter *named*
-    ``properties`` or ``type`` is a field, never an object schema. A schema-valued
-    ``additionalProperties`` (a map: ``{"additionalProperties": {"type": "integer"}}``) is kept;
-    only a missing or boolean one becomes ``false``.
+    ``properties`` or ``type`` is a field, never an object schema. An object gets
+    ``additionalProperties: false``; one whose fields are also declared beside it (``allOf``,
+    ``if``/``then``/``else``, ``dependentSchemas``, a sibling ``$ref``) gets
+    ``unevaluatedProperties: false`` instead, which sees those fields, and its parts are left
+    open (closing each part would refuse the fields of the others). A schema-valued
+    ``additionalProperties`` (a map: ``{"additionalProperties": {"type": "integer"}}``) is kept.
     """
     schema = copy.deepcopy(schema)
+    parts: set[int] = set()  # subschemas that are part of their parent's own shape (allOf, if/then/else...)
     for _, node in subschemas(schema):
-        if "object" in declared_types(node) or "properties" in node:
-            if not allow_extra and not isinstance(node.get("additionalProperties"), dict):
-                node["additionalProperties"] = False
-            node.setdefault("properties", {})
+        parts.update(id(child) for keyword, _, child in children(node) if keyword in IN_PLACE)
+        if id(node) in parts or not ("object" in declared_types(node) or "properties" in node):
+            continue
+        node.setdefault("properties", {})
+        spread = "$ref" in node or any(keyword in node for keyword in IN_PLACE)
+        closer = "unevaluatedProperties" if spread else "additionalProperties"
+        if not allow_extra and not isinstance(node.get(closer), dict):
+            node[closer] = False
     schema.pop("title", None)
     return schema
 
@@ -65,6 +73,9 @@ class ToolSpec(BaseModel):
     queue: str | None = None
     #: A person must approve each call before it runs (the job stops in ``awaiting_approval``).
     requires_approval: bool = False
+    #: Its results are authoritative (the platform's own records, not text from outside): values only they state
+    #: may ground a side-effecting call's fields. Unset, such a call waits for a person (``tools.grounding``).
+    trusted_output: bool = False
     #: The same call may answer differently each time (a poll): an identical repeat in a run is not held back.
     repeatable: bool = False
     #: A failed call records the tool's own traceback under ``details.traceback`` (its frames only, paths relative

@@ -146,3 +146,25 @@ def test_public_names_are_sorted():
 
     for module in (schema_walk, validator):
         assert module.__all__ == sorted(module.__all__), module.__name__
+
+
+def test_strict_mode_closes_a_composed_object_once():
+    """Fields spread over allOf parts, or conditions in if/then: the object is closed, its parts are not."""
+    composed = ToolSpec.from_openai({"name": "both", "parameters": {"type": "object", "allOf": [
+        {"properties": {"a": {"type": "string"}}, "required": ["a"]}, {"properties": {"b": {"type": "string"}}}]}})
+    assert validate({"a": "x", "b": "y"}, composed.parameters) == []
+    assert [e["validator"] for e in validate({"a": "x", "c": 1}, composed.parameters)] == ["unevaluatedProperties"]
+    grammar, _ = bound_free_text(prepare_tool(composed).grammar_schema, string_max=20, array_max=3)
+    compiled = _byte_cache().compile(canonical_json(tool_calls_schema([(composed.name, grammar)])))
+    text = json.dumps([{"name": "both", "arguments": {"a": "x", "b": "y"}}])
+    assert xgr.GrammarMatcher(compiled.grammar).accept_string(text)
+    assert not xgr.GrammarMatcher(compiled.grammar).accept_string(text.replace('"b"', '"c"'))
+
+    conditional = ToolSpec.from_openai({"name": "cond", "parameters": {
+        "type": "object", "properties": {"kind": {"enum": ["x", "y"]}, "n": {"type": "integer"}},
+        "if": {"properties": {"kind": {"const": "x"}}}, "then": {"required": ["n"]}}})
+    assert "additionalProperties" not in conditional.parameters["if"]
+    assert validate({"kind": "x", "n": 1}, conditional.parameters) == []
+    assert validate({"kind": "y"}, conditional.parameters) == []
+    assert [e["validator"] for e in validate({"kind": "x"}, conditional.parameters)] == ["required"]
+    assert [e["validator"] for e in validate({"kind": "y", "z": 0}, conditional.parameters)] == ["unevaluatedProperties"]
