@@ -2,9 +2,11 @@
 
 - :func:`span_to_dict` / :func:`span_from_dict` — a span as JSON-able data: the sandbox child's
   result frame carries its spans this way, and the Redis sink stores them so.
-- :class:`RedisSpanExporter` — one Redis hash per trace (``tr:trace:<trace_id>``: span id → JSON),
-  bounded, with a TTL; :func:`read_trace` reads one back (``GET /v1/jobs/{id}/trace``,
-  ``toolrail run --trace``).
+- :class:`RedisSpanExporter` — one Redis hash per tenant and trace (``tr:tenant:<tenant>:trace:<trace_id>``:
+  span id → JSON; a span without a ``toolrail.tenant`` attribute: ``tr:trace:<trace_id>``), bounded, with a
+  TTL; :func:`read_trace` reads one tenant's back (``GET /v1/jobs/{id}/trace``, ``toolrail run --trace``).
+- :class:`TenantStamp` — the processor that puts a job context's tenant on every span started under it;
+  :class:`TraceClaims` — which tenant first used a trace id (a foreign one starts a new trace).
 - :class:`BoundedMemoryExporter` — the last spans in the process's memory (benchmarks).
 - :class:`ChildRecorder` — the sandbox child's span, recorded as data without a tracer provider.
 """
@@ -21,15 +23,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-__all__ = ["BoundedMemoryExporter", "ChildRecorder", "RedisSpanExporter", "read_trace", "span_from_dict", "span_to_dict",
-           "trace_key"]
+__all__ = ["TENANT_ATTRIBUTE", "BoundedMemoryExporter", "ChildRecorder", "RedisSpanExporter", "TenantStamp", "TraceClaims",
+           "read_trace", "span_from_dict", "span_to_dict", "trace_key"]
 
 SCOPE = "toolrail"
+#: The span attribute (and baggage entry) naming the tenant whose job a span belongs to.
+TENANT_ATTRIBUTE = "toolrail.tenant"
 
 
 def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
@@ -91,7 +97,8 @@ class RedisSpanExporter(SpanExporter):
             pipe = self._redis.pipeline(transaction=False)
             for span in spans:
                 data = span_to_dict(span)
-                self._put(keys=[trace_key(data["trace_id"], self._prefix)],
+                tenant = data["attributes"].get(TENANT_ATTRIBUTE)
+                self._put(keys=[trace_key(data["trace_id"], self._prefix, tenant=str(tenant) if tenant else None)],
                           args=[data["span_id"], json.dumps(data, default=str), self._max, self._ttl_s], client=pipe)
             pipe.execute()
         except Exception:  # noqa: BLE001 - a trace sink never fails the work it watches
@@ -119,18 +126,72 @@ class BoundedMemoryExporter(SpanExporter):
         return None
 
 
-def trace_key(trace_id: str, prefix: str = "tr") -> str:
-    return f"{prefix}:trace:{trace_id}"
+def trace_key(trace_id: str, prefix: str = "tr", *, tenant: str | None = None) -> str:
+    """The hash of one tenant's spans of a trace (``tenant`` None: spans no tenant's job context started)."""
+    return f"{prefix}:tenant:{tenant}:trace:{trace_id}" if tenant else f"{prefix}:trace:{trace_id}"
 
 
-def read_trace(client: Any, trace_id: str, *, prefix: str = "tr") -> list[dict[str, Any]]:
-    """The spans the Redis sink holds for one trace, by start time."""
-    raw = client.hgetall(trace_key(trace_id, prefix))
+def read_trace(client: Any, trace_id: str, *, tenant: str | None = None, prefix: str = "tr") -> list[dict[str, Any]]:
+    """The spans the Redis sink holds for one tenant's trace, by start time."""
+    raw = client.hgetall(trace_key(trace_id, prefix, tenant=tenant))
     spans = []
     for value in raw.values():
         with contextlib.suppress(ValueError):
             spans.append(json.loads(value))
     return sorted(spans, key=lambda s: (s.get("start_ns") or 0, s.get("name", "")))
+
+
+class TraceClaims:
+    """Which tenant a trace id belongs to: the first to use it (``tr:trace-owner:<trace_id>``, with the sink's TTL).
+
+    ``claims(trace_id, tenant)`` returns the owner, claiming the id for ``tenant`` when nobody has; when Redis
+    does not answer, no tenant owns it for sure, so the caller is told it is foreign (a new trace, safe)."""
+
+    _CLAIM = """
+    local owner = redis.call('GET', KEYS[1])
+    if owner then return owner end
+    redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+    return ARGV[1]
+    """
+
+    def __init__(self, client: Any, *, ttl_s: int = 86400, prefix: str = "tr") -> None:
+        self._ttl_s, self._prefix = ttl_s, prefix
+        self._claim = client.register_script(self._CLAIM)
+
+    def __call__(self, trace_id: str, tenant: str) -> str | None:
+        try:
+            owner = self._claim(keys=[f"{self._prefix}:trace-owner:{trace_id}"], args=[tenant, self._ttl_s])
+        except Exception:  # noqa: BLE001 - a trace claim never fails the request it serves
+            return None
+        return owner.decode() if isinstance(owner, bytes) else str(owner)
+
+
+class TenantStamp(SpanProcessor):
+    """Put the job's tenant (its context's ``toolrail.tenant`` baggage) on every span started under it.
+
+    ``trust_incoming`` false (the API): a request's own baggage is the client's word, so only contexts toolrail
+    attached itself from a stored job context (those carrying the ``own`` context key) are read; the API's
+    server spans get the authenticated tenant from ``toolrail.tracing.tag_tenant``."""
+
+    def __init__(self, *, trust_incoming: bool, own: str) -> None:
+        self.trust_incoming, self.own = trust_incoming, own
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        ctx = parent_context if parent_context is not None else otel_context.get_current()
+        if not self.trust_incoming and not otel_context.get_value(self.own, ctx):
+            return
+        tenant = baggage.get_baggage(TENANT_ATTRIBUTE, ctx)
+        if tenant:
+            span.set_attribute(TENANT_ATTRIBUTE, str(tenant))
+
+    def on_end(self, span: ReadableSpan) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
 
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")

@@ -5,9 +5,9 @@ The SDK's tracer provider is always installed (so a ``traceparent`` is generated
 brings none), but nothing leaves the process unless a sink is configured:
 
 - ``OTEL_EXPORTER_OTLP_ENDPOINT`` set: OTLP/HTTP export (batch processor);
-- ``TOOLRAIL_TRACE_STORE=redis``: finished spans go to Redis, one hash per trace
-  (``tr:trace:<trace_id>``, field = span id, bounded, with a TTL; ``toolrail.trace_sinks``) — what
-  ``toolrail run --trace`` and ``GET /v1/jobs/{id}/trace`` read, with no collector;
+- ``TOOLRAIL_TRACE_STORE=redis``: finished spans go to Redis, one hash per tenant and trace
+  (``tr:tenant:<tenant>:trace:<trace_id>``, field = span id, bounded, with a TTL; ``toolrail.trace_sinks``)
+  — what ``toolrail run --trace`` and ``GET /v1/jobs/{id}/trace`` read, with no collector;
 - ``TOOLRAIL_TRACE_STORE=memory``: the last spans in each process's memory (benchmarks);
 - ``memory=True`` (tests, benchmarks): the SDK's in-memory exporter.
 
@@ -28,6 +28,15 @@ Spans (GenAI semantic conventions where they exist):
             sandbox {name}           the sandbox child (the tool process's life)
 
 Content (messages, arguments, results) is recorded only with ``TOOLRAIL_TRACE_CONTENT=1``.
+
+Trace ids are per tenant. A job's context carries its tenant as baggage (``toolrail.tenant``, set at
+submission, a client's own entry of that name dropped); every span started under it gets the
+``toolrail.tenant`` attribute (``toolrail.trace_sinks.TenantStamp``), the API's server spans get it from the
+authenticated key (:func:`tag_tenant`), and the Redis sink keys spans by it. A client's
+``traceparent`` whose trace id another tenant already used starts a new trace, linked to the foreign
+one (:func:`new_job_context` with a ``claim``): a job's trace never shows another tenant's spans.
+In the API process baggage is trusted only in contexts toolrail attached itself (a stored job
+context), never as a request brought it.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import baggage, propagate, trace
@@ -47,9 +56,10 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from toolrail.trace_sinks import BoundedMemoryExporter, ChildRecorder, RedisSpanExporter, span_from_dict
+from toolrail.trace_sinks import (TENANT_ATTRIBUTE, BoundedMemoryExporter, ChildRecorder, RedisSpanExporter, TenantStamp,
+                                  span_from_dict)
 
 if TYPE_CHECKING:
     from toolrail.settings import Settings
@@ -62,6 +72,8 @@ __all__ = [
     "REQUEST_ID_BAGGAGE",
     "SCOPE",
     "SENSITIVE",
+    "TENANT_ATTRIBUTE",
+    "TENANT_BAGGAGE",
     "adopt_spans",
     "capture_content",
     "child_context",
@@ -83,6 +95,7 @@ __all__ = [
     "start_chat",
     "step_span",
     "tag_request",
+    "tag_tenant",
     "trace_id_of",
     "tracer",
     "use_context",
@@ -98,6 +111,12 @@ PARENT_KEY = "toolrail_parent_span_id"
 SENSITIVE = "toolrail.sensitive"
 #: Baggage entry carrying the request id across every hop.
 REQUEST_ID_BAGGAGE = "toolrail.request_id"
+#: Baggage entry (set by toolrail, never taken from a client) and span attribute naming the job's tenant.
+TENANT_BAGGAGE = TENANT_ATTRIBUTE
+#: ``trace_context`` key: ``<trace id>-<span id>`` of a client's parent span in another tenant's trace (linked to).
+LINKED_KEY = "toolrail_linked_span"
+#: Context key (never propagated) marking a context toolrail attached from a stored job context: baggage trusted.
+_OWN_CONTEXT = otel_context.create_key("toolrail-own-context")
 #: Most spans a sandbox child may hand back per call (the rest are dropped).
 MAX_CHILD_SPANS = 16
 _MAX_ATTRIBUTE_CHARS = 4000
@@ -165,6 +184,7 @@ def _new_provider(kind: str, settings: Settings) -> TracerProvider:
                                 "toolrail.process.kind": kind,
                                 "deployment.environment.name": settings.environment or "local"})
     provider = TracerProvider(resource=resource)
+    provider.add_span_processor(TenantStamp(trust_incoming=kind != "api", own=_OWN_CONTEXT))
     trace.set_tracer_provider(provider) if _global_unset() else _ProxySwap.swap(provider)
     return provider
 
@@ -228,6 +248,11 @@ def context_from(carrier: Mapping[str, str] | None) -> otel_context.Context | No
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
+def _own(ctx: otel_context.Context) -> otel_context.Context:
+    """``ctx`` marked as attached by toolrail from a stored job context (its baggage is toolrail's)."""
+    return otel_context.set_value(_OWN_CONTEXT, True, ctx)
+
+
 def current_context() -> dict[str, str]:
     """The current span's W3C context as a dict (empty when no valid span is current)."""
     if not trace.get_current_span().get_span_context().is_valid:
@@ -242,7 +267,7 @@ def use_context(carrier: Mapping[str, str] | None) -> Iterator[None]:
     if ctx is None:
         yield
         return
-    token = otel_context.attach(ctx)
+    token = otel_context.attach(_own(ctx))
     try:
         yield
     finally:
@@ -269,7 +294,7 @@ def job_context(trace_context: Mapping[str, str] | None, *, switch: bool = False
         return
     if current.is_valid and not same:
         link_to(trace_context)
-    token = otel_context.attach(job_ctx)
+    token = otel_context.attach(_own(job_ctx))
     try:
         yield
     finally:
@@ -295,10 +320,19 @@ def link_to(trace_context: Mapping[str, str] | None) -> None:
 # ----------------------------------------------------------------- the job span
 
 
-def new_job_context(request_id: str) -> dict[str, str]:
+def new_job_context(request_id: str, *, tenant: str | None = None,
+                    claim: Callable[[str, str], str | None] | None = None) -> dict[str, str]:
     """At ``POST /v1/jobs``: choose the job span's id (a child of the current span, or a new trace)
-    and return its W3C context, with the request id as baggage, for ``JobRecord.trace_context``."""
+    and return its W3C context, with the request id and ``tenant`` as baggage, for ``JobRecord.trace_context``.
+
+    ``claim(trace_id, tenant)`` returns the tenant that owns a trace id (claiming it when unowned): when the
+    current trace (a client's ``traceparent``) belongs to another tenant, the job starts a new trace whose job
+    span links to the client's parent span (``LINKED_KEY``) and never joins the foreign one."""
     parent = trace.get_current_span().get_span_context()
+    foreign = None
+    if parent.is_valid and tenant is not None and claim is not None \
+            and claim(format(parent.trace_id, "032x"), tenant) != tenant:
+        foreign, parent = parent, trace.INVALID_SPAN_CONTEXT
     provider = _state["provider"] if _state["pid"] == os.getpid() else None
     ids = provider.id_generator if provider is not None else None
     if ids is None:
@@ -310,9 +344,13 @@ def new_job_context(request_id: str) -> dict[str, str]:
                        trace_state=parent.trace_state if parent.is_valid else None)
     ctx = trace.set_span_in_context(trace.NonRecordingSpan(span))
     ctx = baggage.set_baggage(REQUEST_ID_BAGGAGE, request_id, context=ctx)
+    ctx = baggage.set_baggage(TENANT_BAGGAGE, tenant, context=ctx) if tenant is not None else \
+        baggage.remove_baggage(TENANT_BAGGAGE, context=ctx)  # a client's entry of that name never travels on
     carrier = inject(context=ctx)
     if parent.is_valid:
         carrier[PARENT_KEY] = format(parent.span_id, "016x")
+    if foreign is not None:
+        carrier[LINKED_KEY] = f"{foreign.trace_id:032x}-{foreign.span_id:016x}"
     return carrier
 
 
@@ -336,8 +374,14 @@ def end_job(job: Any, *, status: str | None = None) -> None:
                                   "toolrail.job.status": status, "toolrail.tenant": getattr(job, "tenant", "")}
     if status not in ("succeeded",) and error.get("type"):
         attributes["error.type"] = str(error["type"])
+    links = []
+    linked = str(job.trace_context.get(LINKED_KEY) or "").split("-")
+    if len(linked) == 2 and len(linked[0]) == 32 and len(linked[1]) == 16:
+        with contextlib.suppress(ValueError):
+            links.append(Link(SpanContext(int(linked[0], 16), int(linked[1], 16), is_remote=True),
+                              {"toolrail.link": "client_parent_in_another_tenants_trace"}))
     span = ReadableSpan(name="job", context=own, parent=parent, resource=_state["provider"].resource,
-                        attributes=attributes, kind=SpanKind.INTERNAL,
+                        attributes=attributes, kind=SpanKind.INTERNAL, links=links,
                         status=Status(StatusCode.OK if status == "succeeded" else StatusCode.ERROR,
                                       None if status == "succeeded" else status),
                         start_time=int(float(job.created_at) * 1e9), end_time=time.time_ns(),
@@ -346,6 +390,13 @@ def end_job(job: Any, *, status: str | None = None) -> None:
 
 
 # ----------------------------------------------------------------- spans of a run
+
+
+def tag_tenant(tenant: str) -> None:
+    """Put the authenticated tenant on the current span (the API's server span): the Redis sink keys it so."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute(TENANT_ATTRIBUTE, tenant)
 
 
 def tag_request(request_id: str) -> None:
@@ -492,11 +543,15 @@ def adopt_spans(items: Any, *, trace_context: Mapping[str, str] | None) -> int:
     if not isinstance(items, list) or ctx is None or not recording():
         return 0
     trace_id = format(trace.get_current_span(ctx).get_span_context().trace_id, "032x")
+    tenant = baggage.get_baggage(TENANT_BAGGAGE, ctx)  # the call's, never what the child wrote
     spans = []
     for item in items[:MAX_CHILD_SPANS]:
         try:
             if isinstance(item, dict) and item.get("trace_id") == trace_id:
-                spans.append(span_from_dict(item))
+                attributes = {k: v for k, v in dict(item.get("attributes") or {}).items() if k != TENANT_ATTRIBUTE}
+                if tenant:
+                    attributes[TENANT_ATTRIBUTE] = str(tenant)
+                spans.append(span_from_dict({**item, "attributes": attributes}))
         except (KeyError, ValueError, TypeError):
             continue
     _deliver(spans)

@@ -64,6 +64,7 @@ from toolrail import tracing
 from toolrail.extensions import API_GROUP, installed
 from toolrail.logging import get_logger
 from toolrail.settings import Settings, get_settings
+from toolrail.trace_sinks import TraceClaims
 from tools.errors import SchemaRejectedError, UnknownToolError
 from tools.schema_guard import check_client_schema
 from tools.spec import ToolSpec
@@ -82,6 +83,7 @@ async def tenant_of(request: Request, authorization: Annotated[str | None, Heade
     """The tenant of the caller's API key; ``default`` when no keys are configured."""
     tenants: dict[str, str] = request.app.state.tenants
     if not tenants:
+        tracing.tag_tenant("default")
         return "default"
     key = x_api_key
     if authorization and authorization.lower().startswith("bearer "):
@@ -89,6 +91,7 @@ async def tenant_of(request: Request, authorization: Annotated[str | None, Heade
     tenant = tenants.get(key or "")
     if tenant is None:
         raise ApiError(401, "unauthorized", "a valid API key is required (Authorization: Bearer <key> or X-API-Key)")
+    tracing.tag_tenant(tenant)  # the server span is stored with this tenant's spans, never by a client's baggage
     return tenant
 
 
@@ -223,6 +226,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return JSONResponse(_error_body(exc.type, str(exc), exc.details), status_code=400)
 
     app.state.tenants = tenants
+    trace_claims = TraceClaims(runtime.redis, ttl_s=settings.trace_store_ttl_s)  # a client's trace id: whose it is
     stream_slots = app.state.stream_slots = StreamSlots(settings.sse_max_streams_per_tenant)
     metrics.register(stream_slots)
     events_redis = AsyncRedisFactory(runtime.redis, block_s=settings.sse_heartbeat_s)
@@ -292,7 +296,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
                         max_reasks=max_reasks, client_output=client_output,
-                        trace_context=tracing.new_job_context(request_id))
+                        trace_context=tracing.new_job_context(request_id, tenant=tenant, claim=trace_claims))
         run = _run_fields(runtime, body, settings, client_output=client_output, names=names, inline=inline)
         job = job.model_copy(update=run)
         _refuse_invalid_calls(runtime, body, job)  # the client's own malformed calls: 422 with their paths, nothing stored

@@ -15,7 +15,8 @@
   child of the job's span (the reconciler's requeues included).
 - :func:`step`, :func:`execute_tool` — the ``step {n}`` span of a decide task and the
   ``execute_tool {name}`` span of a call's run (whose context the sandbox child gets).
-- :func:`trace_router` — ``GET /v1/jobs/{id}/trace``: the job's spans from the Redis sink.
+- :func:`trace_router` — ``GET /v1/jobs/{id}/trace``: the job's spans from the Redis sink, its tenant's only
+  (spans are stored per tenant and trace: a trace id two tenants used shows each its own).
 """
 
 from __future__ import annotations
@@ -315,7 +316,7 @@ def trace_router(runtime: Any, tenant: Any) -> Any:
             raise JobNotFoundError(f"job {job_id[:100]!r} not found")
         job = runtime.store.get(job_id, tenant=tenant_name)
         trace_id = tracing.trace_id_of(job.trace_context)
-        spans = read_trace(runtime.redis, trace_id) if trace_id else []
+        spans = read_trace(runtime.redis, trace_id, tenant=job.tenant) if trace_id else []  # this tenant's spans only
         return {"job_id": job.job_id, "request_id": job.request_id, "trace_id": trace_id,
                 "store": runtime.settings.trace_store, "spans": spans}
 
