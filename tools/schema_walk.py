@@ -16,8 +16,9 @@ the same document the same way:
 
 :func:`subschemas` lists every schema object with its JSON Pointer; :func:`map_subschemas`
 rebuilds one node with each direct subschema replaced (for stages that rewrite);
-:func:`declared_types` reads a node's ``type``; :func:`described_values` pairs an instance with
-the schema nodes that describe its parts.
+:func:`children` names the keyword each direct subschema sits under (:data:`PARTIAL` ones are
+parts or conditions, not shapes); :func:`declared_types` reads a node's ``type``;
+:func:`described_values` pairs an instance with the schema nodes that describe its parts.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
-    "IN_PLACE",
+    "PARTIAL",
     "SCHEMA_LISTS",
     "SCHEMA_MAPS",
     "SINGLE_SCHEMA",
@@ -45,9 +46,9 @@ SINGLE_SCHEMA = ("additionalProperties", "unevaluatedProperties", "items", "addi
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
 #: Keywords whose value is a list of subschemas.
 SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-#: Keywords whose subschemas apply to the parent's own instance alongside it (not instead of it, as
-#: ``anyOf``/``oneOf`` branches do): each holds a part or a condition of the parent's shape.
-IN_PLACE = ("allOf", "if", "then", "else", "not", "dependentSchemas", "dependencies", "contains", "propertyNames")
+#: Keywords whose subschemas are not a whole shape of a value (as ``anyOf``/``oneOf`` branches are): parts or
+#: conditions of the parent's own shape, or tests of some of its items (``contains``) or names (``propertyNames``).
+PARTIAL = ("allOf", "if", "then", "else", "not", "dependentSchemas", "dependencies", "contains", "propertyNames")
 
 _JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null",
                list: "array", dict: "object"}

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tools.grounding import declaration_errors
-from tools.schema_walk import IN_PLACE, children, declared_types, subschemas
+from tools.schema_walk import PARTIAL, children, declared_types, subschemas
 
 __all__ = ["ToolSpec", "strict_schema"]
 
@@ -44,11 +44,11 @@ def strict_schema(schema: dict[str, Any], *, allow_extra: bool = False) -> dict[
     schema = copy.deepcopy(schema)
     parts: set[int] = set()  # subschemas that are part of their parent's own shape (allOf, if/then/else...)
     for _, node in subschemas(schema):
-        parts.update(id(child) for keyword, _, child in children(node) if keyword in IN_PLACE)
+        parts.update(id(child) for keyword, _, child in children(node) if keyword in PARTIAL)
         if id(node) in parts or not ("object" in declared_types(node) or "properties" in node):
             continue
         node.setdefault("properties", {})
-        spread = "$ref" in node or any(keyword in node for keyword in IN_PLACE)
+        spread = "$ref" in node or any(keyword in node for keyword in PARTIAL)
         closer = "unevaluatedProperties" if spread else "additionalProperties"
         if not allow_extra and not isinstance(node.get(closer), dict):
             node[closer] = False
