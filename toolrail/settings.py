@@ -160,6 +160,11 @@ class Settings(BaseSettings):
     approval_policies: dict[str, str | list[str]] = Field(default_factory=dict)
     """Human approval per tenant, as JSON: `{"tenant": "side_effects"}` or `{"tenant": ["transfer", ...]}`. Tools
     flagged `requires_approval` and a job's own `require_approval` apply too."""
+    trusted_tool_outputs: dict[str, list[str]] = Field(default_factory=dict)
+    """Tools whose results a tenant trusts to ground a side-effecting call's fields, as JSON: `{"tenant":
+    ["lookup_account", ...]}` (MCP tools by their toolrail name). A value that only untrusted tool results state
+    (tool output is untrusted input, like a web page) holds the call for approval, its provenance shown; tools
+    flagged `trusted_output` by their author are trusted for every tenant."""
 
     # ------------------------------------------------------------------ workers
     worker_concurrency: int = Field(default=2, ge=1)
@@ -202,8 +207,9 @@ class Settings(BaseSettings):
     """OpenTelemetry's own variable: set, every process exports its spans over OTLP/HTTP to this collector
     (the other `OTEL_EXPORTER_OTLP_*` variables apply). Unset: nothing is exported."""
     trace_store: Literal["none", "redis", "memory"] = "none"
-    """`redis`: finished spans are also written to Redis (`tr:trace:<trace id>`, one hash per trace), where
-    `toolrail run --trace` and `GET /v1/jobs/{id}/trace` read them without a collector. `memory`: kept in each
+    """`redis`: finished spans are also written to Redis (`tr:tenant:<tenant>:trace:<trace id>`, one hash per
+    tenant and trace: a trace id two tenants used shows each its own), where `toolrail run --trace` and
+    `GET /v1/jobs/{id}/trace` read them without a collector. `memory`: kept in each
     process's memory only (the last 10,000; `bench/tracing.py` measures tracing's own cost with it)."""
     trace_store_ttl_s: int = Field(default=24 * 3600, ge=1)
     """Seconds a trace is kept in Redis (`trace_store=redis`)."""

@@ -7,6 +7,11 @@ hundred*) and ``characters`` (positional numerals: 两千五百, 三点五).
 
 Only roles that carry facts count as evidence: what the user wrote and what tools returned
 (``DEFAULT_ROLES``). The assistant's own words and the platform's feedback never ground a value.
+
+Evidence has a source (:class:`Source`): the user's turns, the results of one tool (an MCP tool's
+marked so), or the platform (the tool's own schema: a default). :func:`sourced_values` splits a
+conversation by source, so a grounded value's provenance can be recorded and judged: a tool result
+is untrusted input, like a web page, unless its tool's author or the tenant says otherwise.
 """
 
 from __future__ import annotations
@@ -14,20 +19,24 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "ConversationValues",
     "DEFAULT_ROLES",
+    "PLATFORM",
+    "Source",
+    "USER",
     "conversation_text",
     "languages",
     "message_text",
     "normalize_text",
     "parse_number_words",
+    "sourced_values",
 ]
 
 DEFAULT_ROLES = ("user", "tool")
@@ -230,3 +239,49 @@ class ConversationValues:
     def has_number(self, value: float) -> bool:
         """``value`` is a number the conversation states (digits, number words, suffixes like 2k or 3万)."""
         return any(abs(value - n) < 1e-9 for n in self.numbers)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a value was stated: the user's turns, one tool's results (``mcp``: an MCP server's tool), or the
+    platform (the tool's own schema). ``trusted``: it may ground a side effect's fields by itself (the user and
+    the platform always; a tool only when its author or the tenant vouches for its results)."""
+
+    kind: Literal["user", "tool", "platform"]
+    tool: str | None = None
+    mcp: bool = False
+    trusted: bool = True
+
+    def public(self) -> dict[str, Any]:
+        """The record shown on a call (and to the person approving it)."""
+        if self.kind != "tool":
+            return {"kind": self.kind}
+        return {"kind": "tool", "tool": self.tool, "mcp": self.mcp, "trusted": self.trusted}
+
+
+USER = Source("user")
+PLATFORM = Source("platform")
+
+
+def sourced_values(messages: Sequence[Mapping[str, Any]], *,
+                   tool_source: Callable[[str | None], Source]) -> list[tuple[Source, ConversationValues]]:
+    """The conversation's evidence by source: the user's turns together, each tool's results together.
+
+    A ``tool`` message names its tool (``name``) or answers a call of an assistant turn (``tool_call_id``);
+    ``tool_source(name)`` says what that tool is (name None: a result no call names, never trusted)."""
+    names: dict[str, str] = {}
+    for message in messages:
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        for call in calls if isinstance(calls, list) else ():
+            if isinstance(call, Mapping) and isinstance(call.get("id"), str):
+                function = call.get("function") if isinstance(call.get("function"), Mapping) else call
+                names[call["id"]] = str(function.get("name") or "")
+    texts: dict[Source, list[str]] = {}
+    for message in messages:
+        role = message.get("role")
+        if role == "user":
+            texts.setdefault(USER, []).append(message_text(message))
+        elif role == "tool":
+            name = message.get("name") or names.get(str(message.get("tool_call_id"))) or None
+            texts.setdefault(tool_source(str(name) if name else None), []).append(message_text(message))
+    return [(source, ConversationValues.from_text("\n".join(parts))) for source, parts in texts.items()]

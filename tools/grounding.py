@@ -12,18 +12,24 @@ what happens (the decider's re-ask loop re-asks once with the reason, then sends
 review). A value is supported when it occurs in the evidence after normalization
 (:mod:`tools.evidence`): the text itself, a declared alias of it (``x-aliases``), the number in
 digits or words, a date whose parts are all stated, or the field's own default.
+
+Provenance (:func:`provenance`): each grounded value with every source that states it (the user,
+a tool's result — which tool, whether an MCP tool —, the platform). Tool output is untrusted
+input: a value only tool results state does not authorize a side effect by itself
+(:func:`untrusted`), unless the tool's author (``ToolSpec.trusted_output``) or the tenant trusts that
+tool; the run loop then holds the call for a person, showing them this record.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from tools.evidence import ConversationValues
+from tools.evidence import PLATFORM, ConversationValues, Source
 from tools.schema_walk import declared_types, pointer, subschemas
 
-__all__ = ["Finding", "check_grounding", "declaration_errors", "grounded_paths"]
+__all__ = ["Finding", "check_grounding", "declaration_errors", "grounded_paths", "provenance", "untrusted"]
 
 Finding = dict[str, Any]
 
@@ -132,12 +138,19 @@ def _date_supported(value: str, evidence: ConversationValues) -> bool:
     return minute == 0 or evidence.has_number(minute)
 
 
+def _needs_no_evidence(value: Any, leaf: Mapping[str, Any]) -> bool:
+    """The tool's own schema supports it: the field's default, or ``false`` (a flag not set)."""
+    return ("default" in leaf and leaf["default"] == value) or value is False
+
+
 def _supported(value: Any, leaf: Mapping[str, Any], name: str, evidence: ConversationValues) -> bool:
-    if "default" in leaf and leaf["default"] == value:
-        return True
+    return _needs_no_evidence(value, leaf) or _stated(value, leaf, name, evidence)
+
+
+def _stated(value: Any, leaf: Mapping[str, Any], name: str, evidence: ConversationValues) -> bool:
     if isinstance(value, bool):
         words = [w for w in re.split(r"[_\W]+", name.casefold()) if len(w) >= 3]
-        return value is False or any(evidence.has_text(w) for w in words)
+        return any(evidence.has_text(w) for w in words)
     if isinstance(value, (int, float)):
         return evidence.has_number(float(value))
     if not isinstance(value, str):
@@ -170,3 +183,34 @@ def check_grounding(parameters: Mapping[str, Any], arguments: Mapping[str, Any],
                                  "message": f"{item!r} is not stated in the conversation or an earlier tool result "
                                             f"({name} must come from there; ask the user for it instead of guessing)"})
     return findings
+
+
+def _grounded_values(parameters: Mapping[str, Any], arguments: Mapping[str, Any], *,
+                     side_effects: bool) -> Iterator[tuple[str, Any, Mapping[str, Any], str]]:
+    """``(path, value, leaf schema, field name)`` of every grounded value in ``arguments``."""
+    for pattern, leaf in grounded_paths(parameters, side_effects=side_effects).items():
+        name = pattern.rstrip("/*").rsplit("/", 1)[-1]
+        for path, value in _values_at(arguments, [p for p in pattern.split("/") if p]):
+            for item in value if isinstance(value, list) else [value]:
+                if item is not None:
+                    yield path, item, leaf, name
+
+
+def provenance(parameters: Mapping[str, Any], arguments: Mapping[str, Any],
+               sources: Sequence[tuple[Source, ConversationValues]], *, side_effects: bool) -> list[dict[str, Any]]:
+    """Every grounded value of ``arguments`` with the sources that state it, as recorded on a call:
+    ``{path, value, sources: [Source.public()...], trusted}``; ``trusted``: a trusted source states it (the user,
+    the platform, a tool whose results are trusted). A value no source states has ``sources: []``."""
+    entries = []
+    for path, value, leaf, name in _grounded_values(parameters, arguments, side_effects=side_effects):
+        found = [PLATFORM] if _needs_no_evidence(value, leaf) else []
+        found += [source for source, values in sources if _stated(value, leaf, name, values)]
+        entries.append({"path": path, "value": value, "sources": [source.public() for source in found],
+                        "trusted": any(source.trusted for source in found)})
+    return entries
+
+
+def untrusted(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The entries of :func:`provenance` that only untrusted tool results state: they cannot authorize a side
+    effect by themselves (values stated nowhere are grounding findings, re-asked before this)."""
+    return [dict(entry) for entry in entries if entry["sources"] and not entry["trusted"]]

@@ -32,6 +32,8 @@ from toolrail import tracing
 from toolrail.logging import get_logger
 from tools.calls import call_id
 from tools.errors import UnknownToolError
+from tools.evidence import Source, sourced_values
+from tools.grounding import provenance, untrusted
 from tools.spec import ToolSpec
 
 __all__ = ["Dispatch", "NextStep", "advance", "check_client_output", "decide_job", "finalize_job", "job_specs", "notify",
@@ -320,17 +322,38 @@ def start_checked(rt: Runtime, job: JobRecord, dispatch: Dispatch) -> None:
 
 def _call_records(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decision: CheckedDecision) -> list[CallRecord]:
     """The step's call records: validated (inline tools), awaiting approval, or pending (to dispatch)."""
-    calls = []
+    calls, sources = [], None
     for checked in decision.calls:
         spec = specs[checked.name]
         runnable = spec.entrypoint is not None
         reason = runs.needs_approval(spec, job, rt.settings) if runnable else None
+        shown: dict[str, Any] = {}
+        if runnable and spec.side_effects and job.messages:  # tool output is untrusted input (tools.grounding)
+            sources = _evidence_sources(rt, job, specs) if sources is None else sources
+            shown["provenance"] = provenance(spec.parameters, checked.arguments or {}, sources, side_effects=True)
+            held = untrusted(shown["provenance"])
+            if held:
+                reason, shown["untrusted"] = reason or "provenance", [entry["path"] for entry in held]
         status = "validated" if not runnable else "awaiting_approval" if reason else "pending"
         calls.append(CallRecord(id=call_id(job.request_id, checked.index, attempt=decision.attempt, step=job.step),
                                 index=checked.index, step=job.step, name=checked.name, arguments=checked.arguments,
                                 repairs=list(checked.repairs), status=status, queue=spec.queue_name if runnable else None,
-                                approval={"state": "pending", "required_by": reason} if reason else None))
+                                approval={"state": "pending", "required_by": reason, **shown} if reason else None))
     return calls
+
+
+def _evidence_sources(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec]) -> list[tuple[Source, Any]]:
+    """The step's conversation as evidence by source: the user, each tool's results (trusted when the tool's author
+    flags ``trusted_output`` or the tenant lists it in ``TOOLRAIL_TRUSTED_TOOL_OUTPUTS``; an MCP tool marked so)."""
+    trusted_here = set(rt.settings.trusted_tool_outputs.get(job.tenant, ()))
+
+    def tool_source(name: str | None) -> Source:
+        spec = specs.get(name) if name else None
+        mcp = spec is not None and str(spec.public().get("source", "")).startswith("mcp:")
+        return Source("tool", tool=name, mcp=mcp,
+                      trusted=spec is not None and (spec.trusted_output or name in trusted_here))
+
+    return sourced_values(runs.conversation(job, max_chars=rt.settings.tool_result_max_chars), tool_source=tool_source)
 
 
 def _record_decision(job: JobRecord, attempts: list[dict[str, Any]], content: str | None, status: str) -> None:
