@@ -111,7 +111,8 @@ def _serve(args: argparse.Namespace) -> int:
     worker = None
     try:
         if not args.no_worker:  # every queue of the deployment (webhooks included), restarted when it dies
-            worker = SupervisedWorker(url, concurrency=args.concurrency or settings.worker_concurrency).start()
+            worker = SupervisedWorker(url, concurrency=args.concurrency or settings.worker_concurrency,
+                                      wait_warm=settings.decider != "none").start()  # ready once it can decide
         api_workers = args.api_workers or settings.api_workers
         log.info("serve.listening", url=f"http://{host}:{port}", api_processes=api_workers)
         if api_workers == 1:  # the app is built from the environment, as each of several processes builds it

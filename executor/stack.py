@@ -143,12 +143,16 @@ class SupervisedWorker:
     queued messages at once; those its predecessor held unacked come back after the visibility timeout (late acks),
     so no job is lost. Orphaned pool processes of the dead one are killed first (its process group). Backoff
     ``backoff_s`` doubling to ``max_backoff_s``; a pool that ran ``stable_s`` starts again from ``backoff_s``.
+
+    ``wait_warm`` (a deployment that decides): a pool counts as up once one of its processes has its decider warm
+    (``executor.worker.celery``); until then, from the first start too, ``/readyz`` says ``decider_warming``.
     """
 
     def __init__(self, redis_url: str, *, concurrency: int = 2, env: dict[str, str] | None = None,
                  log_file: Path | None = None, poll_s: float = 0.5, backoff_s: float = 1.0, max_backoff_s: float = 30.0,
-                 stable_s: float = 60.0) -> None:
+                 stable_s: float = 60.0, wait_warm: bool = False) -> None:
         self.redis_url, self.concurrency, self.env, self.log_file = redis_url, concurrency, env, log_file
+        self.wait_warm = wait_warm
         self.poll_s, self.backoff_s, self.max_backoff_s, self.stable_s = poll_s, backoff_s, max_backoff_s, stable_s
         self.restarts = 0
         self.proc: subprocess.Popen | None = None
@@ -168,6 +172,10 @@ class SupervisedWorker:
         stop_process(self.proc)
 
     def _spawn(self) -> None:
+        from executor.worker.config import DECIDER_WARM_KEY  # noqa: PLC0415
+
+        if self.wait_warm:  # a warm mark left by an earlier pool says nothing of this one
+            _quietly(redis.Redis.from_url(self.redis_url, socket_connect_timeout=2).delete, DECIDER_WARM_KEY)
         self._hostname = f"toolrail-serve-{os.getpid()}-{self.restarts}@{socket.gethostname()}"
         self.proc = start_worker(self.redis_url, concurrency=self.concurrency, env=self.env, hostname=self._hostname,
                                  log_file=self.log_file)
@@ -177,6 +185,8 @@ class SupervisedWorker:
 
         client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2, socket_timeout=5)
         backoff, started = self.backoff_s, time.monotonic()
+        if self.wait_warm:
+            self._await_answer(client, {"reason": "decider_warming", "since": time.time()})
         while not self._stop.wait(self.poll_s):
             proc = self.proc
             if proc is None or (returncode := proc.poll()) is None:
@@ -184,7 +194,8 @@ class SupervisedWorker:
             ran_s = time.monotonic() - started
             backoff = self.backoff_s if ran_s >= self.stable_s else backoff
             _kill_group(proc.pid)  # its pool processes, orphaned: they would hold messages nobody acks
-            info = {"pid": proc.pid, "returncode": returncode, "restarts": self.restarts, "since": time.time()}
+            info = {"reason": "worker_down", "pid": proc.pid, "returncode": returncode, "restarts": self.restarts,
+                    "since": time.time()}
             log.warning("worker.died", pid=proc.pid, returncode=returncode, ran_s=round(ran_s, 1),
                         restart_in_s=backoff, restarts=self.restarts)
             _quietly(mark_worker_down, client, info)
@@ -198,18 +209,24 @@ class SupervisedWorker:
             self._await_answer(client, info)
 
     def _await_answer(self, client: redis.Redis, info: dict) -> None:
-        """Until the new pool answers a ping by its name (then mark it up), dies, or the supervisor stops."""
+        """Until the new pool answers a ping by its name (and, with ``wait_warm``, has a warm decider: then it is
+        marked up), dies, or the supervisor stops."""
         from celery import Celery  # noqa: PLC0415
 
         from executor.api.readiness import mark_worker_down  # noqa: PLC0415
+        from executor.worker.config import DECIDER_WARM_KEY  # noqa: PLC0415
 
         probe = Celery("toolrail-supervisor", broker=self.redis_url)
+        answered = False
         while not self._stop.is_set() and self.proc is not None and self.proc.poll() is None:
             try:
-                if probe.control.ping(destination=[self._hostname], timeout=1.0):
+                answered = answered or bool(probe.control.ping(destination=[self._hostname], timeout=1.0))
+                if answered and (not self.wait_warm or client.exists(DECIDER_WARM_KEY)):
                     _quietly(mark_worker_down, client, None)
-                    log.info("worker.answering", pid=self.proc.pid, restarts=self.restarts)
+                    log.info("worker.answering", pid=self.proc.pid, restarts=self.restarts, warm=self.wait_warm)
                     return
+                if answered:
+                    info = {**info, "reason": "decider_warming"}
             except (redis.RedisError, OSError):
                 pass
             _quietly(mark_worker_down, client, info)  # keep the mark alive while it starts

@@ -12,8 +12,9 @@ has answered for ``workers_grace_s``. Redis is checked live: without it no job c
 While not ready the body says what it is waiting for.
 
 A supervised worker pool (``toolrail serve``) that died is known at once, without waiting out the grace: its
-supervisor sets ``WORKER_DOWN_KEY`` until the restarted pool answers, and ``/readyz`` answers 503 with
-``reason: worker_down`` meanwhile (in every API process of that serve: the mark is in Redis).
+supervisor sets ``WORKER_DOWN_KEY`` until the restarted pool answers (and, when it decides, has its decider warm),
+and ``/readyz`` answers 503 with ``reason: worker_down`` meanwhile (``decider_warming`` while a pool that just
+started loads its model) — in every API process of that serve: the mark is in Redis.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class Readiness:
             except redis.RedisError:
                 down = None
             if down is not None:
-                checks["worker_down"] = json.loads(down)
+                checks["worker_pool"] = json.loads(down)
         checks["workers"] = self._workers
         if self._probe_error:
             checks["workers_error"] = self._probe_error
@@ -107,6 +108,6 @@ class Readiness:
         if waiting:
             body["waiting_for"] = waiting
         if down is not None:
-            body["reason"] = "worker_down"
+            body["reason"] = checks["worker_pool"].get("reason", "worker_down")
         self._was_ready = self._was_ready or ready
         return ready, body

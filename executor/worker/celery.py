@@ -7,8 +7,11 @@ never Celery's ``correlation_id``, which is the task id.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +19,7 @@ import structlog
 from celery import Celery, Task
 from celery.signals import before_task_publish, task_postrun, task_prerun, worker_init, worker_process_init
 
-from executor.worker.config import celery_config
+from executor.worker.config import DECIDE_QUEUE, DECIDER_WARM_KEY, celery_config
 from executor.runs.tracing_hooks import instrument_celery
 from toolrail.context import CELERY_REQUEST_ID_HEADER, bind_request, current_request_id
 from toolrail.logging import configure_logging, get_logger
@@ -74,10 +77,44 @@ def _configure_child_logging(**_: object) -> None:
     instrument_celery("worker")  # tracing after the prefork fork: the batch processor's thread lives here
     if os.environ.get(_PREWARM_ENV) == "1":
         _prewarm_sandbox()
+    if os.environ.get(_WARM_DECIDER_ENV) == "1":  # a thread: Celery gives a pool process 4 s to say it is up
+        threading.Thread(target=_warm_decider, name="toolrail-decider-warmup", daemon=True).start()
 
 
 #: Set by the main process of a worker that runs tools: each pool process starts its sandbox at once.
 _PREWARM_ENV = "TOOLRAIL_SANDBOX_PREWARM"
+#: Set by the main process of a worker that decides: each pool process loads its decider at once.
+_WARM_DECIDER_ENV = "TOOLRAIL_DECIDER_PREWARM"
+
+
+def _warm_decider() -> None:
+    """Load this pool process's decider and compile the grammar of the default tool set (every registered tool)
+    before the first job, then say so in Redis (``DECIDER_WARM_KEY``: ``toolrail serve``'s readiness waits for it).
+
+    The first decision of a fresh worker paid the model load (~5.7 s measured) inside its task. A decide task that
+    arrives meanwhile waits on the runtime's lock for this load instead of starting another.
+    """
+    from decider.protocol import DecideRequest  # noqa: PLC0415
+    from executor.runs.runtime import get_runtime  # noqa: PLC0415
+
+    started = time.monotonic()
+    try:
+        rt = get_runtime()
+        decider = rt.decider()
+        plan = getattr(decider, "plan", None)  # the backend decider's cheap step: its compile fills the grammar cache
+        if plan is not None and rt.registry.specs():
+            plan(DecideRequest(request_id="warmup", messages=[{"role": "user", "content": "warm up"}],
+                               tools=rt.registry.specs()))
+        state: dict[str, Any] = {"available": decider is not None}
+    except Exception as exc:  # noqa: BLE001 - the first decide task loads it again and reports a typed error
+        log.warning("decider.warm_failed", error=f"{type(exc).__name__}: {exc}")
+        state = {"available": False, "error": type(exc).__name__}
+    seconds = round(time.monotonic() - started, 3)
+    log.info("decider.warm", seconds=seconds, **state)
+    try:  # done either way: a decider that cannot load is the decide step's typed error, not a readiness that hangs
+        get_runtime().redis.set(DECIDER_WARM_KEY, json.dumps({"pid": os.getpid(), "seconds": seconds, **state}))
+    except Exception as exc:  # noqa: BLE001 - readiness keeps waiting; the log says why
+        log.warning("decider.warm_unrecorded", error=type(exc).__name__)
 
 
 def _prewarm_sandbox() -> None:
@@ -99,9 +136,13 @@ TOOL_CHECK_EXIT = 78
 
 @worker_init.connect
 def _check_tools(sender: object = None, **_: object) -> None:
-    """Before any task: every tool module imports inside a real sandbox child, or the worker stops."""
+    """Before any task: every tool module imports inside a real sandbox child, or the worker stops; the pool
+    processes of a deciding worker are told to warm their decider."""
     queues = getattr(getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None), "consume_from", None)
-    if queues is not None and {str(name) for name in queues} <= {"decide", "webhooks"}:
+    names = None if queues is None else {str(name) for name in queues}
+    if (names is None or DECIDE_QUEUE in names) and get_settings().decider != "none":
+        os.environ[_WARM_DECIDER_ENV] = "1"  # inherited by the pool processes, forked after this
+    if names is not None and names <= {DECIDE_QUEUE, "webhooks"}:
         return  # a decide/webhooks-only worker runs no tool
     from executor.sandbox.toolcheck import check_tools  # noqa: PLC0415
     from tools.registry import default_registry  # noqa: PLC0415

@@ -4,7 +4,8 @@
 - a decide step whose decider raises a bug (``TypeError``) ends its job ``failed`` with ``internal_error``
   carrying the request id, within seconds (it used to stay ``deciding`` for ever);
 - the Celery main process and its pool processes SIGKILLed while 30 jobs are submitted: serve restarts the pool
-  (``/readyz`` answers 503 ``worker_down`` meanwhile) and all 30 end ``succeeded``.
+  (``/readyz`` answers 503 ``worker_down`` meanwhile) and all 30 end ``succeeded``;
+- the pool warms its decider at start, and serve is ready only after.
 """
 
 from __future__ import annotations
@@ -174,6 +175,30 @@ def test_a_decide_step_that_raises_ends_its_job_failed(serve: tuple[str, subproc
     assert job["error"]["type"] == "internal_error" and job["error"]["details"]["request_id"] == "req-raises-1", job
     assert job["error"]["details"]["exception"] == "TypeError" and "Traceback" not in json.dumps(job["error"])
     assert took < 15, f"took {took:.1f} s"
+
+
+def test_the_pool_warms_its_decider_at_start_and_readiness_waited(serve: tuple[str, subprocess.Popen, Path]) -> None:
+    _, _, log = serve
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    warm = [line for line in lines if line.get("event") == "decider.warm"]
+    assert warm and warm[0]["error"] == "TypeError", warm  # loaded at pool start (this factory fails: typed, logged)
+    events = [line.get("event") for line in lines]
+    assert events.index("decider.warm") < events.index("worker.answering")  # the pool counted as up once warm
+
+
+def test_readiness_says_worker_down_while_the_supervisor_marks_it(redis_client) -> None:  # noqa: ANN001
+    from executor.api.readiness import Readiness, mark_worker_down
+
+    readiness = Readiness(redis_client, ping_workers=lambda: 1)
+    assert readiness.check()[0] is True
+    mark_worker_down(redis_client, {"reason": "worker_down", "pid": 1, "returncode": -9})
+    try:
+        ready, body = readiness.check()
+        assert ready is False and body["reason"] == "worker_down" and body["waiting_for"] == ["workers"], body
+        assert body["checks"]["worker_pool"]["returncode"] == -9
+    finally:
+        mark_worker_down(redis_client, None)
+    assert readiness.check()[0] is True
 
 
 def test_sigkilled_worker_under_serve_loses_no_job(serve: tuple[str, subprocess.Popen, Path]) -> None:
