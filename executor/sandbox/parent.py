@@ -34,20 +34,15 @@ import sys
 import time
 from typing import Any
 
-from executor.sandbox import child
-from executor.sandbox.child import (
+from executor.sandbox import child, linux
+from executor.sandbox.child import MAX_RESULT_BYTES, OutputError, _checked_answer, _error, close_all, decode_object
+from executor.sandbox.linux import (
     CLONE_NEWPID,
-    MAX_RESULT_BYTES,
-    OutputError,
-    _checked_answer,
-    _error,
     _host_pid,
     _libc,
     _live,
     _reap,
     children,
-    close_all,
-    decode_object,
     kill_leftovers,
     new_pid_namespace,
 )
@@ -80,7 +75,7 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
     """
     isolation: dict[str, str] = {}
     if os.geteuid() != 0 and not child.in_own_user_namespace():
-        isolation["parent_userns"] = child.enter_user_namespace()
+        isolation["parent_userns"] = linux.enter_user_namespace()
     isolation["pid"] = new_pid_namespace()
     pid_namespace = isolation["pid"] == "pidns"
     init = start_init(int(request.get("timeout_s") or 60) + 60) if pid_namespace else None
@@ -264,8 +259,8 @@ def start_init(lifetime_s: int) -> int:
     pid = os.fork()
     if pid == 0:
         try:
-            child.remember_parent()
-            child.die_with_parent()
+            linux.remember_parent()
+            linux.die_with_parent()
             _stdio_to_devnull()
             os.closerange(3, 1 << 16)
             while True:
@@ -401,7 +396,7 @@ def _own_pid_namespace_for_children(sock: socket.socket) -> bool:
     """
     global _own_pid_ns, _private_pid_ns
     if os.geteuid() != 0:
-        if child.enter_user_namespace() != "userns":
+        if linux.enter_user_namespace() != "userns":
             return False
         child.mark_own_user_namespace()
     if _libc.unshare(CLONE_NEWPID) == 0:
@@ -412,8 +407,8 @@ def _own_pid_namespace_for_children(sock: socket.socket) -> bool:
             with contextlib.suppress(ChildProcessError):
                 status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
             os._exit(status if status >= 0 else 1)
-        child.remember_parent()
-        child.die_with_parent()
+        linux.remember_parent()
+        linux.die_with_parent()
         _private_pid_ns = True
     elif os.geteuid() != 0:
         return False
@@ -469,9 +464,9 @@ def serve_forks(sock_fd: int) -> int:
     reachable for an unprivileged uid in a mount namespace of its own (``make_reachable``), so
     that no tool process needs a capability to import.
     """
-    child.die_with_parent()
-    child.name_process(b"tr-forkserver")
-    _libc.prctl(child.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a call parent leaves (its init) is reaped here
+    linux.die_with_parent()
+    linux.name_process(b"tr-forkserver")
+    _libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a call parent leaves (its init) is reaped here
     modules = child.preload_modules()
     import tools.context  # noqa: F401, PLC0415
 
@@ -575,10 +570,10 @@ def main(argv: list[str]) -> int:
         child.mark_progress_pipe(stat.S_ISFIFO(os.fstat(child.PROGRESS_FD).st_mode))
     except OSError:
         child.mark_progress_pipe(False)
-    child.name_process(b"tr-call-parent")
-    child.die_with_parent()
-    _libc.prctl(child.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
-    _libc.prctl(child.PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
+    linux.name_process(b"tr-call-parent")
+    linux.die_with_parent()
+    _libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
+    _libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
     modules = child.preload_modules()
     child._reachable_for_own_uid(modules)
     line = sys.stdin.readline()
