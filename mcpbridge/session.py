@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -53,7 +54,7 @@ from executor.sandbox.child import MAX_RESULT_BYTES
 from executor.sandbox.process import default_scratch_root, module_search_path, prepare_scratch_root
 from mcpbridge.errors import (McpOutputError, McpProtocolError, McpServerExitedError, McpTimeoutError, McpTooLargeError,
                               McpUnavailableError, McpUrlNotAllowedError)
-from mcpbridge.launch import launch_argv
+from mcpbridge.launch import LINE_TOO_LONG, launch_argv
 from mcpbridge.transport import guarded_client
 from toolrail.netguard import UrlRefusedError
 from tools.validator import validation_errors
@@ -101,12 +102,20 @@ class Trouble:
     protocol: Exception | None = None
     list_changed: bool = False
     too_large: int | None = None
+    stderr_kept: str | None = None  # the tail as it was when the connection's scratch directory was removed
     stderr_path: str | None = None
     activity: float = field(default_factory=time.monotonic)
 
+    def limit_hit(self) -> int | None:
+        """The limit an answer went past: cut by the HTTP transport, or a stdio server stopped by its relay."""
+        if self.too_large is None and self.stderr_path:
+            found = re.search(re.escape(LINE_TOO_LONG) + r" (\d+) bytes", self.stderr_tail())
+            self.too_large = int(found.group(1)) if found else None
+        return self.too_large
+
     def stderr_tail(self) -> str:
-        if not self.stderr_path:
-            return ""
+        if self.stderr_kept is not None or not self.stderr_path:
+            return self.stderr_kept or ""
         try:
             with open(self.stderr_path, "rb") as handle:
                 handle.seek(0, os.SEEK_END)
@@ -172,7 +181,7 @@ async def connect(endpoint: Endpoint, trouble: Trouble, *, connect_timeout_s: fl
             stderr = open(os.path.join(scratch, ".stderr"), "w+")  # noqa: SIM115 - closed in finally
             trouble.stderr_path = stderr.name
             argv = launch_argv(list(endpoint.command), scratch=scratch, memory_mb=endpoint.memory_mb,
-                               cpu_s=endpoint.cpu_s, network=endpoint.network)
+                               cpu_s=endpoint.cpu_s, network=endpoint.network, max_line_bytes=max_bytes)
             params = StdioServerParameters(command=sys.executable, args=argv, cwd=scratch,
                                            env={"PYTHONPATH": os.pathsep.join(module_search_path())})
             transport = stdio_client(params, errlog=stderr)
@@ -206,6 +215,7 @@ async def connect(endpoint: Endpoint, trouble: Trouble, *, connect_timeout_s: fl
             with anyio.CancelScope(shield=True):
                 await http.aclose()
         if stderr is not None:
+            trouble.stderr_kept = trouble.stderr_tail()  # errors are named after the scratch directory is gone
             stderr.close()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -216,8 +226,8 @@ def _unavailable(endpoint: Endpoint, exc: BaseException, trouble: Trouble, tool:
     if isinstance(refused, UrlRefusedError):
         return McpUrlNotAllowedError(f"MCP server {endpoint.server!r}: {refused} (TOOLRAIL_MCP_ALLOW_PRIVATE_URLS)",
                                      server=endpoint.server, tool=tool, **refused.details)
-    if trouble.too_large is not None:
-        return _too_large(endpoint, trouble.too_large, tool=tool)
+    if trouble.limit_hit() is not None:
+        return _too_large(endpoint, trouble.limit_hit(), tool=tool)
     if trouble.protocol is not None:
         return McpProtocolError(f"MCP server {endpoint.server!r} sent something that is not JSON-RPC: "
                                 f"{_short(trouble.protocol)}", server=endpoint.server, tool=tool,
@@ -322,6 +332,8 @@ async def invoke(client: Client, trouble: Trouble, endpoint: Endpoint, remote: s
     except BaseException as caught:  # noqa: BLE001 - mapped to the typed errors below
         raise call_error(caught, trouble, endpoint, remote, names) from None
     if result is None:
+        if trouble.limit_hit() is not None:
+            raise _too_large(endpoint, trouble.limit_hit(), tool=remote, tool_name=names["tool_name"])
         if trouble.protocol is not None:
             raise McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: the server sent {_short(trouble.protocol)}",
                                    **names, stderr_tail=trouble.stderr_tail())
@@ -345,7 +357,7 @@ def call_error(caught: BaseException, trouble: Trouble, endpoint: Endpoint, remo
         return exc
     if isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return exc
-    if isinstance(exc, UrlRefusedError) or trouble.too_large is not None:
+    if isinstance(exc, UrlRefusedError) or trouble.limit_hit() is not None:
         error = _unavailable(endpoint, exc, trouble, tool=remote)
         error.details.update(names)
         return error

@@ -41,7 +41,8 @@ class _Bounded(httpx2.AsyncByteStream):
         self._inner, self._limit, self._events, self._on_overflow = inner, limit, events, on_overflow
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        count, tail = 0, b""
+        count, tail = 0, b""  # bytes of the body (or of the event being read) so far; the last bytes seen
+        # an event that starts and ends inside one chunk is under the limit: httpcore reads at most 64 KiB at a time
         async for chunk in self._inner:
             if self._events:
                 window = tail + chunk

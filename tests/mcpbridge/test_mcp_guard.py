@@ -143,3 +143,32 @@ def test_every_connection_is_checked_again(monkeypatch: pytest.MonkeyPatch) -> N
             assert caught.value.details["address"] == "100.64.0.7" and caught.value.type == "mcp_url_not_allowed"
     finally:
         stop()
+
+
+def _stdio(kind: str) -> Endpoint:
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "mcp_servers.py"
+    return Endpoint(server=kind.replace("_", ""), command=(sys.executable, str(script), "stdio", kind), memory_mb=2048)
+
+
+def test_stdio_answers_are_bounded_too() -> None:
+    """A stdio server's answer is one line: its relay stops the server at the limit, so the worker never holds more;
+    under it, the decoded result's 1 MB cap applies as over HTTP."""
+    endpoint = _stdio("huge")
+
+    def call(mb: float) -> dict:
+        return anyio.run(lambda: call_tool(endpoint, "big", {"mb": mb}, tool_name="mcp__huge__big", timeout_s=60,
+                                           idle_timeout_s=60, connect_timeout_s=30))[0]
+
+    assert len(call(0.5)["blob"]) == 512 * 1024
+    with pytest.raises(McpTooLargeError) as small:
+        call(1.5)
+    assert small.value.details["limit_bytes"] == MAX_RESULT_BYTES
+    with pytest.raises(McpTooLargeError) as huge:
+        call(40)
+    assert huge.value.details["limit_bytes"] == MAX_CALL_BYTES and huge.value.details["tool"] == "big"
+    with pytest.raises(McpTooLargeError) as listing:
+        anyio.run(lambda: list_tools(_stdio("huge_list"), timeout_s=30))
+    assert listing.value.details["limit_bytes"] == MAX_LISTING_BYTES
