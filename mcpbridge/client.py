@@ -1,6 +1,6 @@
 """A worker's calls of MCP-provided tools: :func:`run_call`, the sandbox's contract for a tool of an MCP server.
 
-``executor.runs.breaker.guarded_run`` sends a call of an MCP spec here. The call runs on the worker
+The run loop's MCP tool source (:mod:`mcpbridge.source`) sends a call of an MCP spec here. It runs on the worker
 process's open session to the server (:mod:`mcpbridge.pool`; one MCP exchange is
 :mod:`mcpbridge.session`'s), under:
 

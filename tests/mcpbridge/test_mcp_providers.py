@@ -213,7 +213,7 @@ def test_a_tenants_calls_past_its_limit_hold_no_worker(redis_client, http_server
     a second, without connecting; beta's call of the same server runs meanwhile; once the slot frees, alpha's runs."""
     from executor.errors import RetryableError
     from executor.runs.concurrency import ConcurrencyLimitedError
-    from executor.sandbox.process import CallRun
+    from executor.sandbox.boundary import CallRun
     from mcpbridge.client import run_call, tenant_slots
     from toolrail.settings import Settings
 
