@@ -21,19 +21,25 @@ the same transaction where it can, and the API exports the totals at scrape time
 Label values are bounded: statuses are enums, and ``tool`` is a registered tool's name for
 calls that ran; calls of tools without an entrypoint (inline tools) are only validated and
 count as ``tool="(not run)"``.
+
+Who sees which labels (:class:`PublicView`): without the metrics key, a scrape of an API with
+keys names no tenant (the ``tenant`` label is summed away) and none of a tenant's private tools:
+``tool`` and ``queue`` values that are not the deployment's own (a tenant's MCP tools, its
+``mcp.<tenant>.<server>`` queues) are summed into ``mcp``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import redis
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-__all__ = ["CALL_BUCKETS", "DECISION_BUCKETS", "MULTIPROCESS_DIR_ENV", "NOT_RUN_TOOL", "OutcomeCollector", "metrics_key", "record_call", "record_decision",
-           "record_guard", "record_job_finished", "record_step", "record_webhook"]
+__all__ = ["CALL_BUCKETS", "DECISION_BUCKETS", "MULTIPROCESS_DIR_ENV", "NOT_RUN_TOOL", "OutcomeCollector", "PRIVATE_TOOL",
+           "PublicView", "metrics_key", "record_call", "record_decision", "record_guard", "record_job_finished",
+           "record_step", "record_webhook"]
 
 #: prometheus_client's multiprocess directory. Set (by ``toolrail serve --api-workers N``) before any API
 #: process imports prometheus_client, each process keeps its own counters and histograms in files there
@@ -43,6 +49,8 @@ MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CALL_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DECISION_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 NOT_RUN_TOOL = "(not run)"
+#: The ``tool`` (and ``queue``) label value of a tenant's private tools on the public scrape.
+PRIVATE_TOOL = "mcp"
 _SEP = "\x1f"  # unit separator: never part of a status or a tool name
 
 
@@ -159,3 +167,38 @@ class OutcomeCollector:
             (call_s if name == "call_s" else decision_s).add_metric(labels, cumulative, entry["sum"])
         yield webhooks
         yield from (jobs, calls, call_s, decisions, decision_s, reasks, guards, steps)
+
+
+class PublicView:
+    """A metrics registry as the public scrape shows it: ``tenant`` summed away (``drop_tenant``), and every
+    ``tool``/``queue`` value outside ``public()`` (the deployment's own tool names and queues, read at each
+    scrape) summed into :data:`PRIVATE_TOOL`: a tenant's MCP tools name its servers, its queues its tenant."""
+
+    def __init__(self, registry: Any, *, public: Callable[[], tuple[Collection[str], Collection[str]]],
+                 drop_tenant: bool) -> None:
+        self._registry, self._public, self._drop_tenant = registry, public, drop_tenant
+
+    def collect(self) -> Iterator[Any]:  # prometheus collector protocol
+        tools, queues = self._public()
+        allowed = {"tool": set(tools) | {NOT_RUN_TOOL}, "queue": set(queues)}
+        for family in self._registry.collect():
+            if not any(self._changes(sample.labels, allowed) for sample in family.samples):
+                yield family
+                continue
+            summed: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            for sample in family.samples:
+                labels = {k: (PRIVATE_TOOL if k in allowed and v not in allowed[k] else v)
+                          for k, v in sample.labels.items() if not (self._drop_tenant and k == "tenant")}
+                key = (sample.name, tuple(sorted(labels.items())))
+                if sample.name.endswith("_created"):  # a creation time: the earliest, not a sum
+                    summed[key] = min(summed.get(key, sample.value), sample.value)
+                else:
+                    summed[key] = summed.get(key, 0.0) + sample.value
+            merged = Metric(family.name, family.documentation, family.type, family.unit)
+            for (name, labels), value in summed.items():
+                merged.add_sample(name, dict(labels), value)
+            yield merged
+
+    def _changes(self, labels: dict[str, str], allowed: dict[str, set[str]]) -> bool:
+        return (self._drop_tenant and "tenant" in labels) or any(
+            k in allowed and v not in allowed[k] for k, v in labels.items())

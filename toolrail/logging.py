@@ -13,9 +13,12 @@ from typing import Any
 
 import structlog
 
-__all__ = ["StaticFields", "configure_logging", "get_logger"]
+__all__ = ["QUIET_LOGGERS", "StaticFields", "configure_logging", "get_logger"]
 
 _configured = False
+#: Libraries whose INFO lines print whole URLs (httpx: ``HTTP Request: POST https://host/path?token=... "200 OK"``):
+#: a webhook receiver's or an MCP server's URL carries its secrets, so only their warnings pass, at any level.
+QUIET_LOGGERS = ("httpx", "httpcore")
 
 
 class StaticFields:
@@ -64,6 +67,8 @@ def configure_logging(*, json: bool | None = None, level: str | None = None, for
         logger_factory=structlog.WriteLoggerFactory(file=sys.__stderr__ or sys.stderr),
         cache_logger_on_first_use=False,
     )
+    for name in QUIET_LOGGERS:  # the stdlib loggers: Celery's worker routes them to its log at --loglevel
+        logging.getLogger(name).setLevel(max(logging.WARNING, level_no))
     first = not _configured
     _configured = True
     if first:  # once per process, at its start: a misspelt variable is said, never silently ignored

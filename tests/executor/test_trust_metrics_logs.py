@@ -1,0 +1,131 @@
+"""Smaller leaks (issue 25, item 9): the public scrape names no tenant's private tools; no full URL in logs.
+
+- ``/metrics`` without the metrics key: a tenant's MCP tools (``<server>__<tool>``) and their queues
+  (``mcp.<tenant>.<server>``) are summed as ``mcp``; the metrics key shows them.
+- A real Celery worker at ``--loglevel INFO`` delivers a webhook to a URL with secrets in its path and
+  query: its log never holds them (httpx's INFO line printed the whole URL).
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import own_database, publishers
+
+from executor.stack import stop_process, wait_for_job, wait_for_workers
+from executor.store.records import CallRecord, JobRecord
+
+KEYS = "key-metrics-alpha:alpha"
+METRICS_KEY = "metrics-key-25"
+PRIVATE = "acmebank__wire_funds"  # a tenant's MCP tool: it names the tenant's server and what it does
+SECRET_PATH, SECRET_QUERY = "hook-path-4f9a1c", "tok-77e2b0d5"
+
+
+def _finish(runtime, name: str, queue: str) -> None:
+    """A call of ``name`` becoming final through the job store: the path that counts every call."""
+    call = CallRecord(id=f"call_{name}", index=0, name=name, status="running", queue=queue)
+    job = JobRecord(job_id=f"job_{os.urandom(8).hex()}", request_id="req-metrics", tenant="alpha", status="running",
+                    calls=[call])
+    runtime.store.create(job)
+    runtime.store.finish_call(job.job_id, call.model_copy(update={"status": "succeeded", "duration_s": 0.2}))
+
+
+def test_the_public_scrape_names_no_tenants_private_tools(tmp_path) -> None:
+    from executor.api.app import create_app
+    from executor.runs.runtime import Runtime
+    from executor.stack import serve_in_thread
+    from toolrail.settings import Settings
+
+    settings = Settings(api_keys=KEYS, metrics_key=METRICS_KEY, rate_limit_per_s=0, reconcile_interval_s=0)
+    runtime = Runtime.from_settings(settings, redis_url=own_database(15))
+    _finish(runtime, PRIVATE, "mcp.alpha.acmebank")
+    _finish(runtime, "get_weather", "tool.get_weather")
+    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None, ping_workers=lambda: 1,
+                                                      mount_openai=False))
+    try:
+        public = httpx.get(f"{base}/metrics", timeout=30).text
+        keyed = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"}, timeout=30).text
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert "acmebank" not in public and "alpha" not in public
+    assert 'toolrail_calls_total{outcome="succeeded",tool="mcp"} 1.0' in public, public[:3000]
+    assert 'toolrail_calls_total{outcome="succeeded",tool="get_weather"} 1.0' in public
+    assert 'toolrail_call_duration_seconds_count{tool="mcp"} 1.0' in public
+    assert f'tool="{PRIVATE}"' in keyed  # the operator's scrape still sees every tool
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    paths: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        type(self).paths.append(self.path)
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/{SECRET_PATH}/events?token={SECRET_QUERY}"
+    server.shutdown()
+
+
+def test_the_webhook_worker_logs_no_full_url(receiver: str, worker_env: dict[str, str], tmp_path: Path) -> None:
+    from executor.api.app import create_app
+    from executor.runs.runtime import Runtime
+    from executor.stack import serve_in_thread
+    from toolrail.settings import Settings
+    from tools.registry import default_registry
+
+    db_url = own_database(12)
+    log_file = tmp_path / "worker.log"
+    env = {**os.environ, **worker_env, "REDIS_URL": db_url, "TOOLRAIL_LOG_LEVEL": "INFO",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}
+    queues = ",".join(["decide", "webhooks", *default_registry().queues()])
+    with open(log_file, "ab") as out:  # the worker as `toolrail worker` runs it: --loglevel INFO
+        proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "executor.worker.celery", "worker", "-Q", queues,
+                                 "-c", "1", "--pool", "prefork", "-n", "toolrail-trust-logs@%h", "--without-gossip",
+                                 "--without-mingle", "--loglevel", "INFO"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    settings = Settings(rate_limit_per_s=0, reconcile_interval_s=0, webhook_allow_private=True)
+    runtime = Runtime.from_settings(settings, redis_url=db_url)
+    enqueue, rerun = publishers(db_url)
+    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
+                                                      ping_workers=lambda: 1, mount_openai=False))
+    try:
+        wait_for_workers(db_url, count=1, timeout_s=90)
+        with httpx.Client(base_url=base, timeout=30) as client:
+            response = client.post("/v1/jobs", json={"webhook_url": receiver, "tools": ["get_weather"], "tool_calls": [
+                {"name": "get_weather", "arguments": {"city": "Oslo", "date": "today"}}]})
+            assert response.status_code == 202, response.text
+            job = wait_for_job(client, response.json()["job_id"], timeout_s=90)
+            assert job["status"] == "succeeded", job
+            deadline = time.monotonic() + 30
+            while not _Receiver.paths and time.monotonic() < deadline:
+                time.sleep(0.3)
+            seen = client.get(f"/v1/jobs/{job['job_id']}").json().get("webhooks")
+        assert _Receiver.paths and all(SECRET_QUERY in p for p in _Receiver.paths), (seen, log_file.read_text()[-1500:])
+        time.sleep(1.0)  # the worker's last lines
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        stop_process(proc)
+    text = log_file.read_text(errors="replace")
+    assert "webhook.attempt" in text  # the worker logged its deliveries at INFO ...
+    assert SECRET_PATH not in text and SECRET_QUERY not in text, [l for l in text.splitlines() if SECRET_QUERY in l][:3]
