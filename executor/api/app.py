@@ -4,7 +4,6 @@
     GET  /v1/jobs               the tenant's recent jobs
     GET  /v1/jobs/{id}          status, each step with its calls and results, the final content
     POST /v1/jobs/{id}/calls/{call_id}/approve|reject   a person's answer to a call awaiting approval
-    POST /v1/jobs/{id}/review   a person resolves needs_review: calls to run, a text answer, or a rejection
     GET  /v1/jobs/{id}/events   Server-Sent Events of each state change
     GET  /v1/tools              registered tools and their schemas
     GET  /v1/models             the served model(s), in OpenAI's shape
@@ -44,13 +43,14 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody, ReviewBody
+from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody
 from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
 from executor.api.bodies import refuse_invalid_calls as _refuse_invalid_calls
 from executor.api.bodies import run_fields as _run_fields
 from executor.api.middleware import BodyGuard, Correlate, LocalOnly
-from executor.errors import ExecutorError, JobNotFoundError
+from executor.errors import (ApprovalConflictError, ExecutorError, IdempotencyConflictError, InvalidApprovalError,
+                             JobNotFoundError, StoreUnavailableError)
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector, PublicView
 from executor.api.ratelimit import install_load_control, rate_limited
 from executor.api.readiness import Readiness
@@ -195,16 +195,35 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         type_ = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
         return JSONResponse(_error_body(type_, str(exc.detail)), status_code=exc.status_code)
 
+    @app.exception_handler(StoreUnavailableError)
+    async def _store_down(_: Request, exc: StoreUnavailableError) -> JSONResponse:
+        return JSONResponse(_error_body("unavailable", "the job store is unavailable; retry shortly"), status_code=503,
+                            headers={"Retry-After": "1"})
+
     @app.exception_handler(redis.RedisError)
     async def _redis_down(_: Request, exc: redis.RedisError) -> JSONResponse:
         return JSONResponse(_error_body("unavailable", "the job store is unavailable; retry shortly"), status_code=503,
                             headers={"Retry-After": "1"})
 
-    @app.exception_handler(ExecutorError)  # the one mapping: status and retryability live on the class
+    @app.exception_handler(JobNotFoundError)
+    async def _not_found(_: Request, exc: JobNotFoundError) -> JSONResponse:
+        return JSONResponse(_error_body("not_found", str(exc)), status_code=404)
+
+    @app.exception_handler(ApprovalConflictError)
+    async def _approval_conflict(_: Request, exc: ApprovalConflictError) -> JSONResponse:
+        return JSONResponse(_error_body(exc.details.get("reason", exc.type), str(exc), exc.details), status_code=409)
+
+    @app.exception_handler(InvalidApprovalError)
+    async def _invalid_approval(_: Request, exc: InvalidApprovalError) -> JSONResponse:
+        return JSONResponse(_error_body(exc.type, str(exc), exc.details), status_code=422)
+
+    @app.exception_handler(IdempotencyConflictError)
+    async def _conflict(_: Request, exc: IdempotencyConflictError) -> JSONResponse:
+        return JSONResponse(_error_body("idempotency_conflict", str(exc), exc.details), status_code=409)
+
+    @app.exception_handler(ExecutorError)
     async def _executor_error(_: Request, exc: ExecutorError) -> JSONResponse:
-        error = exc.http_error()
-        return JSONResponse(_error_body(error["type"], error["message"], error["details"]), status_code=exc.status,
-                            headers={"Retry-After": "1"} if exc.retryable else None)
+        return JSONResponse(_error_body(exc.type, str(exc), exc.details), status_code=400)
 
     app.state.tenants = tenants
     trace_claims = TraceClaims(runtime.redis, ttl_s=settings.trace_store_ttl_s)  # a client's trace id: whose it is
@@ -305,20 +324,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     def reject_call(job_id: str, call_id: str, tenant: Tenant, body: RejectionBody | None = None) -> dict[str, Any]:
         """Reject a waiting call: it never runs, and the model sees the reason as the call's result."""
         return _resolve(job_id, call_id, tenant, "reject", reason=body.reason if body else None)
-
-    @app.post("/v1/jobs/{job_id}/review", tags=["jobs"])
-    def review_job(job_id: str, tenant: Tenant, body: ReviewBody) -> dict[str, Any]:
-        """Resolve a job in ``needs_review``: run the given calls instead (validated again), end it with a text
-        answer, or reject the model's proposal (the model sees the reason and decides again)."""
-        from executor.runs.review import review  # noqa: PLC0415
-
-        runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 first: unknown jobs, other tenants
-        if rerun is None:
-            raise ApiError(503, "unavailable", "this API process does not queue work")
-        calls = [call.model_dump() for call in body.calls] if body.calls is not None else None
-        job = review(runtime, _checked_id(job_id), tenant=tenant, calls=calls, answer=body.answer, reject=body.reject,
-                     dispatch=rerun, next_step=enqueue)
-        return job.public()
 
     def _resolve(job_id: str, call_id: str, tenant: str, decision: Literal["approve", "reject"], **answer: Any) -> dict[str, Any]:
         from executor.runs.approvals import resolve  # noqa: PLC0415
