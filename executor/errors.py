@@ -19,7 +19,9 @@
             ├── ToolRaisedError     the tool raised; ``details`` carries its own error
             └── ToolOutputError     the tool's result was not JSON or too large
 
-``to_dict()`` gives the ``{type, message, details}`` shape used in API bodies and job records.
+``to_dict()`` gives the ``{type, message, details}`` shape used in API bodies and job records. Each class
+carries its HTTP ``status`` and whether a retry may help (``retryable``); the API maps them in one handler
+(``http_error()``: the body a client gets, which never names internals a retry cannot fix).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class ExecutorError(Exception):
     """Base class; ``type`` is the stable machine-readable name."""
 
     type = "executor_error"
+    #: The HTTP status of this error in an API answer; ``retryable``: whether the same request may succeed later.
+    status = 400
+    retryable = False
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -62,13 +67,22 @@ class ExecutorError(Exception):
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "message": str(self), "details": self.details}
 
+    def http_error(self) -> dict[str, Any]:
+        """The ``{type, message, details}`` a client gets for this error (``to_dict()`` unless a class says less)."""
+        return self.to_dict()
+
 
 class RetryableError(ExecutorError):
     type = "retryable"
+    status = 503
+    retryable = True
 
 
 class StoreUnavailableError(RetryableError):
     type = "store_unavailable"
+
+    def http_error(self) -> dict[str, Any]:
+        return {"type": "unavailable", "message": "the job store is unavailable; retry shortly", "details": {}}
 
 
 class CallInProgressError(RetryableError):
@@ -81,10 +95,15 @@ class PermanentError(ExecutorError):
 
 class JobNotFoundError(PermanentError):
     type = "not_found"
+    status = 404
+
+    def http_error(self) -> dict[str, Any]:
+        return {"type": self.type, "message": str(self), "details": {}}
 
 
 class IdempotencyConflictError(PermanentError):
     type = "idempotency_conflict"
+    status = 409
 
 
 class WebhookUrlError(PermanentError):
@@ -92,18 +111,24 @@ class WebhookUrlError(PermanentError):
     address (loopback, private, link-local, ...) while ``TOOLRAIL_WEBHOOK_ALLOW_PRIVATE`` is off."""
 
     type = "webhook_url_not_allowed"
+    status = 422
 
 
 class ApprovalConflictError(PermanentError):
     """An approval that cannot apply now: the job ended, the call needs none, or it was decided otherwise (409)."""
 
     type = "approval_conflict"
+    status = 409
+
+    def http_error(self) -> dict[str, Any]:
+        return {"type": self.details.get("reason", self.type), "message": str(self), "details": self.details}
 
 
 class InvalidApprovalError(PermanentError):
     """Edited arguments of an approval that fail the tool's schema (422)."""
 
     type = "invalid_arguments"
+    status = 422
 
 
 class SandboxError(PermanentError):

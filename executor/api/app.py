@@ -49,8 +49,7 @@ from executor.api.bodies import error_body as _error_body
 from executor.api.bodies import refuse_invalid_calls as _refuse_invalid_calls
 from executor.api.bodies import run_fields as _run_fields
 from executor.api.middleware import BodyGuard, Correlate, LocalOnly
-from executor.errors import (ApprovalConflictError, ExecutorError, IdempotencyConflictError, InvalidApprovalError,
-                             JobNotFoundError, StoreUnavailableError)
+from executor.errors import ExecutorError, JobNotFoundError
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector, PublicView
 from executor.api.ratelimit import install_load_control, rate_limited
 from executor.api.readiness import Readiness
@@ -195,35 +194,16 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         type_ = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
         return JSONResponse(_error_body(type_, str(exc.detail)), status_code=exc.status_code)
 
-    @app.exception_handler(StoreUnavailableError)
-    async def _store_down(_: Request, exc: StoreUnavailableError) -> JSONResponse:
-        return JSONResponse(_error_body("unavailable", "the job store is unavailable; retry shortly"), status_code=503,
-                            headers={"Retry-After": "1"})
-
     @app.exception_handler(redis.RedisError)
     async def _redis_down(_: Request, exc: redis.RedisError) -> JSONResponse:
         return JSONResponse(_error_body("unavailable", "the job store is unavailable; retry shortly"), status_code=503,
                             headers={"Retry-After": "1"})
 
-    @app.exception_handler(JobNotFoundError)
-    async def _not_found(_: Request, exc: JobNotFoundError) -> JSONResponse:
-        return JSONResponse(_error_body("not_found", str(exc)), status_code=404)
-
-    @app.exception_handler(ApprovalConflictError)
-    async def _approval_conflict(_: Request, exc: ApprovalConflictError) -> JSONResponse:
-        return JSONResponse(_error_body(exc.details.get("reason", exc.type), str(exc), exc.details), status_code=409)
-
-    @app.exception_handler(InvalidApprovalError)
-    async def _invalid_approval(_: Request, exc: InvalidApprovalError) -> JSONResponse:
-        return JSONResponse(_error_body(exc.type, str(exc), exc.details), status_code=422)
-
-    @app.exception_handler(IdempotencyConflictError)
-    async def _conflict(_: Request, exc: IdempotencyConflictError) -> JSONResponse:
-        return JSONResponse(_error_body("idempotency_conflict", str(exc), exc.details), status_code=409)
-
-    @app.exception_handler(ExecutorError)
+    @app.exception_handler(ExecutorError)  # the one mapping: status and retryability live on the class
     async def _executor_error(_: Request, exc: ExecutorError) -> JSONResponse:
-        return JSONResponse(_error_body(exc.type, str(exc), exc.details), status_code=400)
+        error = exc.http_error()
+        return JSONResponse(_error_body(error["type"], error["message"], error["details"]), status_code=exc.status,
+                            headers={"Retry-After": "1"} if exc.retryable else None)
 
     app.state.tenants = tenants
     trace_claims = TraceClaims(runtime.redis, ttl_s=settings.trace_store_ttl_s)  # a client's trace id: whose it is

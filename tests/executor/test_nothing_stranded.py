@@ -54,3 +54,18 @@ def test_a_job_whose_work_keeps_vanishing_ends_failed(runtime) -> None:  # noqa:
     assert ended.status == "failed" and ended.error["type"] == "internal_error", ended.error
     assert ended.error["details"]["request_id"] == job.request_id
     assert job.job_id not in runtime.store.stale_jobs(older_than_s=0)
+
+
+def test_one_error_tree_carries_status_and_retryability() -> None:
+    from executor import errors
+
+    statuses = {cls.__name__: (cls.status, cls.retryable) for cls in (
+        errors.StoreUnavailableError, errors.CallInProgressError, errors.JobNotFoundError, errors.IdempotencyConflictError,
+        errors.WebhookUrlError, errors.ApprovalConflictError, errors.InvalidApprovalError, errors.SandboxError)}
+    assert statuses == {"StoreUnavailableError": (503, True), "CallInProgressError": (503, True),
+                        "JobNotFoundError": (404, False), "IdempotencyConflictError": (409, False),
+                        "WebhookUrlError": (422, False), "ApprovalConflictError": (409, False),
+                        "InvalidApprovalError": (422, False), "SandboxError": (400, False)}
+    hidden = errors.StoreUnavailableError("redis at 10.0.0.7:6380 refused", host="10.0.0.7").http_error()
+    assert hidden == {"type": "unavailable", "message": "the job store is unavailable; retry shortly", "details": {}}
+    assert errors.ApprovalConflictError("no", reason="already_decided").http_error()["type"] == "already_decided"

@@ -62,4 +62,5 @@ def test_a_queueing_failure_ends_the_mcp_job_failed(refusing_api: str) -> None:
     # the job API's own submission: the same end, and a 503
     refused = httpx.post(f"{refusing_api}/v1/jobs", json={"tool_calls": [{"name": "get_weather", "arguments": {
         "city": "Beijing", "date": "today"}}], "tools": ["get_weather"]}, timeout=30)
-    assert refused.status_code == 503, refused.text
+    assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
+    assert refused.json()["error"]["type"] == "unavailable"  # the one handler: status and retryability on the class
