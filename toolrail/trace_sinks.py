@@ -74,7 +74,8 @@ def span_from_dict(data: Mapping[str, Any]) -> ReadableSpan:
 
 
 class RedisSpanExporter(SpanExporter):
-    """Finished spans to Redis, one hash per trace (``tr:trace:<trace_id>``: span id → JSON), bounded, with a TTL.
+    """Finished spans to Redis, one hash per tenant and trace (``tr:tenant:<tenant>:trace:<trace_id>``: span id →
+    JSON; by the span's ``toolrail.tenant``), bounded, with a TTL.
 
     What ``toolrail run --trace`` and ``GET /v1/jobs/{id}/trace`` read without a collector.
     """
