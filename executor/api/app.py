@@ -4,6 +4,7 @@
     GET  /v1/jobs               the tenant's recent jobs
     GET  /v1/jobs/{id}          status, each step with its calls and results, the final content
     POST /v1/jobs/{id}/calls/{call_id}/approve|reject   a person's answer to a call awaiting approval
+    POST /v1/jobs/{id}/review   a person resolves needs_review: calls to run, a text answer, or a rejection
     GET  /v1/jobs/{id}/events   Server-Sent Events of each state change
     GET  /v1/tools              registered tools and their schemas
     GET  /v1/models             the served model(s), in OpenAI's shape
@@ -43,7 +44,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody
+from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody, ReviewBody
 from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
 from executor.api.bodies import refuse_invalid_calls as _refuse_invalid_calls
@@ -304,6 +305,20 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     def reject_call(job_id: str, call_id: str, tenant: Tenant, body: RejectionBody | None = None) -> dict[str, Any]:
         """Reject a waiting call: it never runs, and the model sees the reason as the call's result."""
         return _resolve(job_id, call_id, tenant, "reject", reason=body.reason if body else None)
+
+    @app.post("/v1/jobs/{job_id}/review", tags=["jobs"])
+    def review_job(job_id: str, tenant: Tenant, body: ReviewBody) -> dict[str, Any]:
+        """Resolve a job in ``needs_review``: run the given calls instead (validated again), end it with a text
+        answer, or reject the model's proposal (the model sees the reason and decides again)."""
+        from executor.runs.review import review  # noqa: PLC0415
+
+        runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 first: unknown jobs, other tenants
+        if rerun is None:
+            raise ApiError(503, "unavailable", "this API process does not queue work")
+        calls = [call.model_dump() for call in body.calls] if body.calls is not None else None
+        job = review(runtime, _checked_id(job_id), tenant=tenant, calls=calls, answer=body.answer, reject=body.reject,
+                     dispatch=rerun, next_step=enqueue)
+        return job.public()
 
     def _resolve(job_id: str, call_id: str, tenant: str, decision: Literal["approve", "reject"], **answer: Any) -> dict[str, Any]:
         from executor.runs.approvals import resolve  # noqa: PLC0415

@@ -232,6 +232,31 @@ class RejectionBody(BaseModel):
     reason: str | None = Field(default=None, max_length=500)
 
 
+class ReviewedCall(BaseModel):
+    """One call a reviewer runs instead of the model's (validated against the tool's schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=200)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReviewBody(BaseModel):
+    """``POST /v1/jobs/{id}/review``: exactly one of the calls to run, a text answer, or a rejection's reason."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls: list[ReviewedCall] | None = Field(default=None, min_length=1, max_length=64)
+    answer: str | None = Field(default=None, max_length=100_000)
+    reject: str | None = Field(default=None, min_length=1, max_length=500, description="the reason the model sees")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "ReviewBody":
+        if sum(item is not None for item in (self.calls, self.answer, self.reject)) != 1:
+            raise ValueError("a review is exactly one of calls, answer or reject")
+        return self
+
+
 def refuse_invalid_calls(runtime: Runtime, body: JobCreate, job: Any) -> None:
     """422 ``invalid_tool_calls`` when the client's own ``tool_calls`` fail validation and cleaning: nothing stored.
 

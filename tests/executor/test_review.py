@@ -1,0 +1,98 @@
+"""needs_review is resolvable: POST /v1/jobs/{id}/review through the real API, Redis and workers."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+from conftest import wait_terminal
+
+#: A model's output that fails its check ("后天" is no date this tool takes) with no decider to re-ask: review.
+UNCHECKED = '{"name": "get_weather", "arguments": {"city": "北京", "date": "后天"}}'
+
+
+def _in_review(client: httpx.Client) -> dict:
+    created = client.post("/v1/jobs", json={"raw_output": UNCHECKED, "tools": ["get_weather"]})
+    assert created.status_code == 202, created.text
+    job = wait_terminal(client, created.json()["job_id"])
+    assert job["status"] == "needs_review", job
+    return job
+
+
+def test_reviewed_calls_run_as_a_step_of_the_reviewer(client: httpx.Client) -> None:
+    job = _in_review(client)
+    reviewed = client.post(f"/v1/jobs/{job['job_id']}/review", json={"calls": [
+        {"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}]})
+    assert reviewed.status_code == 200, reviewed.text
+    done = wait_terminal(client, job["job_id"])
+    assert done["status"] == "succeeded", done
+    (call,) = done["calls"]
+    assert call["result"]["city"] == "Beijing" and call["step"] == 1
+    assert call["approval"]["by"] == "reviewer"
+    first, second = done["steps"][:2]
+    assert first["review"]["outcome"] == "calls" and first["attempts"][0]["raw_output"] == UNCHECKED  # the model's, kept
+    assert second["decided_by"] == "reviewer"
+
+
+def test_a_reviewer_answer_ends_the_run(client: httpx.Client) -> None:
+    job = _in_review(client)
+    reviewed = client.post(f"/v1/jobs/{job['job_id']}/review", json={"answer": "No forecast for the day after tomorrow."})
+    assert reviewed.status_code == 200, reviewed.text
+    done = client.get(f"/v1/jobs/{job['job_id']}").json()
+    assert done["status"] == "succeeded" and done["content"] == "No forecast for the day after tomorrow."
+    assert done["calls"] == []
+
+
+def test_a_rejection_is_seen_when_deciding_again(client: httpx.Client, runtime) -> None:
+    from dataclasses import replace
+
+    from executor.runs.review import review
+
+    job = _in_review(client)
+    refused = client.post(f"/v1/jobs/{job['job_id']}/review", json={"reject": "ask which day they mean"})
+    assert refused.status_code == 422, refused.text  # this deployment has no decider to decide again
+    assert client.get(f"/v1/jobs/{job['job_id']}").json()["status"] == "needs_review"
+    deciding = replace(runtime, settings=runtime.settings.model_copy(update={"decider": "embedded"}))
+    queued = []
+    again = review(deciding, job["job_id"], tenant="default", reject="ask which day they mean",
+                   dispatch=lambda *_: None, next_step=queued.append)
+    assert again.status == "queued" and again.step == 1 and [j.job_id for j in queued] == [job["job_id"]]
+    assert again.messages[-1] == {"role": "system", "content": "A reviewer rejected the proposed tool calls: ask which "
+                                  "day they mean"}  # what the model decides on next
+
+
+def test_bad_reviews_are_typed_and_change_nothing(client: httpx.Client) -> None:
+    job = _in_review(client)
+    url = f"/v1/jobs/{job['job_id']}/review"
+    wrong = client.post(url, json={"calls": [{"name": "get_weather", "arguments": {"city": "Beijing", "date": "后天"}}]})
+    assert wrong.status_code == 422 and wrong.json()["error"]["details"]["errors"][0]["path"] == "/date", wrong.text
+    unknown = client.post(url, json={"calls": [{"name": "transfer_all", "arguments": {}}]})
+    assert unknown.status_code == 422, unknown.text
+    both = client.post(url, json={"answer": "x", "reject": "y"})
+    assert both.status_code == 422 and both.json()["error"]["type"] == "validation_error"
+    assert client.get(f"/v1/jobs/{job['job_id']}").json()["status"] == "needs_review"
+    assert client.post("/v1/jobs/job_00000000000000000000000000000000/review", json={"answer": "x"}).status_code == 404
+
+
+def test_concurrent_reviews_have_exactly_one_winner(api: str) -> None:
+    with httpx.Client(base_url=api, timeout=30) as client:
+        jobs = [_in_review(client) for _ in range(5)]
+    for job in jobs:
+        answers: list[httpx.Response] = []
+
+        def answer(text: str, job_id: str = job["job_id"]) -> None:
+            with httpx.Client(base_url=api, timeout=30) as own:
+                answers.append(own.post(f"/v1/jobs/{job_id}/review", json={"answer": text}))
+
+        threads = [threading.Thread(target=answer, args=(f"answer {n}",)) for n in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        codes = sorted(r.status_code for r in answers)
+        assert codes == [200, 409, 409, 409, 409, 409], [r.text for r in answers]
+        (winner,) = [r for r in answers if r.status_code == 200]
+        with httpx.Client(base_url=api, timeout=30) as client:
+            assert client.get(f"/v1/jobs/{job['job_id']}").json()["content"] == winner.json()["content"]
+        loser = next(r for r in answers if r.status_code == 409).json()["error"]
+        assert loser["details"]["job_status"] == "succeeded"
