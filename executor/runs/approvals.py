@@ -24,7 +24,7 @@ from executor.errors import ApprovalConflictError, InvalidApprovalError, JobNotF
 from executor.runs.policy import close_step
 from executor.store.records import TERMINAL_CALL, CallRecord, JobRecord
 from toolrail.logging import get_logger
-from tools.validation import validate
+from tools.validator import validate
 
 if TYPE_CHECKING:
     from executor.runs.runtime import Runtime
