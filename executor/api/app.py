@@ -172,7 +172,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         metrics.register(MultiProcessCollector(None, path=shared_dir))
     metrics.register(_QueueDepth(runtime))
     metrics.register(OutcomeCollector(runtime.redis))
-    readiness = Readiness(runtime.redis, ping_workers)
+    readiness = Readiness(runtime.redis, ping_workers, expected_queues=lambda: worker_queues(runtime.registry))
     started_at = int(time.time())
     install_load_control(app, settings=settings, runtime=runtime, metrics=metrics, counters=counters)
 
@@ -456,11 +456,12 @@ def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
     return names, inline
 
 
-def _celery_ping() -> int:
+def _celery_ping() -> tuple[int, set[str]]:
+    """How many workers answer, and the queues they consume (one broadcast, as a ping)."""
     from executor.worker.celery import app as celery_app  # noqa: PLC0415
 
-    replies = celery_app.control.ping(timeout=0.5) or []
-    return len(replies)
+    replies = celery_app.control.inspect(timeout=0.5).active_queues() or {}
+    return len(replies), {queue["name"] for queues in replies.values() for queue in queues or []}
 
 
 class _QueueDepth:

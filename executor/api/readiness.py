@@ -46,16 +46,22 @@ def mark_worker_down(client: redis.Redis, info: dict[str, Any] | None, *, ttl_s:
 
 @dataclass
 class Readiness:
-    """``check()`` → ``(ready, body)`` for ``/readyz``."""
+    """``check()`` → ``(ready, body)`` for ``/readyz``.
+
+    ``ping_workers`` returns how many workers answered, or ``(count, queues they consume)``; with
+    ``expected_queues`` (``executor.worker.config.worker_queues``) the body names each expected queue no live
+    worker consumes (``queues_without_workers``: reported, not waited for — a tool's workers may be scaled to 0)."""
 
     redis_client: redis.Redis
-    ping_workers: Callable[[], int]
+    ping_workers: Callable[[], int | tuple[int, set[str]]]
+    expected_queues: Callable[[], list[str]] | None = None
     probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
     workers_grace_s: float = DEFAULT_WORKERS_GRACE_S
     clock: Callable[[], float] = time.monotonic
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _probed_at: float | None = field(default=None, init=False)
     _workers: int = field(default=0, init=False)
+    _consumed: set[str] | None = field(default=None, init=False)
     _workers_seen_at: float | None = field(default=None, init=False)
     _probe_error: str | None = field(default=None, init=False)
     _was_ready: bool = field(default=False, init=False)
@@ -68,9 +74,11 @@ class Readiness:
             if self._probed_at is not None and now - self._probed_at < self.probe_interval_s:
                 return
             try:
-                self._workers, self._probe_error = int(self.ping_workers()), None
+                answer = self.ping_workers()
+                count, self._consumed = answer if isinstance(answer, tuple) else (answer, None)
+                self._workers, self._probe_error = int(count), None
             except Exception as exc:  # noqa: BLE001 - readiness reports, never raises
-                self._workers, self._probe_error = 0, type(exc).__name__
+                self._workers, self._probe_error, self._consumed = 0, type(exc).__name__, None
             self._probed_at = self.clock()
             if self._workers > 0:
                 self._workers_seen_at = self._probed_at
@@ -94,6 +102,10 @@ class Readiness:
             if down is not None:
                 checks["worker_pool"] = json.loads(down)
         checks["workers"] = self._workers
+        if self._consumed is not None and self._workers and self.expected_queues is not None:
+            unconsumed = [name for name in self.expected_queues() if name not in self._consumed]
+            if unconsumed:
+                checks["queues_without_workers"] = unconsumed
         if self._probe_error:
             checks["workers_error"] = self._probe_error
         seen_at = self._workers_seen_at

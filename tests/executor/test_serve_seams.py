@@ -151,6 +151,8 @@ def test_a_webhook_is_delivered_under_serve(serve: tuple[str, subprocess.Popen, 
                 payload = Webhook(WEBHOOK_SECRET).verify(body, headers)  # raises on a bad signature
                 events.append(payload["type"])
                 assert payload["data"]["job_id"] == job["job_id"]
+            checks = client.get("/readyz").json()["checks"]
+            assert checks["workers"] >= 1 and "queues_without_workers" not in checks, checks  # webhooks consumed
             deadline = time.monotonic() + 10  # the receiver answered: the delivery's record says so a moment later
             while True:
                 record = client.get(f"/v1/jobs/{job['job_id']}").json()
@@ -199,6 +201,18 @@ def test_readiness_says_worker_down_while_the_supervisor_marks_it(redis_client) 
     finally:
         mark_worker_down(redis_client, None)
     assert readiness.check()[0] is True
+
+
+def test_readiness_names_the_queues_no_worker_consumes(redis_client) -> None:  # noqa: ANN001
+    from executor.api.readiness import Readiness
+    from executor.worker.config import worker_queues
+    from tools.registry import default_registry
+
+    expected = worker_queues(default_registry())
+    readiness = Readiness(redis_client, ping_workers=lambda: (1, {"decide", *default_registry().queues()}),
+                          expected_queues=lambda: expected)
+    ready, body = readiness.check()
+    assert ready is True and body["checks"]["queues_without_workers"] == ["webhooks"], body  # reported, not waited for
 
 
 def test_sigkilled_worker_under_serve_loses_no_job(serve: tuple[str, subprocess.Popen, Path]) -> None:
