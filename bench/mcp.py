@@ -22,6 +22,9 @@ Usage: ``python bench/mcp.py [--quick] [--workers 2] [--out bench/results/mcp.md
 ``--fairness``: another tenant's ``/mcp tools/list`` latency alone and while one tenant's 12
 registrations wait on a server that never answers (issue 25: 0.23 s alone, 19.8 s during, when
 registrations held the API's thread pool); the ratio during / alone is the figure (target: ≤ 2×).
+``--call-fairness``: another tenant's sandboxed ``get_weather`` job alone and while one tenant has 6
+calls hanging on its MCP server (2 workers, ``TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT=1``; issue 25:
+0.23 s alone, 56.5 s during two hanging calls, when they held both workers).
 """
 
 from __future__ import annotations
@@ -72,10 +75,15 @@ def _add_server() -> Server:
         return types.ListToolsResult(tools=[types.Tool(
             name="add", description="Add two integers.", input_schema={"type": "object", "properties": {
                 "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},
-            output_schema={"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]})])
+            output_schema={"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]}),
+            types.Tool(name="wait", description="Answer after some seconds.", input_schema={
+                "type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]})])
 
     async def call_tool(ctx, params):  # noqa: ANN001, ANN202
         args = params.arguments or {}
+        if params.name == "wait":  # --call-fairness: a call that takes its time
+            await anyio.sleep(float(args["seconds"]))
+            return types.CallToolResult(content=[types.TextContent(text="waited")], structured_content={"waited": True})
         return types.CallToolResult(content=[types.TextContent(text="sum")], structured_content={"sum": args["a"] + args["b"]})
 
     return Server("bench", on_list_tools=list_tools, on_call_tool=call_tool)
@@ -173,10 +181,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "mcp.md"))
-    parser.add_argument("--fairness", action="store_true", help="only the two-tenant fairness rows")
+    parser.add_argument("--fairness", action="store_true", help="only the two-tenant registration rows")
+    parser.add_argument("--call-fairness", action="store_true", help="only the two-tenant MCP call rows")
     args = parser.parse_args()
     if args.fairness:
         return fairness(hanging=12, samples=5 if args.quick else 20)
+    if args.call_fairness:
+        return call_fairness(hanging=6, samples=5 if args.quick else 10)
     sizes = {1: 10 if args.quick else 30, 16: 48 if args.quick else 160}
     load_before = os.getloadavg()
     add_url, stop_add = _serve_add()
@@ -261,6 +272,48 @@ def fairness(*, hanging: int, samples: int) -> int:
     print(f"beta tools/list alone   p50 {a50:7.1f} ms  p99 {percentile(alone, 0.99) * 1000:7.1f} ms")
     print(f"beta tools/list during  p50 {d50:7.1f} ms  p99 {percentile(during, 0.99) * 1000:7.1f} ms  "
           f"({hanging} hanging registrations of alpha, answered {codes})")
+    print(f"during / alone (p50): {d50 / a50:.2f}x")
+    return 0
+
+
+def call_fairness(*, hanging: int, samples: int) -> int:
+    """Beta's get_weather job latency alone, then while alpha's ``hanging`` MCP calls hang (limit 1 per tenant)."""
+    env = {"TOOLRAIL_API_KEYS": "ka:alpha,kb:beta", "TOOLRAIL_MCP_ALLOW_PRIVATE_URLS": "1",
+           "TOOLRAIL_DEMO_TOOLS": "get_weather", "TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT": "1"}
+    os.environ.update(env)
+    add_url, stop_add = _serve_add()
+    weather = {"tools": ["get_weather"], "tool_calls": [{"name": "get_weather", "arguments": WEATHER}]}
+    hang = {"tools": ["mcp__flood__wait"], "tool_calls": [{"name": "mcp__flood__wait", "arguments": {"seconds": 25}}]}
+    with LocalStack(concurrency=2, worker_env={"TOOLRAIL_DECIDER": "none", "TOOLRAIL_LOG_LEVEL": "WARNING",
+                                               **env}) as stack:
+        alpha = httpx.Client(base_url=stack.url, timeout=60, headers={"Authorization": "Bearer ka"})
+        flood = {"name": "flood", "url": add_url, "timeout_s": 30, "idle_timeout_s": 30}
+        alpha.post("/v1/mcp-servers", json=flood).raise_for_status()
+        time.sleep(1.0)  # the workers' add_consumer for mcp.alpha.flood
+
+        def beta_jobs() -> list[float]:
+            took = []
+            with httpx.Client(base_url=stack.url, timeout=120, headers={"Authorization": "Bearer kb"}) as beta:
+                for _ in range(samples):
+                    started = time.perf_counter()
+                    job_id = beta.post("/v1/jobs", json=weather).json()["job_id"]
+                    while beta.get(f"/v1/jobs/{job_id}").json()["status"] not in TERMINAL_JOB:
+                        time.sleep(0.02)
+                    took.append(time.perf_counter() - started)
+            return took
+
+        beta_jobs()  # warm: each worker's first sandboxed call starts its fork server
+        alone = beta_jobs()
+        for _ in range(hanging):
+            alpha.post("/v1/jobs", json=hang).raise_for_status()
+        time.sleep(2.0)  # alpha's calls have reached the workers (one runs, the rest go back to the queue)
+        during = beta_jobs()
+        alpha.close()
+    stop_add()
+    a50, d50 = percentile(alone, 0.5) * 1000, percentile(during, 0.5) * 1000
+    print(f"beta get_weather alone   p50 {a50:8.1f} ms  max {max(alone) * 1000:8.1f} ms")
+    print(f"beta get_weather during  p50 {d50:8.1f} ms  max {max(during) * 1000:8.1f} ms  ({hanging} of alpha's MCP "
+          "calls hanging 25 s, 2 workers, 1 MCP call per tenant)")
     print(f"during / alone (p50): {d50 / a50:.2f}x")
     return 0
 

@@ -7,8 +7,8 @@ process's open session to the server (:mod:`mcpbridge.pool`; one MCP exchange is
 - the operator's ceiling on timeouts (``mcp_max_timeout_s``: a stored ``timeout_s`` above it is clamped);
 - a per-tenant limit on MCP calls in flight across all workers (``mcp_max_concurrent_per_tenant``,
   leases in Redis: ``tr:mcp:tenant:<tenant>:inflight``). The worker pool is shared, so without it one
-  tenant's hanging server would hold every worker process; a call that finds no slot within a
-  second goes back to its queue (``ConcurrencyLimitedError``, retried by the task) and holds nothing.
+  tenant's hanging server would hold every worker process; a call that finds no slot goes back
+  to its queue at once (``ConcurrencyLimitedError``, retried by the task) and holds nothing.
 
 When the server says its tool list changed, the tenant's record is refreshed before the result is
 returned. The result is a ``SandboxResult``; every error is typed and names the server and the tool.
@@ -33,8 +33,9 @@ __all__ = ["run_call", "tenant_slots"]
 
 log = get_logger("toolrail.mcp.client")
 
-#: How long a call waits for one of its tenant's slots before going back to the queue.
-SLOT_WAIT_S = 1.0
+#: How long a call waits for one of its tenant's slots before going back to the queue: not at all, since a worker
+#: waiting here is a worker the other tenants do not have (bench/mcp.py --call-fairness: 1 s cost them 11x).
+SLOT_WAIT_S = 0.0
 
 
 def tenant_slots(rt: Any) -> ConcurrencyLimiter:
