@@ -6,7 +6,6 @@ Split from :mod:`executor.api.app` (which re-exports ``ApiError`` and ``JobCreat
 from __future__ import annotations
 
 import json
-import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
@@ -296,7 +295,7 @@ def refuse_invalid_calls(runtime: Runtime, body: JobCreate, job: Any) -> None:
 
 def run_fields(runtime: Runtime, body: JobCreate, settings: Settings, *, client_output: dict[str, Any] | None,
                 names: list[str], inline: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run settings of a new job: steps, approval policy, deadline, webhook. 4xx on bad values, nothing stored."""
+    """The run settings of a new job: steps, approval policy, webhook. 4xx on bad values, nothing stored."""
     if body.max_steps is not None and body.max_steps > settings.max_steps_limit:
         raise ApiError(422, "validation_error", f"max_steps may be at most {settings.max_steps_limit}",
                        max_steps=body.max_steps, limit=settings.max_steps_limit)
@@ -317,4 +316,4 @@ def run_fields(runtime: Runtime, body: JobCreate, settings: Settings, *, client_
             raise ApiError(422, exc.type, str(exc), **exc.details) from None
     return {"max_steps": body.max_steps or default_steps, "require_approval": body.require_approval,
             "approval_timeout_s": body.approval_timeout_s,
-            "webhook_url": webhook_url, "deadline_at": time.time() + settings.run_deadline_s}
+            "webhook_url": webhook_url}  # the deadline: executor.runs.submit, for every entry point

@@ -140,6 +140,7 @@ def test_a_webhook_is_delivered_under_serve(serve: tuple[str, subprocess.Popen, 
             assert created.status_code == 202, created.text
             job = wait_for_job(client, created.json()["job_id"], timeout_s=60)
             assert job["status"] == "succeeded", job
+            assert job["deadline_at"] > job["created_at"]  # set by the one submit (MCP's: tests/mcpbridge)
             events = []
             deadline = time.monotonic() + 30
             while "job.succeeded" not in events:
