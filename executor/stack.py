@@ -182,6 +182,7 @@ class SupervisedWorker:
 
     def _watch(self) -> None:
         from executor.api.readiness import mark_worker_down  # noqa: PLC0415
+        from executor.worker.config import TOOL_CHECK_EXIT  # noqa: PLC0415
 
         client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2, socket_timeout=5)
         backoff, started = self.backoff_s, time.monotonic()
@@ -196,6 +197,10 @@ class SupervisedWorker:
             _kill_group(proc.pid)  # its pool processes, orphaned: they would hold messages nobody acks
             info = {"reason": "worker_down", "pid": proc.pid, "returncode": returncode, "restarts": self.restarts,
                     "since": time.time()}
+            if returncode == TOOL_CHECK_EXIT:  # its tools cannot run: starting it again cannot help
+                log.error("worker.refused_to_start", pid=proc.pid, returncode=returncode)
+                _quietly(mark_worker_down, client, {**info, "reason": "worker_refused_to_start"}, 7 * 86400)
+                return
             log.warning("worker.died", pid=proc.pid, returncode=returncode, ran_s=round(ran_s, 1),
                         restart_in_s=backoff, restarts=self.restarts)
             _quietly(mark_worker_down, client, info)

@@ -36,7 +36,7 @@ DEFAULT_WORKERS_GRACE_S = 30.0
 WORKER_DOWN_KEY = "tr:readiness:worker_down"
 
 
-def mark_worker_down(client: redis.Redis, info: dict[str, Any] | None, *, ttl_s: int = 120) -> None:
+def mark_worker_down(client: redis.Redis, info: dict[str, Any] | None, ttl_s: int = 120) -> None:
     """Mark the supervised worker pool down (``info``: what the supervisor knows), or up again (None)."""
     if info is None:
         client.delete(WORKER_DOWN_KEY)

@@ -19,7 +19,7 @@ import structlog
 from celery import Celery, Task
 from celery.signals import before_task_publish, task_postrun, task_prerun, worker_init, worker_process_init
 
-from executor.worker.config import DECIDE_QUEUE, DECIDER_WARM_KEY, celery_config
+from executor.worker.config import DECIDE_QUEUE, DECIDER_WARM_KEY, TOOL_CHECK_EXIT, celery_config
 from executor.runs.tracing_hooks import instrument_celery
 from toolrail.context import CELERY_REQUEST_ID_HEADER, bind_request, current_request_id
 from toolrail.logging import configure_logging, get_logger
@@ -129,10 +129,6 @@ def _prewarm_sandbox() -> None:
         get_runtime().sandbox  # noqa: B018 - built on first access
     except Exception as exc:  # noqa: BLE001 - the first call builds it again and reports a typed error
         log.warning("sandbox.prewarm_failed", error=f"{type(exc).__name__}: {exc}")
-
-
-#: Exit status of a worker that refuses to start because a tool module cannot run (EX_CONFIG).
-TOOL_CHECK_EXIT = 78
 
 
 @worker_init.connect

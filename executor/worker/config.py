@@ -16,13 +16,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["DECIDER_WARM_KEY", "DECIDE_QUEUE", "DEFAULT_TASK_TIME_LIMIT_S", "WEBHOOK_QUEUE", "celery_config", "task_time_limit_for",
-           "worker_queues"]
+__all__ = ["DECIDER_WARM_KEY", "DECIDE_QUEUE", "DEFAULT_TASK_TIME_LIMIT_S", "TOOL_CHECK_EXIT", "WEBHOOK_QUEUE",
+           "celery_config", "task_time_limit_for", "worker_queues"]
 
 DECIDE_QUEUE = "decide"
 WEBHOOK_QUEUE = "webhooks"
 #: Set by a pool process of a deciding worker once its decider is loaded and warm (``executor.worker.celery``).
 DECIDER_WARM_KEY = "tr:readiness:decider_warm"
+#: Exit status of a worker that refuses to start because a tool module cannot run (EX_CONFIG).
+TOOL_CHECK_EXIT = 78
 
 DEFAULT_TASK_TIME_LIMIT_S = 600
 DEFAULT_SOFT_TIME_LIMIT_S = 570

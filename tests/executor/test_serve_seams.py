@@ -264,3 +264,27 @@ def test_a_worker_without_a_redis_url_exits_with_one_line() -> None:
     lines = done.stderr.strip().splitlines()
     assert done.returncode != 0 and len(lines) == 1, done.stderr
     assert "REDIS_URL" in lines[0] and "6379" not in lines[0]
+
+
+def test_a_pool_that_refuses_to_start_is_not_restarted(tmp_path: Path) -> None:
+    """Its tools cannot run (exit 78): starting it again cannot help; /readyz says why, for good."""
+    import redis
+
+    from executor.api.readiness import WORKER_DOWN_KEY
+    from executor.stack import SupervisedWorker
+
+    redis_server = EmbeddedRedis(data_dir=tmp_path).start()
+    worker = SupervisedWorker(redis_server.url, concurrency=1, poll_s=0.2, backoff_s=0.2,
+                              env={"TOOLRAIL_TOOL_MODULES": "tests.executor.no_such_tools_module"}).start()
+    try:
+        client = redis.Redis.from_url(redis_server.url)
+        deadline = time.monotonic() + 60
+        while (mark := client.get(WORKER_DOWN_KEY)) is None:
+            assert time.monotonic() < deadline, "the refusal was never marked"
+            time.sleep(0.2)
+        assert json.loads(mark)["reason"] == "worker_refused_to_start" and json.loads(mark)["returncode"] == 78
+        time.sleep(1.0)
+        assert worker.restarts == 0 and worker.proc.poll() == 78
+    finally:
+        worker.stop()
+        redis_server.stop()
