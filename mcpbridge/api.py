@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -124,7 +124,7 @@ class McpBridge:
         while True:
             await asyncio.sleep(interval)
             try:
-                await providers.refresh_all(self.runtime)
+                await providers.refresh_all(self.runtime, settings=self.settings)
             except Exception as exc:  # noqa: BLE001 - the loop outlives one bad round
                 log.warning("mcp.refresh_round_failed", error=str(exc))
 
@@ -154,16 +154,16 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
              "side_effects": t["side_effects"], "requires_approval": t["requires_approval"],
              "parameters": t["parameters"], "output_schema": t.get("output_schema")} for t in record.get("tools", [])]}
 
-    async def fetch(tenant: str, config: dict[str, Any]) -> dict[str, Any]:
-        """The server's checked record; waits on this event loop (no thread), at most N per tenant at once."""
+    async def fetched(tenant: str, fetch: Callable[[], Awaitable[Any]]) -> Any:
+        """``fetch()`` (a server's tools, fetched and checked): on this event loop, no thread held while the server
+        takes its time, at most N per tenant at once; its errors as the API's."""
         limit = settings.mcp_max_concurrent_per_tenant
         if fetching[tenant] >= limit:
             raise ApiError(429, "mcp_registrations_busy", f"{limit} registrations or refreshes of this tenant are "
                            "in flight (TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT); retry when one ends", limit=limit)
         fetching[tenant] += 1
         try:
-            taken = await asyncio.to_thread(providers.taken_names, runtime.redis, tenant, config["name"])
-            return await providers.fetch_and_check(config, registry=runtime.registry, settings=settings, taken=taken)
+            return await fetch()
         except McpUrlNotAllowedError as exc:
             raise ApiError(403, exc.type, str(exc), **exc.details) from None
         except McpTooLargeError as exc:
@@ -183,7 +183,13 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
         except McpServerRejectedError as exc:
             raise ApiError(422, exc.type, str(exc), **exc.details) from None
         existed = await asyncio.to_thread(providers.get_server, runtime.redis, tenant, body.name) is not None
-        record = await fetch(tenant, dict(config))
+
+        async def fetch() -> dict[str, Any]:
+            taken = await asyncio.to_thread(providers.taken_names, runtime.redis, tenant, body.name)
+            return await providers.fetch_and_check(dict(config), registry=runtime.registry, settings=settings,
+                                                   taken=taken)
+
+        record = await fetched(tenant, fetch)
         await asyncio.to_thread(providers.save_server, runtime.redis, record)
         workers = await asyncio.to_thread(subscribe, record["queue"])
         log.info("mcp.server_registered", tenant=tenant, server=body.name, tools=len(record["tools"]),
@@ -206,10 +212,10 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
 
     @router.post("/{name}/refresh")
     async def refresh(name: str, tenant: Tenant) -> dict[str, Any]:
-        record = await asyncio.to_thread(_one, tenant, name)
-        config = {k: v for k, v in record.items() if k not in {"tools", "refused", "fetched_at"}}
-        fresh = await fetch(tenant, config)
-        await asyncio.to_thread(providers.save_server, runtime.redis, fresh)
+        await asyncio.to_thread(_one, tenant, name)
+        fresh = await fetched(tenant, lambda: providers.refresh_server(runtime, tenant, name, settings=settings))
+        if fresh is None:  # deleted while it was fetched
+            raise ApiError(404, "not_found", f"no MCP server {name[:40]!r} is registered", server=name[:40])
         return public(fresh)
 
     @router.delete("/{name}")

@@ -236,14 +236,16 @@ def specs_for(client: redis.Redis, tenant: str, names: list[str] | None = None) 
     return specs
 
 
-async def refresh_server(rt: Any, tenant: str, name: str) -> dict[str, Any] | None:
-    """Re-fetch and re-check one server's tools; the record as stored (None if the server is gone)."""
+async def refresh_server(rt: Any, tenant: str, name: str, *, settings: Any = None) -> dict[str, Any] | None:
+    """Re-fetch and re-check one server's tools; the record as stored (None if the server is gone).
+
+    ``settings``: the policy to fetch under (the API's own), else the runtime's."""
     record = await anyio.to_thread.run_sync(get_server, rt.redis, tenant, name)
     if record is None:
         return None
     config = {k: v for k, v in record.items() if k not in {"tools", "refused", "fetched_at"}}
     taken = await anyio.to_thread.run_sync(taken_names, rt.redis, tenant, name)
-    fresh = await fetch_and_check(config, registry=rt.registry, settings=rt.settings, taken=taken)
+    fresh = await fetch_and_check(config, registry=rt.registry, settings=settings or rt.settings, taken=taken)
     if await anyio.to_thread.run_sync(get_server, rt.redis, tenant, name) is None:  # deleted while fetching
         return None
     await anyio.to_thread.run_sync(save_server, rt.redis, fresh)
@@ -253,7 +255,7 @@ async def refresh_server(rt: Any, tenant: str, name: str) -> dict[str, Any] | No
     return fresh
 
 
-async def refresh_all(rt: Any) -> int:
+async def refresh_all(rt: Any, *, settings: Any = None) -> int:
     """Refresh every tenant's servers (the API's periodic refresh); a server that fails keeps its last list."""
     done = 0
 
@@ -266,7 +268,7 @@ async def refresh_all(rt: Any) -> int:
 
     for tenant, name in await anyio.to_thread.run_sync(servers):
         try:
-            await refresh_server(rt, tenant, name)
+            await refresh_server(rt, tenant, name, settings=settings)
             done += 1
         except Exception as exc:  # noqa: BLE001 - one server down must not stop the others' refresh
             log.warning("mcp.refresh_failed", tenant=tenant, server=name, error=str(exc))
