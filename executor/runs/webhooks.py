@@ -14,9 +14,10 @@ attempt per run: 2xx ends it (delivered); 5xx, 408, 429, timeouts and connection
 with exponential backoff and jitter until ``webhook_max_attempts``; any other answer ends it
 (rejected). Every attempt is appended to the delivery's list (:func:`deliveries` reads them).
 
-SSRF (:mod:`toolrail.netguard`, the one guard MCP servers pass too): only http(s) URLs; every address
-the host resolves to must be global unless ``TOOLRAIL_WEBHOOK_ALLOW_PRIVATE=1``. The check runs when the job is created
-(:func:`validate_webhook_url`) and again before every attempt, and the attempt connects to the
+SSRF (:mod:`toolrail.netguard`, the one guard MCP servers pass too): only http(s) URLs; every
+address the host resolves to must be global unless ``TOOLRAIL_WEBHOOK_ALLOW_PRIVATE=1``. The check
+runs when the job is created (:func:`validate_webhook_url`) and again before every attempt, and the
+attempt connects to the
 address that was checked (the ``Host`` header and TLS server name keep the URL's host), so a DNS
 answer that changes between the check and the connection is never followed. Redirects are not
 followed either. Keys (TTL of the job):
