@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-__all__ = ["TENANT_ATTRIBUTE", "BoundedMemoryExporter", "ChildRecorder", "RedisSpanExporter", "TenantStamp", "TraceClaims",
+__all__ = ["BoundedMemoryExporter", "ChildRecorder", "RedisSpanExporter", "TENANT_ATTRIBUTE", "TenantStamp", "TraceClaims",
            "read_trace", "span_from_dict", "span_to_dict", "trace_key"]
 
 SCOPE = "toolrail"
