@@ -9,7 +9,6 @@ a real Celery worker (its spans, the sandbox child's) exporting to the same Redi
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Iterator
