@@ -21,6 +21,8 @@ import os
 import time
 from typing import Any
 
+import redis
+
 from executor.errors import SandboxError
 from executor.runs.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
 from executor.sandbox.boundary import CallRun, SandboxResult
@@ -62,7 +64,10 @@ def run_call(rt: Any, spec: Any, call: CallRun) -> SandboxResult:
         return _run(rt, spec, call, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s,
                     connect_timeout_s=connect_timeout_s)
     finally:
-        slots.release(slot)
+        try:
+            slots.release(slot)
+        except redis.RedisError:  # the lease expires on its own; the call's outcome stands
+            log.warning("mcp.slot_release_failed", tenant=spec.tenant, server=spec.server)
 
 
 def _run(rt: Any, spec: Any, call: CallRun, *, timeout_s: float, idle_timeout_s: float,
