@@ -8,8 +8,8 @@ edited arguments are validated again against the tool's schema. Approving twice 
 One answer per call, decided by one compare-and-set: the answer is written into the step's journal
 (``steps[n].approvals[call_id]``) by the job store's compare-and-set of the job record, which also
 orders it against cancel and expiry. Of an approve and a reject sent at once exactly one lands; the
-other gets 409 ``already_decided`` naming the state that won, and the run resumes once (the move to
-``running`` is a compare-and-set of its own). 50 concurrent approve/reject races through the HTTP
+other gets 409 ``already_decided`` naming the state that won (and, for two edits, the arguments that
+won), and the run resumes once (the move to ``running`` is a compare-and-set of its own). 50 concurrent approve/reject races through the HTTP
 API, before: 21 of 50 with two 200s; after: none (tests/executor/test_trust_approvals.py).
 """
 
@@ -116,6 +116,10 @@ def resolve(rt: Runtime, job_id: str, call_id: str, *, tenant: str, decision: Li
         record["reason"] = (reason or "rejected by a reviewer")[:MAX_REASON_CHARS]
     final = arguments if record.get("edited") else call.arguments
     won, entry = _claim(rt, job_id, call, state, record=record, arguments=final)
+    if not won and arguments is not None and entry["arguments"] != arguments:  # another edit of it won
+        raise ApprovalConflictError(f"call {call_id} was already approved with other arguments", job_id=job_id,
+                                    call_id=call_id, reason="already_decided", approval=state,
+                                    arguments=entry["arguments"])
     if not won:  # the same answer again: idempotent; its first sender writes the call and resumes the run
         call = rt.store.get_call(job_id, call_id)
         if (call.approval or {}).get("state") != "pending" or time.time() - entry["record"].get("at", 0) < ORPHAN_AFTER_S:

@@ -129,3 +129,28 @@ def test_the_same_answer_twice_at_once_resumes_once(stack) -> None:
             assert [r.status_code for r in answers] == [200, 200], [r.text for r in answers]
             assert sorted(r.json()["repeated"] for r in answers) == [False, True]
             assert recorder.dispatched[f"{job_id}/{call_id}"] == 1
+
+
+def test_two_edits_at_once_one_wins_and_the_other_is_told(stack) -> None:
+    """Two reviewers edit the amount at once: one edit runs, the other reviewer gets 409 naming what won (before: both
+    were told 200, each with their own amount, while one ran)."""
+    base, recorder = stack
+    with httpx.Client(base_url=base, timeout=30) as client:
+        for _ in range(10):
+            job_id, call_id = _waiting_job(client)
+            barrier = threading.Barrier(2)
+
+            def edit(amount: float) -> httpx.Response:
+                with httpx.Client(base_url=base, timeout=30) as own:
+                    barrier.wait()
+                    return own.post(f"/v1/jobs/{job_id}/calls/{call_id}/approve",
+                                    json={"arguments": {**TRANSFER["arguments"], "amount": amount}})
+
+            with ThreadPoolExecutor(2) as pool:
+                answers = dict(zip((11.0, 22.0), [f.result() for f in [pool.submit(edit, 11.0), pool.submit(edit, 22.0)]]))
+            (winner,) = [amount for amount, r in answers.items() if r.status_code == 200]
+            (loser,) = [r for r in answers.values() if r.status_code != 200]
+            assert loser.status_code == 409 and loser.json()["error"]["details"]["arguments"]["amount"] == winner
+            assert answers[winner].json()["call"]["arguments"]["amount"] == winner
+            stored = client.get(f"/v1/jobs/{job_id}").json()["calls"][0]
+            assert stored["arguments"]["amount"] == winner and recorder.dispatched[f"{job_id}/{call_id}"] == 1
