@@ -9,8 +9,9 @@ One answer per call, decided by one compare-and-set: the answer is written into 
 (``steps[n].approvals[call_id]``) by the job store's compare-and-set of the job record, which also
 orders it against cancel and expiry. Of an approve and a reject sent at once exactly one lands; the
 other gets 409 ``already_decided`` naming the state that won (and, for two edits, the arguments that
-won), and the run resumes once (the move to ``running`` is a compare-and-set of its own). 50 concurrent approve/reject races through the HTTP
-API, before: 21 of 50 with two 200s; after: none (tests/executor/test_trust_approvals.py).
+won), and the run resumes once (the move to ``running`` is a compare-and-set of its own). 50
+concurrent approve/reject races through the HTTP API, before: 21 of 50 with two 200s; after: none
+(tests/executor/test_trust_approvals.py).
 """
 
 from __future__ import annotations
