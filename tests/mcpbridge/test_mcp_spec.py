@@ -56,3 +56,14 @@ def test_refusals_name_the_path(tool: dict, reason: str | None, path: str) -> No
 def test_a_huge_description_is_cut_cheaply() -> None:
     text = untrusted_description("srv", "y" * (10 * 1024 * 1024), max_chars=100)
     assert len(text) < 200 and text.endswith("[…cut: 10485760 chars]")
+
+
+@pytest.mark.parametrize("name", ["mcpbridge.api", "mcpbridge.cli", "mcpbridge.client", "mcpbridge.errors",
+                                  "mcpbridge.launch", "mcpbridge.pool", "mcpbridge.providers", "mcpbridge.server",
+                                  "mcpbridge.session", "mcpbridge.spec", "mcpbridge.transport", "toolrail.netguard"])
+def test_public_names_are_sorted_and_defined(name: str) -> None:
+    import importlib
+
+    module = importlib.import_module(name)
+    assert module.__all__ == sorted(module.__all__), name
+    assert all(hasattr(module, public) for public in module.__all__), name
