@@ -91,9 +91,10 @@ def _warm_decider() -> None:
     """Load this pool process's decider and compile the base grammars (every registered tool, and each alone)
     before the first job, then say so in Redis (``DECIDER_WARM_KEY``: ``toolrail serve``'s readiness waits for it).
 
-    The first decision of a fresh worker paid the model load inside its task (~5.7 s measured; 9-20 s on a busy
-    2-core machine); warmed, it took 2.0-2.6 s against 1.1 s for the next (same machine, same request). A decide
-    task that arrives meanwhile waits on the runtime's lock for this load instead of starting another.
+    The first decision of a fresh worker paid the model load inside its task: 5.9 s, then 1.0 s for each of the
+    next three (four cities, one run, a busy 2-core machine). Warmed (6.5 s at pool start), the first took 1.6 s
+    beside 1.6-2.2 s for the next three. A decide task that arrives during the warm-up waits on the runtime's lock
+    for this load instead of starting another.
     """
     from decider.protocol import DecideRequest  # noqa: PLC0415
     from executor.runs.runtime import get_runtime  # noqa: PLC0415
