@@ -140,15 +140,19 @@ def _stdio(args: argparse.Namespace) -> int:
     import anyio  # noqa: PLC0415
     from mcp.server.stdio import stdio_server  # noqa: PLC0415
 
+    from toolrail.settings import get_settings  # noqa: PLC0415
+
+    if args.redis_url:  # the job store and the Celery app publishing its tasks: one Redis (the app reads REDIS_URL)
+        os.environ["REDIS_URL"] = args.redis_url
+        get_settings.cache_clear()
     from executor.runs.runtime import Runtime  # noqa: PLC0415
     from executor.worker.tasks import dispatch_call, enqueue_decide  # noqa: PLC0415
     from mcpbridge.server import McpService, build_server  # noqa: PLC0415
     from toolrail.redis_embed import redis_url  # noqa: PLC0415
-    from toolrail.settings import get_settings  # noqa: PLC0415
 
     settings = get_settings()
     # REDIS_URL or --redis-url, never a guessed default port: nothing set is one line (RedisNotConfiguredError)
-    runtime = Runtime.from_settings(settings, redis_url=args.redis_url or redis_url(settings))
+    runtime = Runtime.from_settings(settings, redis_url=redis_url(settings))
     runtime.redis.ping()  # a missing Redis is one line (toolrail.cli.one_line_error), before the host waits on us
     server = build_server(McpService(runtime, settings, enqueue_decide, dispatch_call),
                           tenant_of=lambda ctx: "default", request_id_of=lambda ctx: _request_id())

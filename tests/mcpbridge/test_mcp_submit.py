@@ -64,3 +64,25 @@ def test_a_queueing_failure_ends_the_mcp_job_failed(refusing_api: str) -> None:
         "city": "Beijing", "date": "today"}}], "tools": ["get_weather"]}, timeout=30)
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
     assert refused.json()["error"]["type"] == "unavailable"  # the one handler: status and retryability on the class
+
+
+def test_mcp_stdio_with_only_redis_url_flag_queues_there(worker, redis_url: str) -> None:  # noqa: ANN001 - the worker
+    """``--redis-url`` (no ``REDIS_URL``): the job store and the Celery app it publishes with are that one Redis — a
+    call ends ``succeeded`` (the app used to fall back to 127.0.0.1:6379, or now refuse, while the store used the flag)."""
+    import os
+    import sys
+
+    from mcp.client.stdio import StdioServerParameters
+
+    env = {"TOOLRAIL_TOOL_MODULES": "tests.executor.tools_for_tests", "TOOLRAIL_DECIDER": "none",
+           "TOOLRAIL_DEMO_TOOLS": "all", "PYTHONPATH": os.getcwd(), "PATH": os.environ.get("PATH", "")}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "toolrail.cli", "mcp", "stdio", "--redis-url",
+                                                                 redis_url], env=env, cwd=os.getcwd())
+
+    async def main():  # noqa: ANN202
+        async with Client(params, cache=None) as mcp:
+            return await mcp.call_tool("get_weather", {"city": "Paris", "date": "today"})
+
+    result = anyio.run(main)
+    assert result.is_error is False, result.content[0].text
+    assert result.structured_content["city"] == "Paris"
