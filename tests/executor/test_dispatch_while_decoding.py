@@ -125,7 +125,8 @@ def test_client_calls_skip_the_decide_task_unless_a_reask_is_needed(client: http
     script = {"steps": [{"attempts": [{"output": _calls("Beijing")}]}, {"text": "done"}]}
     bad = client.post("/v1/jobs", json={"tools": ["get_weather"], "max_steps": 2, "messages": [
         {"role": "user", "content": "Weather tomorrow in Beijing?"}, {"role": "user", "content": "STREAM " + json.dumps(script)}],
-        "tool_calls": [{"name": "get_weather", "arguments": {"city": "Beijing", "date": "someday"}}]}).json()
+        # the client's model output (a malformed client tool_calls is a 422 at submit; raw output keeps the re-ask)
+        "raw_output": json.dumps([{"name": "get_weather", "arguments": {"city": "Beijing", "date": "someday"}}])}).json()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         jobs = [client.get(f"/v1/jobs/{j['job_id']}").json() for j in (good, bad)]
