@@ -3,9 +3,7 @@ an API with two tenants' keys, and small SDK-written MCP servers over streamable
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -23,14 +21,7 @@ from tests.executor.conftest import (  # noqa: F401 - fixtures reused as they ar
     worker_env,
     worker_log,
 )
-
-HERE = Path(__file__).parent
-KEYS = {"alpha": "key-alpha", "beta": "key-beta"}
-
-
-def stdio_command(kind: str = "good") -> list[str]:
-    """The argv of the SDK-written test server on stdio."""
-    return [sys.executable, str(HERE / "mcp_servers.py"), "stdio", kind]
+from tests.mcpbridge.mcp_servers import KEYS
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,13 @@ import mcp_types as types
 from mcp.server import Server
 
 ADD_OUTPUT = {"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]}
+#: API keys of the two test tenants (``keyed_api`` and the tests that call it).
+KEYS = {"alpha": "key-alpha", "beta": "key-beta"}
+
+
+def stdio_command(kind: str = "good") -> list[str]:
+    """The argv of this SDK-written test server on stdio."""
+    return [sys.executable, os.path.abspath(__file__), "stdio", kind]
 
 
 def _tools(kind: str, state: dict[str, Any]) -> list[types.Tool]:

@@ -10,7 +10,7 @@ import anyio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from conftest import stdio_command
+from tests.mcpbridge.mcp_servers import stdio_command
 
 TOOLRAIL = [sys.executable, "-m", "toolrail.cli"]
 

@@ -11,7 +11,8 @@ import time
 import httpx
 import pytest
 
-from conftest import stdio_command, wait_terminal
+from tests.executor.conftest import wait_terminal
+from tests.mcpbridge.mcp_servers import stdio_command
 from mcpbridge.errors import McpToolRejectedError
 from mcpbridge.spec import check_listed_tool
 from tools.registry import Registry

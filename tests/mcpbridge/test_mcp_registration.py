@@ -18,10 +18,9 @@ import httpx
 import pytest
 
 from mcpbridge import providers
-from tests.mcpbridge.mcp_servers import serve_http
+from tests.mcpbridge.mcp_servers import KEYS, serve_http
 from toolrail import netguard
 
-KEYS = {"alpha": "key-alpha", "beta": "key-beta"}
 HANGING = 12
 CONNECT_TIMEOUT_S = 3.0
 

@@ -10,7 +10,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from conftest import KEYS  # noqa: I001 - this directory's conftest
+from tests.mcpbridge.mcp_servers import KEYS
 
 META = "toolrail.dev/"
 
