@@ -41,6 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import mcp_types as types
@@ -233,9 +234,15 @@ def _unavailable(endpoint: Endpoint, exc: BaseException, trouble: Trouble, tool:
                                 f"{_short(trouble.protocol)}", server=endpoint.server, tool=tool,
                                 stderr_tail=trouble.stderr_tail())
     reason = _short(exc) if not isinstance(exc, TimeoutError) else "no answer to the handshake in time"
-    where = endpoint.url or " ".join(endpoint.command)[:200]
+    # the URL's origin only: its path or query may carry a token, and this message reaches job records and logs
+    where = _origin(endpoint.url) if endpoint.url else " ".join(endpoint.command)[:200]
     return McpUnavailableError(f"MCP server {endpoint.server!r} ({where}) is unavailable: {reason}",
                                server=endpoint.server, tool=tool, stderr_tail=trouble.stderr_tail())
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
 def _too_large(endpoint: Endpoint, limit: int, *, tool: str | None, **names: Any) -> McpTooLargeError:

@@ -135,8 +135,9 @@ def test_bad_listings_are_refused_with_the_path(client: httpx.Client) -> None:
         stop()
     assert {t["remote_name"] for t in web["tools"]} == {"huge", "fine"} and len(web["refused"]) == 2
     # a server that cannot be reached is refused at registration; url and command together are a 422
-    down = client.post("/v1/mcp-servers", json={"name": "nowhere", "url": "http://127.0.0.1:9/mcp"})
+    down = client.post("/v1/mcp-servers", json={"name": "nowhere", "url": "http://127.0.0.1:9/mcp?token=s3cret"})
     assert down.status_code == 422 and down.json()["error"]["type"] == "mcp_server_unavailable"
+    assert "http://127.0.0.1:9" in down.text and "s3cret" not in down.text  # the origin only: no path, no query
     both = client.post("/v1/mcp-servers", json={"name": "both", "url": url, "command": ["x"]})
     assert both.status_code == 422
 
