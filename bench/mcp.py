@@ -304,16 +304,17 @@ def call_fairness(*, hanging: int, samples: int) -> int:
 
         beta_jobs()  # warm: each worker's first sandboxed call starts its fork server
         alone = beta_jobs()
-        for _ in range(hanging):
-            alpha.post("/v1/jobs", json=hang).raise_for_status()
+        flood_jobs = [alpha.post("/v1/jobs", json=hang).json()["job_id"] for _ in range(hanging)]
         time.sleep(2.0)  # alpha's calls have reached the workers (one runs, the rest go back to the queue)
         during = beta_jobs()
+        states = sorted(alpha.get(f"/v1/jobs/{job_id}").json()["status"] for job_id in flood_jobs)
         alpha.close()
     stop_add()
     a50, d50 = percentile(alone, 0.5) * 1000, percentile(during, 0.5) * 1000
     print(f"beta get_weather alone   p50 {a50:8.1f} ms  max {max(alone) * 1000:8.1f} ms")
     print(f"beta get_weather during  p50 {d50:8.1f} ms  max {max(during) * 1000:8.1f} ms  ({hanging} of alpha's MCP "
           "calls hanging 25 s, 2 workers, 1 MCP call per tenant)")
+    print(f"alpha's jobs meanwhile: {states}")
     print(f"during / alone (p50): {d50 / a50:.2f}x")
     return 0
 
