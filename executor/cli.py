@@ -16,6 +16,16 @@ __all__ = ["register", "tcp_listener"]
 
 DEMO_PROMPT = "北京明天天气怎么样"
 DEMO_RUN_PROMPT = "What's the weather in Beijing tomorrow?"
+#: The demo's built-in tool (no demo tool is registered unless ``TOOLRAIL_DEMO_TOOLS`` names it).
+DEMO_TOOLS = "get_weather"
+#: Printed after ``toolrail demo``: the README's next commands.
+NEXT_STEPS = (
+    "next:",
+    f"  export TOOLRAIL_DEMO_TOOLS={DEMO_TOOLS}   # the demo's tool (no demo tool is registered by default)",
+    f"  toolrail run {DEMO_PROMPT!r} --tools get_weather   # one job of your own on a local stack (--json, --trace)",
+    "  toolrail serve        # the API on 127.0.0.1:8000, a worker pool and its own Redis (prints its REDIS_URL)",
+    "  toolrail tools list   # the tools a worker loads; your own: README.md, 'Write your own tool'",
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -67,7 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--webhook-url", default=None, help="POST job.* events here (Standard Webhooks signatures)")
     run.add_argument("--url", default=os.environ.get("TOOLRAIL_URL"), help="a running API (default: start a local stack)")
     run.add_argument("--api-key", default=os.environ.get("TOOLRAIL_API_KEY"))
-    run.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for a terminal status")
+    run.add_argument("--timeout", type=float, default=300.0,
+                     help="one deadline, in seconds, for the whole command: starting the local stack, submitting, "
+                          "waiting for a terminal status (default 300); past it, the job as it stands and exit 124")
     run.add_argument("--json", action="store_true", help="print the final job record as JSON")
     run.add_argument("--trace", action="store_true",
                      help="print the job's span tree (names, durations, process); the local stack keeps its spans in "
@@ -115,6 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
                                       wait_warm=settings.decider != "none").start()  # ready once it can decide
         api_workers = args.api_workers or settings.api_workers
         log.info("serve.listening", url=f"http://{host}:{port}", api_processes=api_workers)
+        _announce_when_ready(host, port, url, ready_path="/healthz" if args.no_worker else "/readyz")
         if api_workers == 1:  # the app is built from the environment, as each of several processes builds it
             from executor.api.app import app_from_environment  # noqa: PLC0415
 
@@ -131,6 +144,38 @@ def _serve(args: argparse.Namespace) -> int:
         if embedded:
             embedded.stop()
     return 0
+
+
+def _announce_when_ready(host: str, port: int, redis_url: str, *, ready_path: str) -> None:
+    """Once ``ready_path`` answers 200 (``/readyz``: the API, Redis and a warm worker pool; ``/healthz`` with
+    ``--no-worker``), print on stdout the API's URL and the ``export REDIS_URL=…`` line a second process (``toolrail
+    mcp stdio``, another ``toolrail worker``) needs: an embedded Redis is on a random port. A daemon thread."""
+    import threading  # noqa: PLC0415
+
+    import httpx  # noqa: PLC0415
+
+    from toolrail.redis_embed import display_url  # noqa: PLC0415
+
+    probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104 - probing only
+    def origin(name: str) -> str:
+        return f"http://{f'[{name}]' if ':' in name else name}:{port}"
+
+    probe = origin(probe_host) + ready_path
+    shown = display_url(redis_url)
+    masked = "   # password masked: the REDIS_URL you gave" if shown != redis_url else ""
+
+    def announce() -> None:
+        while True:
+            try:
+                if httpx.get(probe, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        print(f"toolrail serve: ready at {origin(host)}", flush=True)
+        print(f"export REDIS_URL={shown}{masked}", flush=True)
+
+    threading.Thread(target=announce, name="toolrail-serve-ready", daemon=True).start()
 
 
 def _serve_processes(host: str, port: int, processes: int) -> None:
@@ -212,7 +257,9 @@ def _repair(args: argparse.Namespace) -> int:
     return 2
 
 
-def _submit_and_wait(client: Any, body: dict[str, Any], *, timeout: float, show: bool) -> dict[str, Any]:
+def _submit_and_wait(client: Any, body: dict[str, Any], *, deadline: float, show: bool) -> dict[str, Any]:
+    """Submit ``body`` and wait for its end until ``deadline`` (``time.monotonic()``): one deadline for the event
+    stream and the polling after it, not a timeout each."""
     response = client.post("/v1/jobs", json=body)
     if response.status_code >= 400:
         raise SystemExit(f"the API refused the job ({response.status_code}): {response.text}")
@@ -220,16 +267,20 @@ def _submit_and_wait(client: Any, body: dict[str, Any], *, timeout: float, show:
     if show:
         print(f"job {job_id}  request_id={response.json()['request_id']}", file=sys.stderr)
         try:
-            with client.stream("GET", f"/v1/jobs/{job_id}/events", params={"timeout_s": timeout}, timeout=timeout + 5) as stream:
+            left = max(0.0, deadline - time.monotonic())
+            with client.stream("GET", f"/v1/jobs/{job_id}/events", params={"timeout_s": round(left, 1)},
+                               timeout=left + 5) as stream:
                 for line in stream.iter_lines():
                     if line.startswith("data: "):
                         event = json.loads(line[6:])
                         _show_event(event)
                         if event.get("type") == "status" and event.get("status") == "awaiting_approval":
                             break
+                        if time.monotonic() > deadline:
+                            break
         except Exception as exc:  # noqa: BLE001 - progress display only; polling below decides
             print(f"  (event stream ended: {type(exc).__name__})", file=sys.stderr)
-    return _wait_or_approve(client, job_id, timeout=timeout, show=show)
+    return _wait_or_approve(client, job_id, deadline=deadline, show=show)
 
 
 def _show_event(event: dict[str, Any]) -> None:
@@ -246,12 +297,12 @@ def _show_event(event: dict[str, Any]) -> None:
               f"{event.get('message') or ''}".rstrip(), file=sys.stderr)
 
 
-def _wait_or_approve(client: Any, job_id: str, *, timeout: float, show: bool) -> dict[str, Any]:
-    """Wait for the job's end; when it waits for approval, ask on a terminal (else say how, and return it)."""
+def _wait_or_approve(client: Any, job_id: str, *, deadline: float, show: bool) -> dict[str, Any]:
+    """Wait for the job's end until ``deadline``; when it waits for approval, ask on a terminal (else say how, and
+    return it)."""
     from executor.stack import wait_for_job  # noqa: PLC0415
     from executor.store.records import TERMINAL_JOB  # noqa: PLC0415
 
-    deadline = time.monotonic() + timeout
     while True:
         job = wait_for_job(client, job_id, timeout_s=max(0.0, deadline - time.monotonic()), poll_s=0.2,
                            until={"awaiting_approval"})
@@ -337,23 +388,43 @@ def _quiet_server_logs() -> None:
     configure_logging(level=os.environ["TOOLRAIL_LOG_LEVEL"], force=True)
 
 
+#: ``toolrail run``'s exit status when ``--timeout`` passes before the job ends (as ``timeout(1)``'s).
+TIMEOUT_EXIT = 124
+
+
 def _run(args: argparse.Namespace) -> int:
+    from executor.store.records import TERMINAL_JOB  # noqa: PLC0415
+
+    deadline = time.monotonic() + args.timeout  # one deadline: the stack's start, the job's wait, the trace
     body = _job_body(args)
     _quiet_server_logs()
     if args.trace and not args.url:
         os.environ["TOOLRAIL_TRACE_STORE"] = "redis"  # the local stack's API and workers write their spans there
     if args.url:
         with _client(args.url, args.api_key) as client:
-            job = _submit_and_wait(client, body, timeout=args.timeout, show=not args.json)
+            job = _submit_and_wait(client, body, deadline=deadline, show=not args.json)
             trace = _trace(client, job) if args.trace else None
     else:
         from executor.stack import LocalStack  # noqa: PLC0415
 
         if not args.json:
             print("starting a local stack (Redis, worker pool, API)…", file=sys.stderr)
-        with LocalStack() as stack, _client(stack.url, None) as client:
-            job = _submit_and_wait(client, body, timeout=args.timeout, show=not args.json)
-            trace = _trace(client, job) if args.trace else None
+        stack = LocalStack(start_timeout_s=max(1.0, deadline - time.monotonic()), stop_grace_s=2.0)
+        try:
+            stack.start()
+        except BaseException as exc:
+            stack.stop()  # what did start: its Redis, worker pool, API
+            if not isinstance(exc, TimeoutError):
+                raise
+            print(f"toolrail run: --timeout {args.timeout:g} s passed while the local stack started ({exc})",
+                  file=sys.stderr)
+            return TIMEOUT_EXIT
+        try:
+            with _client(stack.url, None) as client:
+                job = _submit_and_wait(client, body, deadline=deadline, show=not args.json)
+                trace = _trace(client, job) if args.trace else None
+        finally:
+            stack.stop()
     if args.json:
         print(json.dumps(job if trace is None else {**job, "trace": trace}, ensure_ascii=False, indent=2))
     else:
@@ -362,6 +433,10 @@ def _run(args: argparse.Namespace) -> int:
             from executor.trace_view import render_tree  # noqa: PLC0415
 
             print(render_tree(trace))
+    if job["status"] not in TERMINAL_JOB and job["status"] != "awaiting_approval":
+        print(f"toolrail run: --timeout {args.timeout:g} s passed; job {job['job_id']} is still {job['status']}",
+              file=sys.stderr)
+        return TIMEOUT_EXIT
     return 0 if job["status"] == "succeeded" else 3 if job["status"] == "awaiting_approval" else 1
 
 
@@ -373,7 +448,12 @@ def _trace(client: Any, job: dict[str, Any]) -> dict[str, Any]:
 
 def _demo(args: argparse.Namespace) -> int:
     from executor.stack import LocalStack  # noqa: PLC0415
+    from tools.registry import default_registry  # noqa: PLC0415
+    from toolrail.settings import get_settings  # noqa: PLC0415
 
+    os.environ.setdefault("TOOLRAIL_DEMO_TOOLS", DEMO_TOOLS)  # the API here and the worker pool both register it
+    get_settings.cache_clear()
+    default_registry.cache_clear()
     _quiet_server_logs()
     broken = ("好的，我来查询：\n```json\n{“name”：“get_weather”，“arguments”：{“city”：“沪”，“date”：“明天”，}}\n```")
     print("starting a local stack (Redis, worker pool, API)…", file=sys.stderr)
@@ -381,18 +461,21 @@ def _demo(args: argparse.Namespace) -> int:
     with LocalStack() as stack, _client(stack.url, None) as client:
         print("\n== 1. a model's broken output, cleaned, validated and executed ==")
         print(f"raw output: {broken!r}")
-        job = _submit_and_wait(client, {"raw_output": broken, "tools": ["get_weather"]}, timeout=120, show=not args.json)
+        job = _submit_and_wait(client, {"raw_output": broken, "tools": ["get_weather"]}, deadline=time.monotonic() + 120,
+                               show=not args.json)
         print(json.dumps(job, ensure_ascii=False, indent=2)) if args.json else _print_job(job)
         status |= job["status"] != "succeeded"
         print(f"\n== 2. the embedded model decides: {DEMO_PROMPT!r} ==")
         # the client offers the tool the question is about; the model decides whether and how to call it
         job = _submit_and_wait(client, {"messages": [{"role": "user", "content": DEMO_PROMPT}], "tools": ["get_weather"],
-                                        "max_steps": 1}, timeout=600, show=not args.json)
+                                        "max_steps": 1}, deadline=time.monotonic() + 600,
+                               show=not args.json)
         print(json.dumps(job, ensure_ascii=False, indent=2)) if args.json else _print_job(job)
         status |= job["status"] != "succeeded"
         print(f"\n== 3. an agent run: the model calls a tool, reads its result and answers: {DEMO_RUN_PROMPT!r} ==")
         job = _submit_and_wait(client, {"messages": [{"role": "user", "content": DEMO_RUN_PROMPT}], "tools": ["get_weather"]},
-                               timeout=900, show=not args.json)
+                               deadline=time.monotonic() + 900, show=not args.json)
         print(json.dumps(job, ensure_ascii=False, indent=2)) if args.json else _print_job(job)
         status |= job["status"] != "succeeded"
+    print("\n" + "\n".join(NEXT_STEPS), file=sys.stderr if args.json else sys.stdout)
     return int(status)

@@ -93,7 +93,8 @@ def wait_http_ok(base_url: str, *, path: str = "/healthz", timeout_s: float = 30
     raise TimeoutError(f"{base_url}{path} did not answer 200 within {timeout_s} s")
 
 
-def serve_in_thread(app: object, *, host: str = "127.0.0.1", port: int = 0) -> tuple[object, threading.Thread, str]:
+def serve_in_thread(app: object, *, host: str = "127.0.0.1", port: int = 0,
+                    timeout_s: float = 30.0) -> tuple[object, threading.Thread, str]:
     """Run an ASGI app under uvicorn in a daemon thread; returns (server, thread, base URL) once it answers."""
     import uvicorn  # noqa: PLC0415
 
@@ -102,7 +103,7 @@ def serve_in_thread(app: object, *, host: str = "127.0.0.1", port: int = 0) -> t
     thread = threading.Thread(target=server.run, name="toolrail-api", daemon=True)
     thread.start()
     base_url = f"http://{host}:{port}"
-    wait_http_ok(base_url)
+    wait_http_ok(base_url, timeout_s=timeout_s)
     return server, thread, base_url
 
 
@@ -264,6 +265,10 @@ class LocalStack:
     redis_url: str | None = None
     cache_dir: Path | None = None
     log_file: Path | None = None
+    #: how long ``start`` waits for the worker pool (and the API) to answer
+    start_timeout_s: float = 90.0
+    #: how long ``stop`` lets the worker pool finish before it is killed
+    stop_grace_s: float = 10.0
     _redis: EmbeddedRedis | None = None
     _worker: subprocess.Popen | None = None
     _server: object | None = None
@@ -276,6 +281,7 @@ class LocalStack:
     def start(self, *, wait_workers: bool = True) -> "LocalStack":
         from toolrail.settings import DEFAULT_CACHE_DIR, get_settings  # noqa: PLC0415
 
+        started = time.monotonic()
         settings = get_settings()
         url, self._redis = ensure_redis(self.redis_url or settings.redis_url, self.cache_dir or settings.cache_dir or DEFAULT_CACHE_DIR,
                                         redis_server=settings.redis_server)
@@ -287,7 +293,7 @@ class LocalStack:
             self._worker = start_worker(url, concurrency=self.concurrency, env=self.worker_env, log_file=self.log_file)
         self._start_api()
         if self.with_worker and wait_workers:
-            wait_for_workers(url, count=1, timeout_s=90)
+            wait_for_workers(url, count=1, timeout_s=max(0.5, self.start_timeout_s - (time.monotonic() - started)))
         return self
 
     def _start_api(self) -> None:
@@ -297,7 +303,8 @@ class LocalStack:
 
         settings = get_settings()
         app = create_app(settings, Runtime.from_settings(settings, redis_url=self.redis_url))
-        self._server, self._thread, base_url = serve_in_thread(app, host=self.host, port=self.port)
+        self._server, self._thread, base_url = serve_in_thread(app, host=self.host, port=self.port,
+                                                               timeout_s=min(30.0, self.start_timeout_s))
         self.port = int(base_url.rsplit(":", 1)[1])
 
     def stop(self) -> None:
@@ -305,7 +312,7 @@ class LocalStack:
             self._server.should_exit = True  # type: ignore[attr-defined]
             if self._thread:
                 self._thread.join(timeout=10)
-        stop_process(self._worker)
+        stop_process(self._worker, grace_s=self.stop_grace_s)
         if self._redis is not None:
             self._redis.stop()
 

@@ -12,12 +12,15 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import structlog
+import celery.exceptions
 from celery import Celery, Task
-from celery.signals import before_task_publish, task_postrun, task_prerun, worker_init, worker_process_init
+from celery.signals import (before_task_publish, celeryd_init, task_postrun, task_prerun, worker_init,
+                            worker_process_init)
 
 from executor.worker.config import DECIDE_QUEUE, DECIDER_WARM_KEY, TOOL_CHECK_EXIT, celery_config
 from executor.runs.tracing_hooks import instrument_celery
@@ -47,6 +50,15 @@ app = Celery("toolrail", include=["executor.worker.tasks", "executor.runs.webhoo
 # REDIS_URL, never a default port: without it this import is RedisNotConfiguredError (one line from `toolrail worker`)
 app.conf.update(celery_config(redis_url(get_settings()), visibility_timeout_s=get_settings().visibility_timeout_s,
                               task_time_limit_s=getattr(get_settings(), "task_time_limit_s", None)))
+
+
+@celeryd_init.connect
+def _accept_root(**_: object) -> None:
+    """Celery's warning about a worker run as root, silenced (sent just before Celery's privilege check): the worker
+    runs as root on purpose — each tool call gets a uid of its own (``executor.sandbox``) — and accepts JSON only
+    (``celery_config``), never pickle, which is what the warning is about. Only that warning, only here."""
+    warnings.filterwarnings("ignore", message="You're running the worker with superuser privileges",
+                            category=celery.exceptions.SecurityWarning)
 
 
 @before_task_publish.connect

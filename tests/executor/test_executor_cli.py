@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
 
 import pytest
 
@@ -55,3 +60,60 @@ def test_run_without_input_explains_itself() -> None:
 def test_every_command_has_help(command: str) -> None:
     out = toolrail(command, "--help")
     assert out.returncode == 0 and "usage: toolrail" in out.stdout
+
+
+class _SlowJobAPI(http.server.BaseHTTPRequestHandler):
+    """An API whose one job never ends: its event stream stays open as long as asked (``timeout_s``), as the real
+    one does, and the record stays ``running``."""
+
+    JOB = {"job_id": "job_slow", "request_id": "req_slow", "status": "running", "calls": [], "attempts": []}
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self._json(202, {"job_id": "job_slow", "request_id": "req_slow", "status": "queued"})
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        url = urllib.parse.urlsplit(self.path)
+        if url.path.endswith("/events"):
+            hold = float(urllib.parse.parse_qs(url.query).get("timeout_s", ["30"])[0])
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b'data: {"type": "status", "status": "running"}\n\n')
+            self.wfile.flush()
+            time.sleep(min(hold, 30))
+            return
+        self._json(200, self.JOB)
+
+
+@pytest.fixture()
+def slow_api() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowJobAPI)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("mode", [[], ["--json"]], ids=["events", "json"])
+def test_run_timeout_is_one_deadline(slow_api: str, mode: list[str]) -> None:
+    """``--timeout 4`` ends the command at 4 s: the event stream and the polling after it share the deadline (it was
+    4 s of events, then 4 s more of polling), and a job still running is said so, exit 124."""
+    started = time.monotonic()
+    out = toolrail("run", "hello", "--url", slow_api, "--timeout", "4", *mode)
+    elapsed = time.monotonic() - started
+    assert out.returncode == 124, out.stderr
+    assert "--timeout 4 s passed; job job_slow is still running" in out.stderr
+    assert elapsed < 4 + 3.5, f"{elapsed:.1f} s for --timeout 4"  # the interpreter's start, the imports
