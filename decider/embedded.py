@@ -608,7 +608,15 @@ class EmbeddedEngine:
         torch_device = torch.device(device) if device is not None else _default_device()
         torch_dtype, decode_dtype = _resolve_dtype(dtype, torch_device)
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+        from transformers.utils import logging as hf_logging
+
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # its "Loading weights" bar, on every process start
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
         model = model.to(torch_device).eval()
         options.setdefault("decode_dtype", decode_dtype)
         return cls(model, tokenizer, device=torch_device, model_path=path, **options)
