@@ -13,6 +13,9 @@ from pathlib import Path
 
 from toolrail.redis_embed import EmbeddedRedis
 
+#: The session's stack (Redis-backed workers, the API, the ledger) as fixtures: one definition each (tests.harness).
+pytest_plugins = ["tests.harness.fixtures"]
+
 _SESSION_REDIS: EmbeddedRedis | None = None
 
 

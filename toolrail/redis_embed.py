@@ -100,7 +100,7 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
-            "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes",
+            "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes", "--databases", "64",
             "--logfile", str(self.data_dir / "redis.log"),
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)

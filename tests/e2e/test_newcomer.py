@@ -29,6 +29,7 @@ import httpx
 import pytest
 
 from executor.stack import stop_process, wait_for_job, wait_http_ok
+from tests.harness.databases import own_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +82,7 @@ def newcomer(tmp_path_factory: pytest.TempPathFactory) -> dict:
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: order-shop\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[toolrail.tools]\norders = order_shop:register\n")
-    redis_url = f"{os.environ['REDIS_URL'].rsplit('/', 1)[0]}/11"  # a database no other module uses
+    redis_url = own_database(__name__)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLRAIL_")}
     env.update({"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "REDIS_URL": redis_url,
                 "TOOLRAIL_DECIDER": "none", "TOOLRAIL_LOG_JSON": "1"})

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 import schemathesis
-from conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import (

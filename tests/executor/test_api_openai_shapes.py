@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 
 #: The values of the calls are stated here: the check grounds a call's values in the conversation.
 ASK = {"role": "user", "content": "What's the weather in Beijing tomorrow, and in Paris today?"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import redis
-from conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 
 from executor.api.readiness import Readiness
 from toolrail.redis_embed import free_port

@@ -6,18 +6,13 @@ and acked through kombu, as the API and the workers do.
 
 from __future__ import annotations
 
-import os
 import uuid
 
 from kombu import Connection
 
 from executor.worker.broker import Transport
 from executor.worker.config import celery_config
-
-
-def _own_db(url: str, db: int = 13) -> str:
-    base, _, last = url.rpartition("/")
-    return f"{base}/{db}" if last.isdigit() else f"{url.rstrip('/')}/{db}"
+from tests.harness.databases import own_database
 
 
 def test_redis_brokers_get_the_transport() -> None:
@@ -26,7 +21,7 @@ def test_redis_brokers_get_the_transport() -> None:
 
 
 def test_one_client_per_channel_until_its_pool_is_replaced() -> None:
-    with Connection(_own_db(os.environ["REDIS_URL"]), transport=Transport) as conn:
+    with Connection(own_database(__name__), transport=Transport) as conn:
         channel = conn.default_channel
         client = channel._create_client()  # noqa: SLF001 - the method kombu calls per publish and ack
         assert channel._create_client() is client  # noqa: SLF001
@@ -39,7 +34,7 @@ def test_one_client_per_channel_until_its_pool_is_replaced() -> None:
 
 def test_a_message_is_published_delivered_and_acked_once() -> None:
     name = f"t-broker-{uuid.uuid4().hex[:8]}"
-    with Connection(_own_db(os.environ["REDIS_URL"]), transport=Transport,
+    with Connection(own_database(__name__), transport=Transport,
                     transport_options={"visibility_timeout": 60}) as conn:
         queue = conn.SimpleQueue(name)
         try:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 
 
 def test_request_id_reaches_the_tool_process(client: httpx.Client) -> None:

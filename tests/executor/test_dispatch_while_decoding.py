@@ -14,7 +14,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from conftest import own_database, publishers, start_decider_worker
+from tests.harness.databases import own_database
+from tests.harness.jobs import publishers
+from tests.harness.processes import start_decider_worker
 
 from executor.stack import stop_process
 
@@ -25,7 +27,7 @@ DECIDE_TASKS: list[str] = []
 
 @pytest.fixture(scope="module")
 def db_url() -> str:
-    return own_database(6)
+    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")

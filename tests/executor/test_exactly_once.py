@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import pool_process_of, wait_terminal
+from tests.harness.jobs import wait_terminal
+from tests.harness.processes import pool_process_of
 
 from tools.ledger import Ledger
 

@@ -6,7 +6,7 @@ import json
 
 import httpx
 import pytest
-from conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 
 WEATHER_RAW = "好的：\n```json\n[{“name”：“get_weather”，“arguments”：{“city”：“沪”，“date”：“明天”，}}]\n```"
 

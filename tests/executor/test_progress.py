@@ -13,7 +13,7 @@ import uuid
 
 import httpx
 import pytest
-from conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 
 from executor.runs.progress_events import MAX_EVENTS_PER_CALL, progress_recorder
 from executor.sandbox.progress import MAX_LINE_BYTES, ProgressReader

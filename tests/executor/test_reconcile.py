@@ -6,7 +6,7 @@ import time
 import uuid
 
 import httpx
-from conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 
 from executor.runs.loop import decide_job
 from executor.runs.reconcile import reconcile_once

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import httpx
-from conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 
 #: A model's output that fails its check ("后天" is no date this tool takes) with no decider to re-ask: review.
 UNCHECKED = '{"name": "get_weather", "arguments": {"city": "北京", "date": "后天"}}'

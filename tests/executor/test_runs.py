@@ -24,7 +24,9 @@ import httpx
 import pytest
 import redis
 
-from conftest import own_database, pool_process_of, publishers, start_decider_worker
+from tests.harness.databases import own_database
+from tests.harness.jobs import publishers
+from tests.harness.processes import pool_process_of, start_decider_worker
 
 from executor.stack import stop_process, wait_for_job
 from tools.ledger import Ledger
@@ -36,7 +38,7 @@ KEYS = {"alice": "key-alice", "bob": "key-bob"}
 
 @pytest.fixture(scope="module")
 def db_url() -> str:
-    return own_database(4)
+    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 
 from executor.errors import SandboxError
 from executor.sandbox.boundary import CallRun

@@ -32,6 +32,7 @@ from executor.sandbox.child import MAX_RESULT_BYTES, MAX_RESULT_DEPTH
 from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
 from tests.chaos.hostile_tools import ESCAPE_SPEC
 from tools.registry import load_registry
+from tests.harness.databases import own_database
 
 ROOT_USER = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[2]
@@ -192,11 +193,6 @@ def test_output_is_read_with_a_cap_and_counted(box: ProcessSandbox) -> None:
 # ----------------------------------------------------------------- through a real worker
 
 
-def private_db(redis_url: str, db: int) -> str:
-    """The session Redis at database ``db``: this module's worker shares no queue with the session's workers."""
-    return f"{redis_url.rsplit('/', 1)[0]}/{db}"
-
-
 def enqueue_on(broker_url: str):  # noqa: ANN201 - the API's ``enqueue`` hook
     """Queue a job's decide step on ``broker_url`` (the process-wide Celery app talks to the session's Redis)."""
     from celery import Celery
@@ -218,7 +214,7 @@ def hostile_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> I
     from executor.runs.runtime import Runtime
     from toolrail.settings import get_settings
 
-    redis_url = private_db(redis_url, 2)
+    redis_url = own_database(f"{__name__}:workers")
     registry = load_registry(modules=["tests.chaos.hostile_tools"])
     log_file = tmp_path_factory.mktemp("hostile-worker") / "worker.log"
     worker = start_worker(redis_url, queues=["decide", "tool.escape"], concurrency=1, log_file=log_file,

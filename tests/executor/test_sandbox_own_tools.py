@@ -23,6 +23,7 @@ import pytest
 
 from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
 from tools.registry import ENTRY_POINT_GROUP, load_registry
+from tests.harness.databases import own_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -208,11 +209,6 @@ def tool_env(local: Path, site: Path, modules: str, **extra: str) -> dict[str, s
             "PYTHONPATH": os.pathsep.join([str(local), str(site)]), **extra}
 
 
-def private_db(redis_url: str, db: int) -> str:
-    """The session Redis at database ``db``: this module's worker shares no queue with the session's workers."""
-    return f"{redis_url.rsplit('/', 1)[0]}/{db}"
-
-
 def enqueue_on(broker_url: str):  # noqa: ANN201 - the API's ``enqueue`` hook
     """Queue a job's decide step on ``broker_url`` (the process-wide Celery app talks to the session's Redis)."""
     from celery import Celery
@@ -235,7 +231,7 @@ def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: py
     from executor.runs.runtime import Runtime
     from toolrail.settings import get_settings
 
-    redis_url = private_db(redis_url, 3)
+    redis_url = own_database(f"{__name__}:workers")
     local, site = tool_tree
     registry = load_registry(modules=["shop_tools", "dup_tools", "order_tools"])
     log_file = tmp_path_factory.mktemp("own-worker") / "worker.log"
@@ -434,7 +430,7 @@ def test_tools_list_with_a_tenant_adds_its_mcp_tools_from_the_runtimes_sources(t
 
     from mcpbridge.providers import delete_server, save_server
 
-    url = private_db(redis_url, 12)  # a database no other module uses
+    url = own_database(f"{__name__}:entry-points")
     client = redis.Redis.from_url(url)
     save_server(client, {"tenant": "acme", "name": "forecast", "url": "https://mcp.example.com/mcp", "timeout_s": 30,
                          "idle_timeout_s": 10, "queue": "mcp.acme.forecast", "tools": [

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 from fastapi.testclient import TestClient
 
 from executor.api.app import create_app

@@ -24,23 +24,17 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
-from conftest import parent_pid
+from tests.harness.processes import parent_pid
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decider"))
 from triton_double import TritonProtocolDouble, serve_double  # noqa: E402 - the Triton wire double
 
 from toolrail import tracing  # noqa: E402
 from toolrail.trace_sinks import span_to_dict  # noqa: E402
+from tests.harness.databases import own_database
 
-TRACE_DB = 7
 CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
 PROMPT = "北京和上海明天的天气怎么样？"
-
-
-def _with_db(url: str, db: int) -> str:
-    base, _, last = url.rpartition("/")
-    return f"{base}/{db}" if last.isdigit() else f"{url.rstrip('/')}/{db}"
 
 
 # ----------------------------------------------------------------- the Triton double and its tokenizer
@@ -126,9 +120,7 @@ def triton(tmp_path_factory) -> Iterator[tuple[str, str, Path, RecordingDouble]]
 
 @pytest.fixture(scope="module")
 def trace_url(redis_url: str) -> str:
-    url = _with_db(redis_url, TRACE_DB)
-    redis.Redis.from_url(url).flushdb()
-    return url
+    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")

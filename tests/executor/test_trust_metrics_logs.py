@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import own_database, publishers
+from tests.harness.databases import own_database
+from tests.harness.jobs import publishers
 
 from executor.stack import stop_process, wait_for_job, wait_for_workers
 from executor.store.records import CallRecord, JobRecord
@@ -47,7 +48,7 @@ def test_the_public_scrape_names_no_tenants_private_tools(tmp_path) -> None:
     from toolrail.settings import Settings
 
     settings = Settings(api_keys=KEYS, metrics_key=METRICS_KEY, rate_limit_per_s=0, reconcile_interval_s=0)
-    runtime = Runtime.from_settings(settings, redis_url=own_database(15))
+    runtime = Runtime.from_settings(settings, redis_url=own_database(f"{__name__}:metrics"))
     _finish(runtime, PRIVATE, "mcp.alpha.acmebank")
     _finish(runtime, "get_weather", "tool.get_weather")
     server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None, ping_workers=lambda: 1,
@@ -93,7 +94,7 @@ def test_the_webhook_worker_logs_no_full_url(receiver: str, worker_env: dict[str
     from toolrail.settings import Settings
     from tools.registry import default_registry
 
-    db_url = own_database(12)
+    db_url = own_database(f"{__name__}:webhooks")
     log_file = tmp_path / "worker.log"
     env = {**os.environ, **worker_env, "REDIS_URL": db_url, "TOOLRAIL_LOG_LEVEL": "INFO",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}

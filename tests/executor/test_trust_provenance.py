@@ -19,7 +19,10 @@ import httpx
 import pytest
 import redis
 
-from conftest import TEST_TOOL_MODULES, own_database, publishers, start_decider_worker
+from tests.harness.databases import own_database
+from tests.harness.fixtures import TEST_TOOL_MODULES
+from tests.harness.jobs import publishers
+from tests.harness.processes import start_decider_worker
 
 from executor.stack import stop_process, wait_for_job
 from tools.ledger import Ledger
@@ -35,7 +38,7 @@ READ_INBOX = {"kind": "tool", "tool": "read_inbox", "mcp": False, "trusted": Fal
 
 @pytest.fixture(scope="module")
 def db_url() -> str:
-    return own_database(14)
+    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import own_database, publishers
+from tests.harness.databases import own_database
+from tests.harness.jobs import publishers
 
 from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
 
@@ -27,7 +28,7 @@ WEATHER = {"tools": ["get_weather"], "tool_calls": [{"name": "get_weather", "arg
 
 @pytest.fixture(scope="module")
 def db_url() -> str:
-    return own_database(13)
+    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from conftest import WEBHOOK_SECRET, wait_terminal
+from tests.harness.fixtures import WEBHOOK_SECRET
+from tests.harness.jobs import wait_terminal
 
 from executor.errors import WebhookUrlError
 from executor.metrics import OutcomeCollector

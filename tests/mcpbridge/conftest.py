@@ -1,4 +1,4 @@
-"""MCP fixtures: the executor's real Redis, workers and API (imported from tests/executor/conftest.py),
+"""MCP fixtures: the executor's real Redis, workers and API (the session's stack, ``tests.harness``),
 an API with two tenants' keys, and small SDK-written MCP servers over streamable HTTP."""
 
 from __future__ import annotations
@@ -8,24 +8,17 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.executor.conftest import (  # noqa: F401 - fixtures reused as they are
-    _executor_env,
-    api,
-    client,
-    ledger,
-    redis_client,
-    redis_url,
-    runtime,
-    wait_terminal,
-    worker,
-    worker_env,
-    worker_log,
-)
 from tests.mcpbridge.mcp_servers import KEYS
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _executor_env(executor_env: None) -> Iterator[None]:
+    """MCP's tests run with the executor's workers, tools and settings (the session's stack: ``tests.harness``)."""
+    yield
+
+
 @pytest.fixture(scope="session")
-def keyed_api(runtime, worker) -> Iterator[str]:  # noqa: F811 - the imported fixtures
+def keyed_api(runtime, worker) -> Iterator[str]:
     """A second API over the same Redis and workers, with API keys for tenants alpha and beta."""
     from executor.api.app import create_app
     from executor.stack import serve_in_thread

@@ -9,22 +9,19 @@ double of the model whose choice the test knows); ``test_real_model_picks_the_mc
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 
 import anyio
 import httpx
 import pytest
-import redis
 
 from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
+from tests.harness.databases import own_database
 
 
 @pytest.fixture(scope="module")
 def db_url() -> str:
-    url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/6"
-    redis.Redis.from_url(url).flushdb()
-    return url
+    return own_database(f"{__name__}:workers")
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +86,7 @@ def test_real_model_picks_the_mcp_tool(http_server: str) -> None:
     from toolrail.settings import Settings
     from tools.registry import default_registry
 
-    url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/7"
-    redis.Redis.from_url(url).flushdb()
+    url = own_database(f"{__name__}:model")
     settings = Settings(decider="embedded")
     rt = Runtime.from_settings(settings, redis_url=url)
     config = providers.ServerConfig.build("default", name="model", url=http_server)

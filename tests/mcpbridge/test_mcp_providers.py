@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.executor.conftest import wait_terminal
+from tests.harness.jobs import wait_terminal
 from tests.mcpbridge.mcp_servers import stdio_command
 from mcpbridge.errors import McpToolRejectedError
 from mcpbridge.spec import check_listed_tool

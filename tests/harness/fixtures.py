@@ -1,0 +1,118 @@
+"""The session's stack as fixtures (a pytest plugin: ``tests/conftest.py`` loads it): real Redis (the session's),
+real Celery workers, the real API — each built once, whichever test directory asks first.
+
+The worker pool is started once per session as a child process running
+``celery -A executor.worker.celery worker`` on every queue, with the test-only tools loaded,
+no decider (spine tests bring their own tool calls), and the ledger on the session Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from executor.stack import start_worker, stop_process, wait_for_workers
+from tools.ledger import Ledger
+
+TEST_TOOL_MODULES = "tests.executor.tools_for_tests"
+LEDGER_PREFIX = "test:ledger"
+SECRET = "s3cr3t-worker-only"
+#: Signing secret of the test session's webhooks (default tenant).
+WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return os.environ["REDIS_URL"]
+
+
+@pytest.fixture(scope="session")
+def redis_client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+@pytest.fixture(scope="session")
+def worker_env() -> dict[str, str]:
+    marker_dir = tempfile.mkdtemp(prefix="toolrail-markers-")
+    return {"TOOLRAIL_DECIDER": "none", "TOOLRAIL_TOOL_MODULES": TEST_TOOL_MODULES, "TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX,
+            "TOOLRAIL_TEST_SECRET": SECRET, "TOOLRAIL_TEST_MARKER_DIR": marker_dir, "TOOLRAIL_LOG_JSON": "1",
+            # webhooks: the tests' receivers listen on loopback; short retries
+            "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1", "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2", "TOOLRAIL_WEBHOOK_MAX_ATTEMPTS": "4",
+            "TOOLRAIL_WEBHOOK_TIMEOUT_S": "2", "TOOLRAIL_WEBHOOK_SECRET": WEBHOOK_SECRET}
+
+
+@pytest.fixture(scope="session")
+def executor_env(worker_env: dict[str, str]) -> Iterator[None]:
+    """The pytest process sees the same tools and settings as the workers (the executor's and MCP's test
+    directories use it for all their tests: their conftests' autouse ``_executor_env``)."""
+    from toolrail.settings import get_settings
+    from tools.registry import default_registry
+
+    saved = {k: os.environ.get(k) for k in worker_env}
+    os.environ.update({k: v for k, v in worker_env.items() if k != "TOOLRAIL_TEST_SECRET"})
+    default_registry.cache_clear()
+    get_settings.cache_clear()
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    default_registry.cache_clear()
+    get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def worker_log() -> Path:
+    return Path(tempfile.mkdtemp(prefix="toolrail-worker-log-")) / "worker.log"
+
+
+@pytest.fixture(scope="session")
+def worker(redis_url: str, worker_env: dict[str, str], worker_log: Path) -> Iterator[object]:
+    """A real Celery worker pool (2 processes) on every queue of the deployment (``deployment_queues``, as serve's)."""
+    proc = start_worker(redis_url, concurrency=2, env=worker_env, log_file=worker_log, hostname="toolrail-test@%h")
+    try:
+        wait_for_workers(redis_url, count=1, timeout_s=60)
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def runtime(redis_url: str):
+    from executor.runs.runtime import Runtime
+    from toolrail.settings import get_settings
+
+    return Runtime.from_settings(get_settings(), redis_url=redis_url)
+
+
+@pytest.fixture(scope="session")
+def api(runtime, worker) -> Iterator[str]:
+    """The API on a loopback port, over the session Redis and workers."""
+    from executor.api.app import create_app
+    from executor.stack import serve_in_thread
+    from toolrail.settings import get_settings
+
+    server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False))
+    yield base
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture()
+def client(api: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def ledger(redis_client: redis.Redis) -> Ledger:
+    book = Ledger(redis_client, prefix=LEDGER_PREFIX)
+    book.seed()
+    return book
