@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -31,7 +33,7 @@ from mcpbridge.pool import pool
 from mcpbridge.session import META_PREFIX, Endpoint, Trouble, call_error, checked_result, invoke
 from toolrail.logging import get_logger
 
-__all__ = ["run_call", "tenant_slots"]
+__all__ = ["run_call", "tenant_slot", "tenant_slots"]
 
 log = get_logger("toolrail.mcp.client")
 
@@ -46,12 +48,20 @@ def tenant_slots(rt: Any) -> ConcurrencyLimiter:
     return ConcurrencyLimiter(rt.redis, initial=limit, minimum=limit, maximum=limit, prefix="tr:mcp:tenant")
 
 
-def run_call(rt: Any, spec: Any, call: CallRun) -> SandboxResult:
-    """Run one call of an MCP-provided tool from a worker: the sandbox's contract (result type, typed errors)."""
+def _timeouts(rt: Any, spec: Any) -> tuple[float, float, float]:
+    """(timeout, idle timeout, connect timeout) of a call of ``spec``, under the operator's ceiling."""
     settings = rt.settings
     timeout_s, idle_timeout_s = providers.timeouts({"timeout_s": spec.timeout_s, "idle_timeout_s": spec.idle_timeout_s},
                                                    settings)
-    connect_timeout_s = min(timeout_s, float(settings.mcp_connect_timeout_s))
+    return timeout_s, idle_timeout_s, min(timeout_s, float(settings.mcp_connect_timeout_s))
+
+
+@contextmanager
+def tenant_slot(rt: Any, spec: Any) -> Iterator[None]:
+    """Hold one of the tenant's MCP call slots for the body; none free is ``ConcurrencyLimitedError`` at once (the
+    call goes back to its queue). The run loop takes it before the call's idempotency lock (``McpToolSource.admit``),
+    so a call sent back holds nothing another delivery would wait for."""
+    timeout_s, _, connect_timeout_s = _timeouts(rt, spec)
     slots = tenant_slots(rt)
     try:
         slot = slots.acquire(spec.tenant, lease_s=timeout_s + connect_timeout_s + 60, wait_s=SLOT_WAIT_S)
@@ -61,13 +71,19 @@ def run_call(rt: Any, spec: Any, call: CallRun) -> SandboxResult:
                                       tool=spec.name, server=spec.server, limit=slots.maximum,
                                       retry_in_s=exc.details.get("retry_in_s")) from None
     try:
-        return _run(rt, spec, call, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s,
-                    connect_timeout_s=connect_timeout_s)
+        yield
     finally:
         try:
             slots.release(slot)
         except redis.RedisError:  # the lease expires on its own; the call's outcome stands
             log.warning("mcp.slot_release_failed", tenant=spec.tenant, server=spec.server)
+
+
+def run_call(rt: Any, spec: Any, call: CallRun) -> SandboxResult:
+    """Run one call of an MCP-provided tool from a worker (inside its tenant's slot: :func:`tenant_slot`): the
+    sandbox's contract (result type, typed errors)."""
+    timeout_s, idle_timeout_s, connect_timeout_s = _timeouts(rt, spec)
+    return _run(rt, spec, call, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, connect_timeout_s=connect_timeout_s)
 
 
 def _run(rt: Any, spec: Any, call: CallRun, *, timeout_s: float, idle_timeout_s: float,

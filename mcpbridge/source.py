@@ -7,6 +7,7 @@ the same call boundary as the process sandbox (``run(spec, call) -> SandboxResul
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 from executor.sandbox.boundary import CallRun, SandboxResult
@@ -24,6 +25,12 @@ class McpToolSource:
 
     def owns(self, spec: Any) -> bool:
         return getattr(spec, "server", None) is not None
+
+    def admit(self, rt: Any, spec: Any) -> AbstractContextManager[None]:
+        """One of the tenant's MCP call slots, held from before the call's idempotency lock to its end."""
+        from mcpbridge.client import tenant_slot  # noqa: PLC0415
+
+        return tenant_slot(rt, spec)
 
     def run(self, rt: Any, spec: Any, call: CallRun) -> SandboxResult:
         from mcpbridge.client import run_call  # noqa: PLC0415

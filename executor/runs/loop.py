@@ -457,30 +457,31 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
     spec = job_specs(rt, job)[call.name]
     arguments = call.arguments or {}
     digest = payload_hash(call.name, arguments) if spec.side_effects else ""  # the ledger's key: side effects only
-    outcome: dict[str, Any] | None = None
-    if spec.side_effects:
-        begin = rt.idempotency.begin(job_id, call.id, digest, lock_s=spec.timeout_s + LOCK_GRACE_S)  # may raise retryable
-        if begin.replay is not None:
-            outcome = {**begin.replay, "replayed": True}
-            log.info("call.replayed", job_id=job_id, call_id=call.id)
-    call.status, call.attempts, call.started_at = "running", call.attempts + 1, time.time()
-    rt.store.put_call(job_id, call)
-    if outcome is None:
-        log.info("call.start", job_id=job_id, call_id=call.id, tool=call.name)
-        try:
-            result = execute_tool(guarded_run, rt, spec, CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id,
-                                                   idempotency_key=f"{job_id}:{call.id}", arguments=arguments,
-                                                   env=rt.tool_env(spec), on_progress=progress_recorder(rt, job_id, call)),
-                                 tenant=job.tenant)
-            for line in result.logs:
-                log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
-                         tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))
-            outcome = {"ok": True, "result": result.result, "duration_s": result.duration_s}
-        except SandboxError as exc:
-            outcome = {"ok": False, "error": exc.to_dict()}
-            log.warning("call.failed", job_id=job_id, call_id=call.id, error_type=exc.type, message=str(exc))
+    with rt.admission(spec):  # e.g. the MCP tenant's call slot: taken before the idempotency lock
+        outcome: dict[str, Any] | None = None
         if spec.side_effects:
-            rt.idempotency.complete(job_id, call.id, digest, outcome)
+            begin = rt.idempotency.begin(job_id, call.id, digest, lock_s=spec.timeout_s + LOCK_GRACE_S)  # may raise retryable
+            if begin.replay is not None:
+                outcome = {**begin.replay, "replayed": True}
+                log.info("call.replayed", job_id=job_id, call_id=call.id)
+        call.status, call.attempts, call.started_at = "running", call.attempts + 1, time.time()
+        rt.store.put_call(job_id, call)
+        if outcome is None:
+            log.info("call.start", job_id=job_id, call_id=call.id, tool=call.name)
+            try:
+                result = execute_tool(guarded_run, rt, spec, CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id,
+                                                       idempotency_key=f"{job_id}:{call.id}", arguments=arguments,
+                                                       env=rt.tool_env(spec), on_progress=progress_recorder(rt, job_id, call)),
+                                     tenant=job.tenant)
+                for line in result.logs:
+                    log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
+                             tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))
+                outcome = {"ok": True, "result": result.result, "duration_s": result.duration_s}
+            except SandboxError as exc:
+                outcome = {"ok": False, "error": exc.to_dict()}
+                log.warning("call.failed", job_id=job_id, call_id=call.id, error_type=exc.type, message=str(exc))
+            if spec.side_effects:
+                rt.idempotency.complete(job_id, call.id, digest, outcome)
     call.finished_at = time.time()
     call.duration_s = outcome.get("duration_s", round(call.finished_at - call.started_at, 6))
     if outcome["ok"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -106,6 +107,14 @@ class Runtime:
         for source in self.tool_sources:
             specs.update(source.specs(self, tenant, names))
         return specs
+
+    def admission(self, spec: ToolSpec) -> AbstractContextManager[None]:
+        """What a call of ``spec`` holds from before its idempotency lock to its end: its source's admission (an MCP
+        tenant's call slot; none free raises a retryable error and the call goes back to its queue), else nothing."""
+        for source in self.tool_sources:
+            if source.owns(spec):
+                return source.admit(self, spec)
+        return nullcontext()
 
     def runner_for(self, spec: ToolSpec) -> Callable[[ToolSpec, Any], Any]:
         """The call boundary for ``spec``: its source's sandbox, or the process sandbox for a registered tool."""

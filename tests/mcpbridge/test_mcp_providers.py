@@ -216,7 +216,7 @@ def test_a_tenants_calls_past_its_limit_hold_no_worker(redis_client, http_server
     from executor.errors import RetryableError
     from executor.runs.concurrency import ConcurrencyLimitedError
     from executor.sandbox.boundary import CallRun
-    from mcpbridge.client import run_call, tenant_slots
+    from mcpbridge.client import run_call, tenant_slot, tenant_slots
     from toolrail.settings import Settings
 
     from toolrail import netguard
@@ -227,6 +227,11 @@ def test_a_tenants_calls_past_its_limit_hold_no_worker(redis_client, http_server
     rt = _Runtime(redis_client, Settings(mcp_max_concurrent_per_tenant=1, mcp_allow_private_urls=True))
     call = CallRun(request_id="r1", job_id="job_fair", call_id="c1", idempotency_key="job_fair:c1",
                    arguments={"a": 2, "b": 3})
+    def admitted(tenant: str):  # noqa: ANN202 - as the run loop runs it: the tenant's slot first (Runtime.admission)
+        spec = _spec(tenant, http_server)
+        with tenant_slot(rt, spec):
+            return run_call(rt, spec, call)
+
     slots = tenant_slots(rt)
     for tenant in ("alpha", "beta"):
         slots.reset(tenant)
@@ -234,12 +239,12 @@ def test_a_tenants_calls_past_its_limit_hold_no_worker(redis_client, http_server
     try:
         started = time.monotonic()
         with pytest.raises(ConcurrencyLimitedError) as caught:
-            run_call(rt, _spec("alpha", http_server), call)
+            admitted("alpha")
         assert time.monotonic() - started < 5 and isinstance(caught.value, RetryableError)
         assert caught.value.details["limit"] == 1 and caught.value.details["retry_in_s"] is not None
         assert connections == []  # nothing was sent: the call held no connection and no worker
-        assert run_call(rt, _spec("beta", http_server), call).result == {"sum": 5}
+        assert admitted("beta").result == {"sum": 5}
     finally:
         slots.release(held)
-    assert run_call(rt, _spec("alpha", http_server), call).result == {"sum": 5}
+    assert admitted("alpha").result == {"sum": 5}
     assert slots.state("alpha")["in_flight"] == 0
