@@ -22,7 +22,7 @@ DEMO_TOOLS = "get_weather"
 NEXT_STEPS = (
     "next:",
     f"  export TOOLRAIL_DEMO_TOOLS={DEMO_TOOLS}   # the demo's tool (no demo tool is registered by default)",
-    f"  toolrail run {DEMO_PROMPT!r} --tools get_weather   # one job of your own on a local stack (--json, --trace)",
+    f'  toolrail run "{DEMO_PROMPT}" --tools get_weather   # one job of your own on a local stack (--json, --trace)',
     "  toolrail serve        # the API on 127.0.0.1:8000, a worker pool and its own Redis (prints its REDIS_URL)",
     "  toolrail tools list   # the tools a worker loads; your own: README.md, 'Write your own tool'",
 )
@@ -157,6 +157,7 @@ def _announce_when_ready(host: str, port: int, redis_url: str, *, ready_path: st
     from toolrail.redis_embed import display_url  # noqa: PLC0415
 
     probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104 - probing only
+
     def origin(name: str) -> str:
         return f"http://{f'[{name}]' if ':' in name else name}:{port}"
 
@@ -395,7 +396,7 @@ TIMEOUT_EXIT = 124
 def _run(args: argparse.Namespace) -> int:
     from executor.store.records import TERMINAL_JOB  # noqa: PLC0415
 
-    deadline = time.monotonic() + args.timeout  # one deadline: the stack's start, the job's wait, the trace
+    deadline = time.monotonic() + args.timeout  # one deadline: the local stack's start and the job's wait
     body = _job_body(args)
     _quiet_server_logs()
     if args.trace and not args.url:
