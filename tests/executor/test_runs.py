@@ -10,10 +10,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import http.server
 import json
 import os
-import threading
 import signal
 import tempfile
 import time
@@ -27,6 +25,7 @@ import redis
 from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
 from tests.harness.processes import pool_process_of, start_decider_worker
+from tests.harness.receiver import Receiver, wait_for
 
 from executor.stack import stop_process, wait_for_job
 from tools.ledger import Ledger
@@ -355,34 +354,16 @@ def test_a_lost_advance_is_found_by_the_reconciler(client: httpx.Client, runtime
 
 
 def test_webhooks_tell_the_receiver_about_approval_and_the_end(client: httpx.Client) -> None:
-    received: list[tuple[dict, bytes]] = []
-
-    class Receiver(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = self.rfile.read(int(self.headers["content-length"]))
-            received.append(({k.lower(): v for k, v in self.headers.items()}, body))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/hook"
+    with Receiver(status=204) as receiver:
+        url = receiver.url("/hook")
         job_id = _submit(client, [{"calls": [_transfer(0.25)]}, {"text": "ok"}], tools=["slow_transfer"],
                          require_approval="side_effects", webhook_url=url)
         call = _wait(client, job_id, {"awaiting_approval", *ENDED})["calls"][0]
-        deadline = time.monotonic() + 30
-        while not received and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(receiver.seen, 30)
         client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve")
         assert _wait(client, job_id, ENDED)["status"] == "succeeded"
-        while len(received) < 2 and time.monotonic() < deadline + 30:
-            time.sleep(0.1)
-    finally:
-        server.shutdown()
+        both = wait_for(lambda: receiver.seen() if len(receiver.seen()) >= 2 else None, 60)
+        received = [(r["headers"], r["body"]) for r in both]
     events = [json.loads(body)["type"] for _, body in received]
     assert events == ["job.awaiting_approval", "job.succeeded"], events
     key = base64.b64decode(WEBHOOK_SECRET.removeprefix("whsec_"))

@@ -11,10 +11,8 @@
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -27,6 +25,7 @@ import httpx
 import pytest
 
 from executor.stack import wait_for_job
+from tests.harness.receiver import Receiver, wait_for
 from toolrail.redis_embed import EmbeddedRedis, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,57 +111,30 @@ def _ready(base: str) -> bool:
         return False
 
 
-class _Receiver(http.server.BaseHTTPRequestHandler):
-    got: queue.Queue
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.got.put((dict(self.headers.items()), body))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_a_webhook_is_delivered_under_serve(serve: tuple[str, subprocess.Popen, Path]) -> None:
     from standardwebhooks.webhooks import Webhook
 
-    base, _, log = serve
-    got: queue.Queue = queue.Queue()
-    handler = type("Receiver", (_Receiver,), {"got": got})
-    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    try:
+    base, _, _ = serve
+    with Receiver(status=204) as receiver:
         with httpx.Client(base_url=base, timeout=30) as client:
             created = client.post("/v1/jobs", json={"tool_calls": [WEATHER], "tools": ["get_weather"],
-                                                    "webhook_url": f"http://127.0.0.1:{receiver.server_port}/hook"})
+                                                    "webhook_url": receiver.url("/hook")})
             assert created.status_code == 202, created.text
             job = wait_for_job(client, created.json()["job_id"], timeout_s=60)
             assert job["status"] == "succeeded", job
             assert job["deadline_at"] > job["created_at"]  # set by the one submit (MCP's: tests/mcpbridge)
-            events = []
-            deadline = time.monotonic() + 30
-            while "job.succeeded" not in events:
-                assert time.monotonic() < deadline, f"no job.succeeded delivery (got {events}): {log.read_text()[-2000:]}"
-                try:
-                    headers, body = got.get(timeout=1)
-                except queue.Empty:
-                    continue
-                payload = Webhook(WEBHOOK_SECRET).verify(body, headers)  # raises on a bad signature
-                events.append(payload["type"])
-                assert payload["data"]["job_id"] == job["job_id"]
+
+            def succeeded() -> list[dict]:
+                payloads = [Webhook(WEBHOOK_SECRET).verify(r["body"], r["headers"])  # raises on a bad signature
+                            for r in receiver.seen("/hook")]
+                return [p for p in payloads if p["type"] == "job.succeeded"]
+
+            (payload,) = wait_for(succeeded, 30)
+            assert payload["data"]["job_id"] == job["job_id"]
             checks = client.get("/readyz").json()["checks"]
             assert checks["workers"] >= 1 and "queues_without_workers" not in checks, checks  # webhooks consumed
-            deadline = time.monotonic() + 10  # the receiver answered: the delivery's record says so a moment later
-            while True:
-                record = client.get(f"/v1/jobs/{job['job_id']}").json()
-                if any(d["event"] == "job.succeeded" and d["state"] == "delivered" for d in record["webhooks"]):
-                    break
-                assert time.monotonic() < deadline, record["webhooks"]
-                time.sleep(0.1)
-    finally:
-        receiver.shutdown()
+            wait_for(lambda: any(d["event"] == "job.succeeded" and d["state"] == "delivered"  # said a moment later
+                                 for d in client.get(f"/v1/jobs/{job['job_id']}").json()["webhooks"]), 10)
 
 
 def test_a_decide_step_that_raises_ends_its_job_failed(serve: tuple[str, subprocess.Popen, Path]) -> None:

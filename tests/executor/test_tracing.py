@@ -32,6 +32,7 @@ from triton_double import TritonProtocolDouble, serve_double  # noqa: E402 - the
 from toolrail import tracing  # noqa: E402
 from toolrail.trace_sinks import span_to_dict  # noqa: E402
 from tests.harness.databases import own_database
+from tests.harness.receiver import Receiver
 
 CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
 PROMPT = "北京和上海明天的天气怎么样？"
@@ -407,37 +408,23 @@ print("recording" if tracing.recording() else "silent")
 def test_otlp_export_only_when_the_endpoint_is_set(tmp_path: Path) -> None:
     """A real HTTP receiver gets OTLP/HTTP protobuf from a process with OTEL_EXPORTER_OTLP_ENDPOINT, nothing without."""
     import subprocess
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    received: list[tuple[str, bytes]] = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            received.append((self.path, self.rfile.read(int(self.headers.get("Content-Length", 0)))))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    receiver = Receiver(content_type="application/x-protobuf")
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "TOOLRAIL_TRACE_STORE"}
     try:
-        for endpoint in (None, f"http://127.0.0.1:{server.server_address[1]}"):
+        for endpoint in (None, receiver.url("")):
             env = {**base_env, **({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint} if endpoint else {})}
             out = subprocess.run([sys.executable, "-c", _EMIT], env=env, capture_output=True, text=True, timeout=60,
                                  cwd=Path(__file__).resolve().parents[2])
             assert out.returncode == 0, out.stderr[-2000:]
             assert out.stdout.strip() == ("recording" if endpoint else "silent")
             if endpoint is None:
-                assert received == []  # off by default: nothing leaves the process
+                assert receiver.seen() == []  # off by default: nothing leaves the process
     finally:
-        server.shutdown()
-    ((path, body),) = received
+        receiver.close()
+    ((path, body),) = [(r["path"], r["body"]) for r in receiver.seen()]
     assert path == "/v1/traces"
     request = ExportTraceServiceRequest.FromString(body)
     names = [span.name for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]

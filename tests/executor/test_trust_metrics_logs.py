@@ -8,11 +8,9 @@
 
 from __future__ import annotations
 
-import http.server
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ import pytest
 
 from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
+from tests.harness.receiver import Receiver, wait_for
 
 from executor.stack import stop_process, wait_for_job, wait_for_workers
 from executor.store.records import CallRecord, JobRecord
@@ -66,34 +65,20 @@ def test_the_public_scrape_names_no_tenants_private_tools(tmp_path) -> None:
     assert f'tool="{PRIVATE}"' in keyed  # the operator's scrape still sees every tool
 
 
-class _Receiver(http.server.BaseHTTPRequestHandler):
-    paths: list[str] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        type(self).paths.append(self.path)
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return None
-
-
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/{SECRET_PATH}/events?token={SECRET_QUERY}"
-    server.shutdown()
+def receiver() -> Iterator[Receiver]:
+    with Receiver(status=204) as rec:
+        yield rec
 
 
-def test_the_webhook_worker_logs_no_full_url(receiver: str, worker_env: dict[str, str], tmp_path: Path) -> None:
+def test_the_webhook_worker_logs_no_full_url(receiver: Receiver, worker_env: dict[str, str], tmp_path: Path) -> None:
     from executor.api.app import create_app
     from executor.runs.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
     from tools.registry import default_registry
 
+    hook_url = receiver.url(f"/{SECRET_PATH}/events?token={SECRET_QUERY}")
     db_url = own_database(f"{__name__}:webhooks")
     log_file = tmp_path / "worker.log"
     env = {**os.environ, **worker_env, "REDIS_URL": db_url, "TOOLRAIL_LOG_LEVEL": "INFO",
@@ -112,16 +97,14 @@ def test_the_webhook_worker_logs_no_full_url(receiver: str, worker_env: dict[str
     try:
         wait_for_workers(db_url, count=1, timeout_s=90)
         with httpx.Client(base_url=base, timeout=30) as client:
-            response = client.post("/v1/jobs", json={"webhook_url": receiver, "tools": ["get_weather"], "tool_calls": [
+            response = client.post("/v1/jobs", json={"webhook_url": hook_url, "tools": ["get_weather"], "tool_calls": [
                 {"name": "get_weather", "arguments": {"city": "Oslo", "date": "today"}}]})
             assert response.status_code == 202, response.text
             job = wait_for_job(client, response.json()["job_id"], timeout_s=90)
             assert job["status"] == "succeeded", job
-            deadline = time.monotonic() + 30
-            while not _Receiver.paths and time.monotonic() < deadline:
-                time.sleep(0.3)
+            paths = wait_for(lambda: [r["path"] for r in receiver.seen()], 30)
             seen = client.get(f"/v1/jobs/{job['job_id']}").json().get("webhooks")
-        assert _Receiver.paths and all(SECRET_QUERY in p for p in _Receiver.paths), (seen, log_file.read_text()[-1500:])
+        assert all(SECRET_QUERY in p for p in paths), (seen, log_file.read_text()[-1500:])
         time.sleep(1.0)  # the worker's last lines
     finally:
         server.should_exit = True

@@ -17,16 +17,15 @@ import json
 import shutil
 import ssl
 import subprocess
-import threading
 import time
 import uuid
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from tests.harness.fixtures import WEBHOOK_SECRET
 from tests.harness.jobs import wait_terminal
+from tests.harness.receiver import Receiver, wait_for
 
 from executor.errors import WebhookUrlError
 from executor.metrics import OutcomeCollector
@@ -43,60 +42,10 @@ def spec_signature_ok(secret: str, headers: dict[str, str], body: bytes) -> bool
     return any(part == f"v1,{expected}" for part in headers["webhook-signature"].split(" "))
 
 
-class Receiver:
-    """A webhook receiver on loopback: answers each path with its scripted statuses (then 200), records every request."""
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.scripts: dict[str, list[int]] = {}
-        self.delays: dict[str, float] = {}
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                with receiver._lock:
-                    receiver.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
-                                              "body": body, "at": time.time()})
-                    script = receiver.scripts.get(self.path) or []
-                    status = script.pop(0) if script else 200
-                time.sleep(receiver.delays.get(self.path, 0))
-                self.send_response(status)
-                if status in (301, 302):
-                    self.send_header("Location", "http://127.0.0.1:1/elsewhere")
-                if status in (429, 503):
-                    self.send_header("Retry-After", "7")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        if tls is not None:
-            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def path(self, statuses: list[int] | None = None, delay_s: float = 0.0) -> str:
-        path = f"/hook/{uuid.uuid4().hex}"
-        self.scripts[path], self.delays[path] = list(statuses or []), delay_s
-        return path
-
-    def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
-
-    def seen(self, path: str) -> list[dict[str, Any]]:
-        with self._lock:
-            return [r for r in self.requests if r["path"] == path]
-
-
 @pytest.fixture(scope="module")
 def receiver() -> Receiver:
-    rec = Receiver()
-    yield rec
-    rec.server.shutdown()
+    with Receiver() as rec:
+        yield rec
 
 
 @pytest.fixture()
@@ -110,16 +59,6 @@ def new_job(rt, url: str, status: str = "succeeded") -> JobRecord:
                                        tenant="default", webhook_url=url))
     job.status = status  # type: ignore[assignment]
     return job
-
-
-def wait_for(predicate, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout_s} s")
 
 
 def finished(rt, job_id: str) -> list[dict[str, Any]] | None:
@@ -359,7 +298,7 @@ def test_https_connects_to_the_checked_address_and_checks_the_certificate_agains
         assert "certificate" in record["attempts"][0]["error"]["message"].lower()
         assert len(tls_receiver.seen(path)) == 1
     finally:
-        tls_receiver.server.shutdown()
+        tls_receiver.close()
 
 
 # ----------------------------------------------------------------- URL validation and signatures, no worker
