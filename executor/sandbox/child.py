@@ -56,13 +56,18 @@ from executor.sandbox.linux import (
     confine,
     die_with_parent,
     drop_network,
+    empty_network_fd,
+    enter_empty_network,
     enter_user_namespace,
     hide_other_calls,
     make_reachable,
     name_process,
     own_ipc,
+    prepared_fds,
     private_mounts,
+    release_prepared,
     remember_parent,
+    require_no_sockets,
 )
 
 #: The descriptor a spawned call parent writes its one result frame to; the tool process never holds it.
@@ -413,6 +418,11 @@ def tool_namespaces(request: dict) -> tuple[dict, dict[str, str]]:
     """
     setup: dict[str, str] = {}
     limits = {k: tuple(v) for k, v in (request.get("limits") or {}).items() if k in LIMITS}
+    if not request.get("network") and request.get("confine", True) and empty_network_fd() is not None:
+        # the worker's empty one, entered with the fork server's capabilities (before a user namespace of our own);
+        # only a confined call, whose socket filter ``require_no_sockets`` then insists on
+        setup["network"] = enter_empty_network()
+        setup["network_ns"] = "shared"
     if os.geteuid() != 0:
         setup["userns"] = enter_user_namespace()
         if setup["userns"] == "userns" and "nproc" in limits:
@@ -431,7 +441,8 @@ def tool_namespaces(request: dict) -> tuple[dict, dict[str, str]]:
     setup["scratch"] = hide_other_calls(request["scratch_dir"], request["scratch_root"])
     if setup["scratch"] == "own-mount":
         request = {**request, "scratch_dir": request["scratch_root"]}
-    setup["network"] = "allowed" if request.get("network") else drop_network()
+    if "network" not in setup:
+        setup["network"] = "allowed" if request.get("network") else drop_network()
     setup["ipc"] = own_ipc()
     for name, (soft, hard) in limits.items():
         resource.setrlimit(LIMITS[name], (int(soft), int(hard)))
@@ -446,7 +457,7 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     """
     name_process(b"tr-tool")
     remember_parent()
-    keep = sorted({answer_fd, PROGRESS_FD} if _progress_pipe else {answer_fd})
+    keep = sorted({answer_fd, *prepared_fds(), *([PROGRESS_FD] if _progress_pipe else [])})
     for low, high in zip([RESULT_FD, *(fd + 1 for fd in keep)], [*keep, 1 << 16]):
         os.closerange(low, high)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -467,6 +478,8 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
                               exclude=[request.get("scratch_root", "")])
             isolation.update(confine(uid=request.get("uid"), scratch_dir=request["scratch_dir"], read=read,
                                      network=bool(request.get("network")), own_proc=f"/proc/{_host_pid()}"))
+            require_no_sockets(isolation)
+        release_prepared()  # confined or not, the tool never holds the fork server's descriptors
         os.environ.update({**request.get("env", {}), "TMPDIR": request["scratch_dir"], "HOME": request["scratch_dir"]})
         os.chdir(request["scratch_dir"])
     except Exception as exc:  # noqa: BLE001 - a sandbox that cannot be set up must not run the tool

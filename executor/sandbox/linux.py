@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import platform
 import resource
@@ -34,7 +35,7 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-_SYS_CAPSET = 126
+_SYS_CAPGET, _SYS_CAPSET = 125, 126
 _SYS_LANDLOCK_CREATE_RULESET = 444
 _SYS_LANDLOCK_ADD_RULE = 445
 _SYS_LANDLOCK_RESTRICT_SELF = 446
@@ -88,6 +89,107 @@ def drop_network() -> str:
     if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
         return "userns+netns"
     return f"unavailable ({_errno_text()})"
+
+
+#: The worker's one empty network namespace (a fork server's, made once: ``prepare_empty_network``), or None.
+_empty_network: int | None = None
+
+
+def prepare_empty_network() -> str:
+    """Make, once per fork server, the empty network namespace every non-networked call then enters.
+
+    A fresh network namespace per call costs ~0.5 ms of the tool process's CPU (``copy_net_ns``:
+    sysctl tables, a loopback device) and more again when the kernel tears it down. Nothing can
+    be left in one for a later call where nothing in it can make a socket: the tool processes that
+    enter it refuse ``socket(2)`` of every family with seccomp before any tool code runs
+    (``confine``; a call whose filter fails is refused: ``require_no_sockets``) and hold no socket
+    of their own (every descriptor is closed first), and its loopback stays down. So the fork
+    server makes it here, where seccomp is proven to refuse sockets, and keeps a descriptor of it;
+    elsewhere each call makes its own. Returns how.
+    """
+    global _empty_network
+    if _socket_filter() is None:
+        return "per call (no seccomp filter for this machine)"
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a helper: makes the namespace, proves that seccomp refuses sockets in it, holds it for our open
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(hold_w)
+            if _libc.unshare(CLONE_NEWNET) == 0 and _proves_no_sockets():
+                code = 0
+                os.write(ready_w, b"1")
+                os.read(hold_r, 1)
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(hold_r)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            return "per call (the helper could not make one)"
+        _empty_network = _out_of_the_way(os.open(f"/proc/{_host_pid_of_child(pid)}/ns/net", os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as exc:
+        return f"per call ({exc})"
+    finally:
+        os.close(ready_r)
+        os.close(hold_w)
+        os.waitpid(pid, 0)
+    return "shared"
+
+
+def _proves_no_sockets() -> bool:
+    """In a throwaway process: ``no_new_privs`` and the socket filter on, a socket must then be refused."""
+    import socket  # noqa: PLC0415 - only the helper process proves it
+
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if no_sockets() != "seccomp":
+        return False
+    try:
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+    except PermissionError:
+        return True
+    return False
+
+
+def _host_pid_of_child(pid: int) -> int:
+    """A child's pid as ``/proc`` (the host's) names it: a fork server in a PID namespace of its own knows another."""
+    fd = os.pidfd_open(pid)
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as fh:
+            for line in fh:
+                if line.startswith("Pid:"):
+                    return int(line.split()[1])
+    finally:
+        os.close(fd)
+    return pid
+
+
+def empty_network_fd() -> int | None:
+    """The descriptor of the worker's empty network namespace (the tool process keeps it until it entered it)."""
+    return _empty_network
+
+
+def enter_empty_network() -> str:
+    """Enter the worker's empty network namespace (before a user namespace of the call's own: it needs the fork
+    server's capabilities). Returns how; the call must then refuse sockets (``require_no_sockets``)."""
+    global _empty_network
+    fd, _empty_network = _empty_network, None
+    if fd is None:
+        return drop_network()
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            return f"unavailable ({_errno_text()})"
+    finally:
+        os.close(fd)
+    return "netns"
+
+
+def require_no_sockets(applied: dict[str, str]) -> None:
+    """A call in the shared empty network namespace must refuse sockets: one whose filter failed is not run."""
+    if applied.get("network_ns") == "shared" and applied.get("sockets") != "seccomp":
+        raise OSError(errno.EPERM, f"the shared empty network namespace needs the socket filter: {applied.get('sockets')}")
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -195,9 +297,58 @@ def _fs_rights(abi: int) -> int:
     return _FS_ABI_RIGHTS[max(k for k in _FS_ABI_RIGHTS if k <= abi)]
 
 
+#: Landlock rules opened once per fork server (``prepare_confinement``): path → (its ``O_PATH`` descriptor, whether a
+#: directory), and the kernel's ABI. A tool process adds them to its own ruleset (one syscall each) instead of
+#: opening and checking every read path again; it closes them once it is confined.
+_prepared_paths: dict[str, tuple[int, bool]] = {}
+_prepared_abi = 0
+
+
+def prepare_confinement(read_paths: list[str]) -> None:
+    """Once per fork server: open the Landlock rules' paths (every call's read paths and devices), build the seccomp
+    program and the capability buffers; each tool process forked after it only uses them."""
+    global _prepared_abi
+    _prepared_abi = landlock_abi()
+    for path in [*read_paths, *DEVICE_PATHS]:
+        if path in _prepared_paths:
+            continue
+        try:
+            fd = _out_of_the_way(os.open(path, os.O_PATH | os.O_CLOEXEC))
+        except OSError:
+            continue  # a path that does not exist here needs no rule
+        _prepared_paths[path] = (fd, stat.S_ISDIR(os.fstat(fd).st_mode))
+    _socket_filter()
+    _capset_buffers()
+
+
+def _out_of_the_way(fd: int) -> int:
+    """``fd`` moved to 32 or above: a tool process puts the call's pipes at 1, 2 and 4 and must not overwrite it."""
+    import fcntl  # noqa: PLC0415
+
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 32)
+    finally:
+        os.close(fd)
+
+
+def prepared_fds() -> list[int]:
+    """Descriptors a tool process keeps until it is confined (its Landlock rules' paths, the empty network's)."""
+    return [fd for fd, _ in _prepared_paths.values()] + ([_empty_network] if _empty_network is not None else [])
+
+
+def release_prepared() -> None:
+    """In a tool process, before any tool code: close the prepared descriptors (no tool code ever holds them)."""
+    global _empty_network
+    for fd in prepared_fds():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _prepared_paths.clear()
+    _empty_network = None
+
+
 def _landlock(read_paths: list[str], write_paths: list[str], device_paths: list[str]) -> str:
     """Restrict this process (and its future children) to the given hierarchies."""
-    abi = landlock_abi()
+    abi = _prepared_abi or landlock_abi()
     if abi <= 0:
         return f"unavailable ({_errno_text()})"
     handled = _fs_rights(abi)
@@ -226,21 +377,26 @@ def _landlock(read_paths: list[str], write_paths: list[str], device_paths: list[
 
 
 def _add_rule(ruleset: int, path: str, access: int) -> None:
+    prepared = _prepared_paths.get(path)
+    if prepared is not None:
+        fd, is_dir = prepared
+    else:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return  # a path that does not exist here needs no rule
     try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return  # a path that does not exist here needs no rule
-    try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        if not (is_dir if prepared is not None else stat.S_ISDIR(os.fstat(fd).st_mode)):
             access &= _FILE_RIGHTS
-        rule = ctypes.create_string_buffer(struct.pack("=Qi", access, fd))
-        if _libc.syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH), rule,
-                         ctypes.c_uint32(0)) != 0:
+        rule = struct.pack("=Qi", access, fd)
+        if _libc.syscall(_SYS_LANDLOCK_ADD_RULE, ruleset, _LANDLOCK_RULE_PATH_BENEATH, rule, 0) != 0:
             raise OSError(ctypes.get_errno(), f"landlock rule for {path}")
     finally:
-        os.close(fd)
+        if prepared is None:
+            os.close(fd)
 
 
+@functools.cache
 def _socket_filter() -> bytes | None:
     """A classic-BPF seccomp program: ``socket(2)`` and io_uring fail with EACCES (x86-64, aarch64)."""
     machine = platform.machine()
@@ -260,29 +416,52 @@ def _socket_filter() -> bytes | None:
     return b"".join(struct.pack("=HBBI", *insn) for insn in prog)
 
 
-def no_sockets() -> str:
-    """Forbid creating sockets of any family from now on (needs ``no_new_privs``)."""
+@functools.cache
+def _socket_fprog() -> tuple[ctypes.Array, ctypes.Array] | None:
+    """The filter as the kernel takes it (``struct sock_fprog`` and the program it points to), built once."""
     program = _socket_filter()
     if program is None:
-        return f"unavailable (no filter for {platform.machine()})"
+        return None
     buf = ctypes.create_string_buffer(program)
-    fprog = struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(buf))
-    fbuf = ctypes.create_string_buffer(fprog)
-    if _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.c_void_p(ctypes.addressof(fbuf)),
+    return buf, ctypes.create_string_buffer(struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(buf)))
+
+
+def no_sockets() -> str:
+    """Forbid creating sockets of any family from now on (needs ``no_new_privs``)."""
+    prog = _socket_fprog()
+    if prog is None:
+        return f"unavailable (no filter for {platform.machine()})"
+    if _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.c_void_p(ctypes.addressof(prog[1])),
                    ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
         return f"unavailable ({_errno_text()})"
     return "seccomp"
 
 
+@functools.cache
+def _capset_buffers() -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
+    """``capset``'s header and an all-zero data block (every capability dropped), and a block for ``capget``."""
+    return (ctypes.create_string_buffer(struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0)),
+            ctypes.create_string_buffer(struct.pack("=IIIIII", 0, 0, 0, 0, 0, 0)), ctypes.create_string_buffer(24))
+
+
 def _capset(keep: int) -> None:
-    header = ctypes.create_string_buffer(struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0))
-    data = ctypes.create_string_buffer(struct.pack("=IIIIII", keep, keep, 0, 0, 0, 0))
+    if keep == 0:
+        header, data, _ = _capset_buffers()
+    else:
+        header = ctypes.create_string_buffer(struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0))
+        data = ctypes.create_string_buffer(struct.pack("=IIIIII", keep, keep, 0, 0, 0, 0))
     if _libc.syscall(_SYS_CAPSET, header, data) != 0:
         raise OSError(ctypes.get_errno(), "capset")
 
 
 def effective_caps() -> int:
-    """This process's effective capability set (``CapEff`` of ``/proc/self/status``)."""
+    """This process's effective capability set (``capget``; ``CapEff`` of ``/proc/self/status`` elsewhere)."""
+    if platform.machine() == "x86_64":
+        header, _, data = _capset_buffers()
+        header.raw = struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0)
+        if _libc.syscall(_SYS_CAPGET, header, data) == 0:
+            low, _, _, high, _, _ = struct.unpack("=IIIIII", data.raw)
+            return low | high << 32
     with open("/proc/self/status") as fh:
         for line in fh:
             if line.startswith("CapEff:"):
@@ -305,6 +484,7 @@ def confine(*, uid: int | None, scratch_dir: str, read: list[str], network: bool
     applied["caps"] = "none" if effective_caps() == 0 else f"kept {effective_caps():#x}"
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     applied["filesystem"] = _landlock([*read, own_proc], [scratch_dir], list(DEVICE_PATHS))
+    release_prepared()
     applied["sockets"] = "allowed (networked)" if network else no_sockets()
     die_with_parent()  # changing credentials cleared the parent-death signal
     return applied
@@ -424,3 +604,41 @@ def _host_pid() -> int:
 #: rlimits a tool process sets on itself, by the names the worker sends them under.
 LIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "nofile": resource.RLIMIT_NOFILE,
           "fsize": resource.RLIMIT_FSIZE, "core": resource.RLIMIT_CORE, "nproc": resource.RLIMIT_NPROC}
+
+
+# ----------------------------------------------------------------- a stdio MCP server (``mcpbridge.launch``)
+
+_LANDLOCK_RULE_NET_PORT = 2
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+
+
+def mount_own_proc() -> str:
+    """In a PID and mount namespace of this process's own: a fresh ``/proc`` that shows that namespace's pids only."""
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError as exc:
+        return f"unavailable ({exc})"
+    return "own-proc"
+
+
+def tcp_connect_only(ports: tuple[int, ...]) -> str:
+    """Landlock (ABI 4+): from now on TCP ``connect`` only to ``ports``, ``bind`` to none (needs ``no_new_privs``)."""
+    abi = landlock_abi()
+    if abi < 4:
+        return f"unavailable (Landlock ABI {abi} has no network rules)"
+    attr = struct.pack("=QQ", 0, NET_BIND_TCP | NET_CONNECT_TCP)
+    ruleset = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(16), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return f"unavailable ({_errno_text()})"
+    try:
+        for port in ports:
+            rule = struct.pack("=QQ", NET_CONNECT_TCP, port)
+            if _libc.syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_LANDLOCK_RULE_NET_PORT), rule,
+                             ctypes.c_uint32(0)) != 0:
+                return f"failed ({_errno_text()})"
+        if _libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            return f"failed ({_errno_text()})"
+    finally:
+        os.close(int(ruleset))
+    return "tcp-connect " + ",".join(map(str, ports))

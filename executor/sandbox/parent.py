@@ -475,10 +475,14 @@ def serve_forks(sock_fd: int) -> int:
     child._reachable_for_own_uid(modules)
     child.configure_tool_logging()
     # every call's confinement looks this up: computed here once, inherited by each fork
-    child.read_paths(modules, exclude=[os.environ.get("TOOLRAIL_SANDBOX_SCRATCH_ROOT", "")])
+    read = child.read_paths(modules, exclude=[os.environ.get("TOOLRAIL_SANDBOX_SCRATCH_ROOT", "")])
     os.set_inheritable(sock_fd, False)  # no call's process (the init is exec'd) may hold the worker's socket
     sock = socket.socket(fileno=sock_fd)
     reuse = os.environ.get("TOOLRAIL_SANDBOX_PARENT_PER_CALL") != "1" and _own_pid_namespace_for_children(sock)
+    # made once here, used by every call's tool process: its Landlock rules' paths, the seccomp program, and the
+    # empty network namespace (in this server's user namespace, where a non-root one has its own)
+    linux.prepare_confinement(read)
+    linux.prepare_empty_network()
     lines = _Lines(sock)
     while True:
         try:
