@@ -68,7 +68,8 @@ CHECKS: dict[str, Check] = {
                                               "and writes nothing", instead="toolrail config docs --check"),
     'toolrail run "北京明天天气怎么样" --tools get_weather --json': Check("slow"),
     "toolrail run \"What's the weather in Beijing tomorrow?\" --trace": Check("slow"),
-    'TOOLRAIL_DEMO_TOOLS=transfer toolrail run "pay bob 12 CNY" --tools transfer --require-approval side_effects':
+    'TOOLRAIL_DEMO_TOOLS=transfer toolrail run "Transfer 12 CNY from alice to bob" --tools transfer '
+    '--require-approval side_effects':
         Check("slow", rc=3, why="exit 3: the job waits for approval (no terminal to ask on)"),
     "echo '{“city”：“沪”，“date”：“明天”}' | toolrail repair --tool get_weather": Check("fast"),
     'toolrail generate --schema s.json --prompt "..."': Check("slow", why="s.json: a small schema the test writes"),
@@ -241,6 +242,8 @@ def test_model_command_works_as_printed(command: str, exports: list[str], user_d
                                                  f"{out.stderr[-3000:]}"
     if "--json" in command:
         assert json.loads(out.stdout)["status"] == "succeeded"
+    if "--require-approval" in command:
+        assert "awaiting approval: transfer(" in out.stderr, out.stderr
 
 
 def _port_free(port: int) -> bool:
