@@ -22,6 +22,7 @@ in flight per API process (429 past it).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -46,6 +47,9 @@ __all__ = ["McpBridge", "McpServerCreate", "mount"]
 
 log = get_logger("toolrail.mcp.api")
 
+#: A variable a registration may declare for its stdio server.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
 Tenant = Annotated[str, Depends(rate_limited(tenant_of))]
 
 
@@ -58,7 +62,12 @@ class McpServerCreate(BaseModel):
                                                  "mcp__<name>__<tool>")
     url: str | None = Field(default=None, max_length=2000, pattern=r"^https?://")
     command: list[str] | None = Field(default=None, min_length=1, max_length=64)
-    network: bool = Field(default=False, description="stdio only: the server may use the network")
+    network: bool = Field(default=False, description="stdio only: the server may connect over TCP to ports 53, 80 and "
+                                                     "443 (any other port, the platform's Redis and API among them, "
+                                                     "is refused); without it it has no network at all")
+    env: dict[str, str] = Field(default_factory=dict, max_length=32,
+                                description="stdio only: the server's environment besides PATH, LANG, HOME and TMPDIR "
+                                            "(nothing of the worker's is passed on); values are never shown back")
     side_effects: list[str] = Field(default_factory=list, max_length=256,
                                     description="remote tool names to treat as side-effecting (idempotency key, grounding)")
     requires_approval: list[str] = Field(default_factory=list, max_length=256)
@@ -97,6 +106,12 @@ class McpServerCreate(BaseModel):
             raise ValueError("give exactly one of url (streamable HTTP) or command (stdio)")
         if self.command and any(len(part) > 4000 or "\x00" in part for part in self.command):
             raise ValueError("command parts must be at most 4000 characters, without NUL")
+        if self.env and not self.command:
+            raise ValueError("env is for a stdio server (command) only")
+        for key, value in self.env.items():
+            if not ENV_NAME.fullmatch(key) or len(value) > 4000 or "\x00" in value:
+                raise ValueError("env names are 1-64 of A-Z a-z 0-9 _ (not starting with a digit); values at most "
+                                 "4000 characters, without NUL")
         return self
 
 
@@ -149,7 +164,7 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
     def public(record: dict[str, Any]) -> dict[str, Any]:
         keep = ("name", "url", "command", "network", "side_effects", "requires_approval", "timeout_s", "idle_timeout_s",
                 "memory_mb", "queue", "refused", "fetched_at")
-        return {**{k: record.get(k) for k in keep}, "tools": [
+        return {**{k: record.get(k) for k in keep}, "env": sorted(record.get("env") or {}), "tools": [
             {"name": t["name"], "remote_name": t["remote_name"], "description": t["description"],
              "side_effects": t["side_effects"], "requires_approval": t["requires_approval"],
              "parameters": t["parameters"], "output_schema": t.get("output_schema")} for t in record.get("tools", [])]}

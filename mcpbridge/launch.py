@@ -1,38 +1,63 @@
-"""Start a stdio MCP server confined: ``python -m mcpbridge.launch [limits] -- ARGV...``.
+"""Start a stdio MCP server in the tool sandbox: ``python -m mcpbridge.launch [limits] -- ARGV...``.
 
-The MCP client spawns this module instead of the server's command; it confines itself and then
-``exec``s the command, so the server inherits every limit:
+The MCP client spawns this module instead of the server's command (on a worker for a call, in the API
+for the listing at registration and refresh). This process is platform code and never runs the
+server's: it sets up the namespaces, forks the server's process, which confines itself with the tool
+sandbox's own primitives (:mod:`executor.sandbox.linux`: ``confine``, the same as a tool call's) and
+``exec``s the command, and stays as its relay. The server gets:
 
-- rlimits (address space, CPU seconds, open files, file size, no core dumps), the same kinds the
-  tool sandbox sets (``executor.sandbox.process._limits``);
-- a scratch directory of its own as working directory and ``HOME`` (the caller removes it);
-- an allow-listed environment (``PATH``, ``LANG``, ``LC_ALL``, ``TZ`` and nothing of the worker's);
-- no network unless the server was registered with ``network: true`` (a fresh network namespace,
-  ``executor.sandbox.child.drop_network``); when that is not possible the launch fails rather
-  than run unconfined;
-- it dies with its parent (``PR_SET_PDEATHSIG``), so a killed worker leaves no server behind;
-- its stdout is bounded (``--max-line-bytes``): this process stays as a relay between the server and
-  the worker and stops the server at the first line (one JSON-RPC message) longer than the limit,
-  saying so on stderr (``LINE_TOO_LONG``), so the worker never buffers more than that of an answer.
+- a **PID namespace** of its own, of which it is PID 1, with a fresh ``/proc`` (no pid of the API, the
+  worker or another call is there to read); when it exits the kernel kills whatever it left;
+- a **mount namespace** in which the scratch root shows only the server's own scratch dir (its
+  working directory, ``HOME`` and ``TMPDIR``; the caller removes it), an **IPC namespace**;
+- **no network** (an empty network namespace and the seccomp filter that refuses ``socket(2)``) unless
+  registered with ``network: true``; then the host's network, but Landlock lets it ``connect`` over TCP
+  to ports ``NETWORK_PORTS`` only (HTTP, HTTPS, DNS) and ``bind`` none, so the platform's Redis and API
+  ports are refused on every address (docs/mcp.md says what stays reachable). Without Landlock's
+  network rules (ABI < 4) a networked server is not started;
+- a **uid of its own** (root workers: ``SANDBOX_UID_BASE`` + this process's pid; others: a user
+  namespace of its own mapping only the worker's uid), **no capabilities**, ``no_new_privs``;
+- **Landlock**: read-only the command's own files (:func:`own_files`: the executable, its install
+  prefix's ``lib``, an interpreter named by its ``#!``, the folder of every path argument) and the
+  system's libraries (``SYSTEM_READ_PATHS``), read-write its scratch dir; nothing else;
+- **rlimits**: address space (``memory_mb``), CPU seconds, processes, open files, file size, no cores;
+- an **environment built from nothing**: ``PATH`` (``SANDBOX_PATH``), ``LANG``, ``HOME``, ``TMPDIR``, and
+  only the variables the registration declares (``env``; passed in ``SERVER_ENV``, never on argv);
+- it dies with its relay (``PR_SET_PDEATHSIG``), which dies with the worker or API;
+- its stdout bounded (``--max-line-bytes``): the relay stops it at the first line (one JSON-RPC
+  message) longer than the limit, saying so on stderr (``LINE_TOO_LONG``).
 
-What the per-call tool sandbox has and this does not: a mount namespace hiding the filesystem, a
-PID namespace, a uid of its own, Landlock and the seccomp socket filter (docs/mcp.md).
+The relay ends with one line on stderr, ``mcpbridge.launch: exit CODE`` (``EXIT_LINE``), from which
+errors say how the server ended; nothing the server printed is ever quoted. A layer that cannot be
+applied fails the start (exit 126, ``mcpbridge.launch: sandbox unavailable: LAYER``); a command that is
+not there exits 127.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
+import shutil
 import signal
 import sys
 
-__all__ = ["ALLOWED_ENV", "LINE_TOO_LONG", "launch_argv", "main"]
+__all__ = ["EXIT_LINE", "LINE_TOO_LONG", "NETWORK_PORTS", "SANDBOX_PATH", "SERVER_ENV", "launch_argv", "main",
+           "own_files"]
 
-#: The only variables of the worker's environment a stdio server sees.
-ALLOWED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 #: What the relay writes on stderr (followed by `` <limit> bytes``) when it stopped a server for a long line.
 LINE_TOO_LONG = "mcpbridge.launch: the server wrote a line over"
+#: The relay's last line on stderr: ``mcpbridge.launch: exit <code>`` (negative: killed by that signal).
+EXIT_LINE = "mcpbridge.launch: exit"
+#: The variable of this process's environment holding the registration's declared variables (a JSON object).
+SERVER_ENV = "TOOLRAIL_MCP_SERVER_ENV"
+#: The server's ``PATH`` (the worker's is not passed on).
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: The TCP ports a ``network: true`` server may connect to (Landlock); every other port, on any address, is refused.
+NETWORK_PORTS = (53, 80, 443)
+#: Processes (and threads) one server may have at once.
+MAX_PROCESSES = 256
 
 
 def launch_argv(command: list[str], *, scratch: str, memory_mb: int, cpu_s: int, network: bool,
@@ -45,12 +70,70 @@ def launch_argv(command: list[str], *, scratch: str, memory_mb: int, cpu_s: int,
     return [*argv, "--", *command]
 
 
-def _limit(memory_mb: int, cpu_s: int) -> None:
+def _executable(name: str) -> str | None:
+    if "/" not in name:
+        return shutil.which(name, path=SANDBOX_PATH)
+    return os.path.abspath(name) if os.path.isfile(name) and os.access(name, os.X_OK) else None
+
+
+def own_files(command: list[str], exe: str) -> list[str]:
+    """What the server may read besides the system's libraries: the executable (as named and resolved), the ``lib``
+    folders of the prefix it is installed in (``<prefix>/bin/<exe>``; a virtualenv's ``pyvenv.cfg``), the interpreter
+    of a ``#!`` script, and the folder of every argument that names an existing absolute path (its code)."""
+    paths: list[str] = []
+
+    def program(path: str, depth: int = 0) -> None:
+        for each in dict.fromkeys([path, os.path.realpath(path)]):
+            paths.append(each)
+            folder = os.path.dirname(each)
+            if os.path.basename(folder) == "bin":
+                prefix = os.path.dirname(folder)
+                paths.extend([folder, *(os.path.join(prefix, p) for p in ("lib", "lib64", "pyvenv.cfg"))])
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(256)
+        except OSError:
+            return
+        if head.startswith(b"#!") and depth < 2:
+            words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
+            if words and words[0].endswith("/env") and len(words) > 1:
+                words = [shutil.which(words[1], path=SANDBOX_PATH) or words[1]]
+            if words and os.path.isabs(words[0]):
+                program(words[0], depth + 1)
+
+    program(exe)
+    for arg in command[1:]:
+        if os.path.isabs(arg) and os.path.exists(arg):
+            paths.append(arg if os.path.isdir(arg) else os.path.dirname(arg))
+    return paths
+
+
+def _fenced(paths: list[str], scratch_root: str) -> list[str]:
+    """``paths`` less ``/`` and anything at, above or below the scratch root (other calls' scratch dirs)."""
+    root = os.path.realpath(scratch_root)
+    out = []
+    for path in dict.fromkeys(paths):
+        real = os.path.realpath(path)
+        if real != "/" and os.path.exists(real) and not (
+                real == root or real.startswith(root + os.sep) or root.startswith(real + os.sep)):
+            out.append(path)
+    return out
+
+
+def _limits(memory_mb: int, cpu_s: int) -> None:
     memory = memory_mb * 1024 * 1024
     for which, value in {resource.RLIMIT_AS: (memory, memory), resource.RLIMIT_CPU: (cpu_s, cpu_s + 1),
                          resource.RLIMIT_NOFILE: (256, 256), resource.RLIMIT_FSIZE: (64 << 20, 64 << 20),
-                         resource.RLIMIT_CORE: (0, 0)}.items():
+                         resource.RLIMIT_CORE: (0, 0), resource.RLIMIT_NPROC: (MAX_PROCESSES, MAX_PROCESSES)}.items():
         resource.setrlimit(which, value)
+
+
+def _declared_env() -> dict[str, str]:
+    try:
+        declared = json.loads(os.environ.get(SERVER_ENV) or "{}")
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in declared.items()} if isinstance(declared, dict) else {}
 
 
 def _relay(source: int, child: int, limit: int) -> int:
@@ -71,6 +154,68 @@ def _relay(source: int, child: int, limit: int) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
 
 
+class _Refused(Exception):
+    """A layer of the sandbox that could not be applied: the server is not started."""
+
+
+def _need(how: str, layer: str) -> str:
+    if how.startswith(("unavailable", "failed")):
+        raise _Refused(layer)
+    return how
+
+
+def _namespaces(*, scratch: str, reachable: list[str], network: bool, uid: int | None) -> None:
+    """In this (the relay) process, before the server's is forked: the namespaces it is born into."""
+    from executor.sandbox import linux  # noqa: PLC0415 - the tool sandbox's primitives
+
+    if os.geteuid() != 0:
+        _need(linux.enter_user_namespace(), "user namespace")
+    try:
+        linux.private_mounts()
+        if uid is not None:
+            linux.make_reachable(reachable)  # an unprivileged uid reaches the code and the scratch dir
+    except OSError:
+        raise _Refused("mount namespace") from None
+    if not network:
+        _need(linux.drop_network(), "network namespace")
+    _need(linux.own_ipc(), "IPC namespace")
+    _need(linux.new_pid_namespace(), "PID namespace")
+
+
+def _server(command: list[str], exe: str, *, scratch: str, read: list[str], network: bool, uid: int | None,
+            memory_mb: int, cpu_s: int) -> None:
+    """The server's process, PID 1 of its namespace: confine, then exec the command. Never returns."""
+    from executor.sandbox import linux  # noqa: PLC0415
+
+    try:
+        linux.remember_parent()
+        linux.die_with_parent()
+        own_proc = "/proc" if linux.mount_own_proc() == "own-proc" else f"/proc/{linux._host_pid()}"
+        _limits(memory_mb, cpu_s)
+        applied = linux.confine(uid=uid, scratch_dir=scratch, read=read, network=network, own_proc=own_proc)
+        if uid is not None and applied["uid"] != str(uid):
+            raise _Refused("uid")
+        _need("unavailable" if applied["caps"] != "none" else "none", "capabilities")
+        _need(applied["filesystem"], "Landlock")
+        if network:
+            _need(linux.tcp_connect_only(NETWORK_PORTS), "Landlock network rules")
+        else:
+            _need(applied["sockets"], "seccomp")
+        env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", **_declared_env(), "HOME": scratch, "TMPDIR": scratch}
+        os.chdir(scratch)
+    except _Refused as exc:
+        print(f"mcpbridge.launch: sandbox unavailable: {exc}", file=sys.stderr, flush=True)
+        os._exit(126)
+    except Exception as exc:  # noqa: BLE001 - a sandbox that cannot be set up must not run the server
+        print(f"mcpbridge.launch: sandbox unavailable: {type(exc).__name__}", file=sys.stderr, flush=True)
+        os._exit(126)
+    try:
+        os.execve(exe, command, env)
+    except OSError as exc:
+        print(f"mcpbridge.launch: cannot start the command ({exc.strerror})", file=sys.stderr, flush=True)
+    os._exit(127)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mcpbridge.launch")
     parser.add_argument("--scratch", required=True)
@@ -84,36 +229,46 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cut = argv.index("--")
     args, command = parser.parse_args(argv[:cut]), argv[cut + 1:]
-    from executor.sandbox.child import die_with_parent, drop_network, remember_parent  # noqa: PLC0415
+    from executor.sandbox.child import SANDBOX_UID_BASE, SYSTEM_READ_PATHS  # noqa: PLC0415
+    from executor.sandbox.linux import die_with_parent, remember_parent  # noqa: PLC0415
 
     remember_parent()
     die_with_parent()
-    if not args.network:
-        how = drop_network()
-        if how.startswith("unavailable"):
-            print(f"mcpbridge.launch: cannot take the network away ({how}); refusing to start", file=sys.stderr)
-            return 126
-    os.chdir(args.scratch)
-    env = {k: os.environ[k] for k in ALLOWED_ENV if k in os.environ}
-    env["HOME"] = env["TMPDIR"] = args.scratch
-    _limit(args.memory_mb, args.cpu_s)
-    if args.max_line_bytes > 0:
-        source, sink = os.pipe()
-        child = os.fork()
-        if child:
-            os.close(sink)
-            return _relay(source, child, args.max_line_bytes)
-        os.close(source)
-        os.dup2(sink, 1)
-        os.close(sink)
-        remember_parent()
-        die_with_parent()  # of the relay, which dies with the worker
-    try:
-        os.execvpe(command[0], command, env)
-    except OSError as exc:
-        print(f"mcpbridge.launch: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+    scratch = os.path.abspath(args.scratch)
+    exe = _executable(command[0])
+    if exe is None:
+        print("mcpbridge.launch: command not found", file=sys.stderr, flush=True)
+        print(f"{EXIT_LINE} 127", file=sys.stderr, flush=True)
         return 127
-    return 0  # not reached
+    read = _fenced([*SYSTEM_READ_PATHS, *own_files(command, exe)], os.path.dirname(scratch))
+    uid = SANDBOX_UID_BASE + os.getpid() if os.geteuid() == 0 else None
+    try:
+        if uid is not None:
+            os.chown(scratch, uid, uid)
+            os.chmod(scratch, 0o700)
+        _namespaces(scratch=scratch, reachable=[*read, scratch], network=args.network, uid=uid)
+    except (_Refused, OSError) as exc:
+        print(f"mcpbridge.launch: sandbox unavailable: {exc if isinstance(exc, _Refused) else 'scratch dir'}",
+              file=sys.stderr, flush=True)
+        print(f"{EXIT_LINE} 126", file=sys.stderr, flush=True)
+        return 126
+    relay = args.max_line_bytes > 0
+    source, sink = os.pipe() if relay else (-1, -1)
+    child = os.fork()
+    if child == 0:
+        if relay:
+            os.close(source)
+            os.dup2(sink, 1)
+            os.close(sink)
+        _server(command, exe, scratch=scratch, read=read, network=args.network, uid=uid, memory_mb=args.memory_mb,
+                cpu_s=args.cpu_s)
+    if relay:
+        os.close(sink)
+        code = _relay(source, child, args.max_line_bytes)
+    else:
+        code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    print(f"{EXIT_LINE} {code}", file=sys.stderr, flush=True)
+    return code if code >= 0 else 128 - code
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ class ServerConfig(dict):
     def build(cls, tenant: str, *, name: str, url: str | None = None, command: list[str] | None = None,
               network: bool = False, side_effects: list[str] = (), requires_approval: list[str] = (),
               timeout_s: float = 30.0, idle_timeout_s: float = 10.0, memory_mb: int = 1024,
-              max_timeout_s: float | None = None) -> "ServerConfig":
+              max_timeout_s: float | None = None, env: dict[str, str] | None = None) -> "ServerConfig":
         if not SERVER_NAME.match(name or ""):
             raise McpServerRejectedError(f"server name {name!r} must be 1-20 of a-z 0-9 _ - (starting with a letter, "
                                          "no '__', not ending in '_')", server=name, reason="invalid_name")
@@ -109,10 +109,12 @@ class ServerConfig(dict):
         return cls(name=name, tenant=tenant, url=url, command=list(command) if command else None,
                    network=bool(network) if command else True, side_effects=sorted(set(side_effects)),
                    requires_approval=sorted(set(requires_approval)), timeout_s=float(timeout_s),
-                   idle_timeout_s=float(idle_timeout_s), memory_mb=int(memory_mb), queue=queue_for(tenant, name))
+                   idle_timeout_s=float(idle_timeout_s), memory_mb=int(memory_mb), queue=queue_for(tenant, name),
+                   env=dict(env or {}) if command else {})
 
     def endpoint(self, *, allow_private: bool) -> Endpoint:
-        raw = {"url": self["url"]} if self.get("url") else {"command": self["command"], "network": self["network"]}
+        raw = {"url": self["url"]} if self.get("url") else {"command": self["command"], "network": self["network"],
+                                                            "env": self.get("env") or {}}
         return Endpoint.of(self["name"], raw, memory_mb=int(self.get("memory_mb", 1024)),
                            cpu_s=int(self.get("timeout_s", 30)) + 30, allow_private=allow_private)
 

@@ -55,7 +55,7 @@ from executor.sandbox.child import MAX_RESULT_BYTES
 from executor.sandbox.process import default_scratch_root, module_search_path, prepare_scratch_root
 from mcpbridge.errors import (McpOutputError, McpProtocolError, McpServerExitedError, McpTimeoutError, McpTooLargeError,
                               McpUnavailableError, McpUrlNotAllowedError)
-from mcpbridge.launch import LINE_TOO_LONG, launch_argv
+from mcpbridge.launch import EXIT_LINE, LINE_TOO_LONG, SERVER_ENV, launch_argv
 from mcpbridge.transport import guarded_client
 from toolrail.netguard import UrlRefusedError
 from tools.validator import validation_errors
@@ -88,12 +88,15 @@ class Endpoint:
     memory_mb: int = 1024
     cpu_s: int = 120
     allow_private: bool = False
+    #: The variables the registration declares for a stdio server (its whole environment but PATH, LANG, HOME, TMPDIR).
+    env: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, server: str, endpoint: dict[str, Any], *, memory_mb: int = 1024, cpu_s: int = 120,
            allow_private: bool = False) -> "Endpoint":
         return cls(server=server, url=endpoint.get("url"), command=tuple(endpoint.get("command") or ()),
-                   network=bool(endpoint.get("network")), memory_mb=memory_mb, cpu_s=cpu_s, allow_private=allow_private)
+                   network=bool(endpoint.get("network")), memory_mb=memory_mb, cpu_s=cpu_s, allow_private=allow_private,
+                   env=tuple(sorted((endpoint.get("env") or {}).items())))
 
 
 @dataclass
@@ -106,6 +109,22 @@ class Trouble:
     stderr_kept: str | None = None  # the tail as it was when the connection's scratch directory was removed
     stderr_path: str | None = None
     activity: float = field(default_factory=time.monotonic)
+
+    def exit_code(self) -> int | None:
+        """How a stdio server's process ended, as its relay said (``mcpbridge.launch``'s last line), if it did."""
+        found = re.findall(re.escape(EXIT_LINE) + r" (-?\d{1,3})\b", self.stderr_tail()) if self.stderr_path else []
+        return int(found[-1]) if found else None
+
+    def ended(self) -> str:
+        """How the process ended, in the platform's words: never a word the server printed."""
+        code = self.exit_code()
+        if code is None:
+            return ""
+        if code == 126:
+            return "; the sandbox could not be set up for it (exit 126)"
+        if code == 127:
+            return "; its command could not be started (exit 127)"
+        return f"; its process was killed by signal {-code}" if code < 0 else f"; its process exited with code {code}"
 
     def limit_hit(self) -> int | None:
         """The limit an answer went past: cut by the HTTP transport, or a stdio server stopped by its relay."""
@@ -184,7 +203,8 @@ async def connect(endpoint: Endpoint, trouble: Trouble, *, connect_timeout_s: fl
             argv = launch_argv(list(endpoint.command), scratch=scratch, memory_mb=endpoint.memory_mb,
                                cpu_s=endpoint.cpu_s, network=endpoint.network, max_line_bytes=max_bytes)
             params = StdioServerParameters(command=sys.executable, args=argv, cwd=scratch,
-                                           env={"PYTHONPATH": os.pathsep.join(module_search_path())})
+                                           env={"PYTHONPATH": os.pathsep.join(module_search_path()),
+                                                SERVER_ENV: json.dumps(dict(endpoint.env))})
             transport = stdio_client(params, errlog=stderr)
         client = Client(_watched(transport, trouble), mode="legacy", cache=None, message_handler=on_message)
         connected = anyio.Event()
@@ -230,14 +250,24 @@ def _unavailable(endpoint: Endpoint, exc: BaseException, trouble: Trouble, tool:
     if trouble.limit_hit() is not None:
         return _too_large(endpoint, trouble.limit_hit(), tool=tool)
     if trouble.protocol is not None:
-        return McpProtocolError(f"MCP server {endpoint.server!r} sent something that is not JSON-RPC: "
-                                f"{_short(trouble.protocol)}", server=endpoint.server, tool=tool,
-                                stderr_tail=trouble.stderr_tail())
-    reason = _short(exc) if not isinstance(exc, TimeoutError) else "no answer to the handshake in time"
-    # the URL's origin only: its path or query may carry a token, and this message reaches job records and logs
-    where = _origin(endpoint.url) if endpoint.url else " ".join(endpoint.command)[:200]
-    return McpUnavailableError(f"MCP server {endpoint.server!r} ({where}) is unavailable: {reason}",
-                               server=endpoint.server, tool=tool, stderr_tail=trouble.stderr_tail())
+        return McpProtocolError(f"MCP server {endpoint.server!r} sent {_short(trouble.protocol)}{trouble.ended()}",
+                                server=endpoint.server, tool=tool,
+                                **_exit(trouble))
+    if endpoint.url:
+        reason = _short(exc) if not isinstance(exc, TimeoutError) else "no answer to the handshake in time"
+        # the URL's origin only: its path or query may carry a token, and this message reaches job records and logs
+        return McpUnavailableError(f"MCP server {endpoint.server!r} ({_origin(endpoint.url)}) is unavailable: {reason}",
+                                   server=endpoint.server, tool=tool)
+    # a stdio server: what failed (it exited, or timed out), never what it printed (its stdout or stderr)
+    reason = "no answer to the handshake in time" if isinstance(exc, TimeoutError) or trouble.exit_code() is None \
+        else "it did not complete the handshake"
+    return McpUnavailableError(f"MCP server {endpoint.server!r} (stdio) is unavailable: {reason}{trouble.ended()}",
+                               server=endpoint.server, tool=tool, **_exit(trouble))
+
+
+def _exit(trouble: Trouble) -> dict[str, Any]:
+    code = trouble.exit_code()
+    return {} if code is None else {"exit_code": code}
 
 
 def _origin(url: str) -> str:
@@ -260,15 +290,18 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def _short(exc: BaseException) -> str:
+    """What went wrong, never what a server sent: a line it could not parse is said to be one, by its size only."""
     exc = _leaf(exc)
     errors = getattr(exc, "errors", None)
-    if callable(errors):  # a line the SDK could not parse: show the line, not pydantic's union report
+    if callable(errors):  # a line the SDK could not parse (pydantic's report quotes it: it is not shown)
         try:
             bad = errors()[0].get("input")
         except Exception:  # noqa: BLE001
             bad = None
-        if isinstance(bad, str):
-            return f"a line that is not JSON-RPC: {bad[:200]!r}"
+        size = f" of {len(bad.encode(errors='replace'))} bytes" if isinstance(bad, str) else ""
+        return f"a line{size} that is not JSON-RPC"
+    if isinstance(exc, ValueError) and type(exc).__name__ in {"JSONDecodeError", "ValidationError"}:
+        return "a line that is not JSON-RPC"
     text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
     return f"{type(exc).__name__}: {text[:300]}"
 
@@ -343,15 +376,16 @@ async def invoke(client: Client, trouble: Trouble, endpoint: Endpoint, remote: s
             raise _too_large(endpoint, trouble.limit_hit(), tool=remote, tool_name=names["tool_name"])
         if trouble.protocol is not None:
             raise McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: the server sent {_short(trouble.protocol)}",
-                                   **names, stderr_tail=trouble.stderr_tail())
+                                   **names, **_exit(trouble))
         if limit == "hard":
             raise McpTimeoutError(f"{names['tool_name']} (MCP server {endpoint.server!r}) did not answer within its "
                                   f"{timeout_s:g} s cap", **names, limit="hard", timeout_s=timeout_s)
         if limit == "idle":
             raise McpTimeoutError(f"{names['tool_name']} (MCP server {endpoint.server!r}) reported no progress for "
                                   f"{idle_timeout_s:g} s", **names, limit="idle", timeout_s=idle_timeout_s)
-        raise McpServerExitedError(f"MCP server {endpoint.server!r} ended the call of {remote!r} without a result",
-                                   **names, stderr_tail=trouble.stderr_tail())
+        raise McpServerExitedError(f"MCP server {endpoint.server!r} ended the call of {remote!r} without a result"
+                                   f"{trouble.ended()}",
+                                   **names, **_exit(trouble))
     return result
 
 
@@ -370,10 +404,11 @@ def call_error(caught: BaseException, trouble: Trouble, endpoint: Endpoint, remo
         return error
     if trouble.protocol is not None:
         return McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: the server sent {_short(trouble.protocol)}",
-                                **names, stderr_tail=trouble.stderr_tail())
+                                **names, **_exit(trouble))
     if isinstance(exc, MCPError) and "closed" in str(exc).lower():
-        return McpServerExitedError(f"MCP server {endpoint.server!r} exited or hung up during a call of {remote!r}",
-                                    **names, stderr_tail=trouble.stderr_tail())
+        return McpServerExitedError(f"MCP server {endpoint.server!r} exited or hung up during a call of {remote!r}"
+                                    f"{trouble.ended()}",
+                                    **names, **_exit(trouble))
     if isinstance(exc, MCPError):
         return McpProtocolError(f"MCP server {endpoint.server!r}, tool {remote!r}: protocol error {exc.code}: "
                                 f"{_short(exc)}", **names, code=exc.code)

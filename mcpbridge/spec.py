@@ -71,7 +71,7 @@ class McpToolSpec(ToolSpec):
     server: str
     remote_name: str
     tenant: str
-    #: ``{"url": ...}`` (streamable HTTP) or ``{"command": [...]}`` (stdio, run confined).
+    #: ``{"url": ...}`` (streamable HTTP) or ``{"command": [...], "network": ..., "env": {...}}`` (stdio, sandboxed).
     endpoint: dict[str, Any]
     output_schema: dict[str, Any] | None = None
     #: Seconds without a progress report before a call is given up (``timeout_s`` is the hard cap).
@@ -94,7 +94,8 @@ class McpToolSpec(ToolSpec):
     def from_record(cls, tenant: str, server: dict[str, Any], tool: dict[str, Any]) -> "McpToolSpec":
         """Rebuild a spec from a stored server record and one of its checked tools."""
         endpoint = {"url": server["url"]} if server.get("url") else {"command": list(server["command"]),
-                                                                    "network": bool(server.get("network"))}
+                                                                    "network": bool(server.get("network")),
+                                                                    "env": dict(server.get("env") or {})}
         return cls(name=tool["name"], description=tool["description"], parameters=tool["parameters"],
                    side_effects=tool["side_effects"], requires_approval=tool["requires_approval"],
                    timeout_s=float(server["timeout_s"]), idle_timeout_s=float(server["idle_timeout_s"]),

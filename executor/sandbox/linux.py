@@ -232,6 +232,40 @@ def own_ipc() -> str:
     return "ipcns"
 
 
+CLONE_VM, CLONE_FILES = 0x00000100, 0x00000400
+_SYS_PAUSE_X86_64 = 34
+_WAITER_STACK_BYTES = 64 * 1024
+_waiter_stack: ctypes.Array | None = None
+
+
+def clone_waiter() -> int | None:
+    """A child that shares this process's memory and descriptor table and only waits: a call's init, made without
+    copying a page table or starting a program (``posix_spawn`` of ``sleep`` costs ~0.7 ms of CPU a call).
+
+    It runs no code of ours: libc's ``clone`` starts it in libc's ``syscall`` stub, which makes the ``pause``
+    system call and touches no thread-local state, with every signal blocked (the mask is the caller's at the
+    clone, restored in the caller at once), so nothing but SIGKILL ever ends or wakes it. Holding no descriptor
+    of its own (the table is shared), it keeps no pipe of a call open. Its stack is the same for every waiter:
+    one at a time, each waited for before the next is made. The caller must die with its PID namespace (a
+    waiter has no timer of its own). x86-64 only; None elsewhere or when ``clone`` fails.
+    """
+    global _waiter_stack
+    if platform.machine() != "x86_64":
+        return None
+    if _waiter_stack is None:
+        _waiter_stack = ctypes.create_string_buffer(_WAITER_STACK_BYTES)
+        _libc.clone.restype = ctypes.c_int
+        _libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    top = (ctypes.addressof(_waiter_stack) + _WAITER_STACK_BYTES - 64) & ~0xF
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        pid = _libc.clone(ctypes.cast(_libc.syscall, ctypes.c_void_p), top, CLONE_VM | CLONE_FILES | signal.SIGCHLD,
+                          _SYS_PAUSE_X86_64)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return pid if pid > 0 else None
+
+
 def new_pid_namespace() -> str:
     """The next child is PID 1 of a new PID namespace: when it exits, the kernel kills the rest."""
     if _libc.unshare(CLONE_NEWPID) != 0:

@@ -9,6 +9,9 @@ get_weather (the name of a local tool), change (adds a tool and sends ``tools/li
 ``bad`` lists what must be refused or cut: a ``$ref`` loop, a 10 MB description, a bad name.
 ``huge``: ``big`` answers with a ``structuredContent`` of ``mb`` megabytes; ``huge_list`` lists a tool
 whose description is 20 MB (a listing past the 16 MiB cap). ``clash`` lists ``y__z`` (a name clash test).
+``probe`` tries, at ``tools/list`` and in its tool ``probe``, what its third argument (else ``$PROBE``; a JSON
+object: ``read`` paths, ``write`` paths, ``connect`` [host, port] pairs, ``markers`` reversed) names: tool ``p<i>``'s description is the outcome of probe ``i``
+(``probes()`` says which), so a listing run at registration reports what the listed process could do.
 """
 
 from __future__ import annotations
@@ -33,8 +36,65 @@ def stdio_command(kind: str = "good") -> list[str]:
     return [sys.executable, os.path.abspath(__file__), "stdio", kind]
 
 
+def _outcome(action: Any) -> str:
+    try:
+        action()
+        return "ok"
+    except OSError as exc:
+        return errno_name(exc)
+
+
+def errno_name(exc: OSError) -> str:
+    import errno  # noqa: PLC0415
+
+    if exc.errno == 0:
+        return "LEAKED"  # read, and it holds a marker
+    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+
+
+def probe() -> dict[str, Any]:
+    """What this process can do of what ``$PROBE`` names, and who it is."""
+    import json  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    asked = json.loads(sys.argv[3] if len(sys.argv) > 3 else os.environ.get("PROBE") or "{}")
+    asked["markers"] = [m[::-1] for m in asked.get("markers", [])]  # given reversed: never in our own memory as is
+
+    def read(path: str) -> None:
+        with open(path, "rb") as fh:
+            data = fh.read(1 << 20)
+        for marker in asked.get("markers", []):
+            if marker.encode() in data:
+                raise OSError(0, f"read, and it holds {marker}")  # readable and holding a secret: reported as such
+
+    def write(path: str) -> None:
+        with open(path, "w") as fh:
+            fh.write("x")
+
+    def connect(host: str, port: int) -> None:
+        socket.create_connection((host, port), timeout=3).close()
+
+    out = {f"read {p}": _outcome(lambda p=p: read(p)) for p in asked.get("read", [])}
+    out.update({f"write {p}": _outcome(lambda p=p: write(p)) for p in asked.get("write", [])})
+    out.update({f"connect {h}:{port}": _outcome(lambda h=h, port=port: connect(h, port))
+                for h, port in asked.get("connect", [])})
+    out.update({"uid": str(os.getuid()), "pid": str(os.getpid()), "env": ",".join(sorted(os.environ))})
+    return out
+
+
+def probes(asked: dict[str, Any]) -> list[str]:
+    """The keys of ``probe()``'s report, in the order of the ``p<i>`` tools."""
+    return [*(f"read {p}" for p in asked.get("read", [])), *(f"write {p}" for p in asked.get("write", [])),
+            *(f"connect {h}:{port}" for h, port in asked.get("connect", [])), "uid", "pid", "env"]
+
+
 def _tools(kind: str, state: dict[str, Any]) -> list[types.Tool]:
     obj = lambda props, req=(): {"type": "object", "properties": props, "required": list(req)}  # noqa: E731
+    if kind == "probe":
+        report = probe()
+        return [types.Tool(name="probe", description="What the server process can do.", input_schema=obj({})),
+                *(types.Tool(name=f"p{i}", description=report[key][:500], input_schema=obj({}))
+                  for i, key in enumerate(report))]
     if kind == "huge":
         return [types.Tool(name="big", description="Answers with mb megabytes.", input_schema=obj({"mb": {"type": "number"}}))]
     if kind == "huge_list":
@@ -112,6 +172,8 @@ def build(kind: str = "good") -> Server:
             # request-scoped, so that it rides this call's response stream (a stateless HTTP server has no other)
             await ctx.session.send_notification(types.ToolListChangedNotification(), related_request_id=ctx.request_id)
             return types.CallToolResult(content=text("changed"), structured_content={"changed": True})
+        if params.name == "probe":
+            return types.CallToolResult(content=text("probed"), structured_content=probe())
         if params.name == "inspect":
             import resource  # noqa: PLC0415
             import socket  # noqa: PLC0415
