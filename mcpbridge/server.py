@@ -45,6 +45,7 @@ from mcpbridge.session import META_PREFIX
 from toolrail import tracing
 from toolrail.context import sanitize_request_id
 from toolrail.logging import get_logger
+from toolrail.trace_sinks import TraceClaims
 from tools.errors import UnknownToolError
 
 __all__ = ["McpEndpoint", "McpService", "TENANT_SCOPE_KEY", "build_server"]
@@ -65,6 +66,8 @@ class McpService:
                  dispatch: Callable[..., None] | None = None) -> None:
         self.runtime, self.settings, self.enqueue, self.dispatch = runtime, settings, enqueue, dispatch
         self._events = AsyncRedisFactory(runtime.redis, block_s=1.0)
+        #: Whose a client's trace id is (as ``POST /v1/jobs`` asks): a foreign one starts a new trace, linked to it.
+        self._trace_claims = TraceClaims(runtime.redis, ttl_s=int(getattr(settings, "trace_store_ttl_s", 86400)))
 
     def specs(self, tenant: str) -> list[Any]:
         """The tools a tenant sees: the registry's, then its MCP servers' (``mcp__<server>__<tool>``)."""
@@ -94,10 +97,13 @@ class McpService:
         if name not in known:
             return _error_result({"type": "unknown_tool", "message": f"unknown tool {name!r}",
                                   "details": {"tool": name, "known": sorted(known)[:50]}}, request_id=request_id)
+        # the tenant as baggage and the trace id's owner checked, as POST /v1/jobs does (a thread: the claim is Redis)
+        trace_context = await asyncio.to_thread(tracing.new_job_context, request_id, tenant=tenant,
+                                                claim=self._trace_claims)
         job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant, tools=[name],
                         max_reasks=0, client_output={"tool_calls": [{"name": name, "arguments": arguments
                                                                      if arguments is not None else {}}]},
-                        trace_context=tracing.new_job_context(request_id))
+                        trace_context=trace_context)
         store = self.runtime.store
         try:
             await asyncio.to_thread(self._submit, job)

@@ -18,7 +18,7 @@ __all__ = ["QUIET_LOGGERS", "StaticFields", "configure_logging", "get_logger"]
 _configured = False
 #: Libraries whose INFO lines print whole URLs (httpx: ``HTTP Request: POST https://host/path?token=... "200 OK"``):
 #: a webhook receiver's or an MCP server's URL carries its secrets, so only their warnings pass, at any level.
-QUIET_LOGGERS = ("httpx", "httpcore")
+QUIET_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
 
 
 class StaticFields:

@@ -186,3 +186,29 @@ def test_with_keys_stdio_is_refused_unless_the_operator_allows_it(strict_api: st
     with httpx.Client(base_url=strict_api, timeout=30, headers={"Authorization": f"Bearer {KEYS['alpha']}"}) as client:
         response = client.post("/v1/mcp-servers", json={"name": "nope", "command": [sys.executable, "-c", "print(1)"]})
     assert response.status_code == 403 and response.json()["error"]["type"] == "mcp_stdio_not_allowed", response.text
+
+
+def test_an_mcp_call_job_carries_its_tenant_and_owns_its_trace(keyed_api: str, runtime) -> None:  # noqa: ANN001
+    """``/mcp`` ``tools/call`` starts its job's trace as ``POST /v1/jobs`` does: the tenant as baggage (before: none,
+    so the job's trace showed only its job span), and never inside another tenant's trace."""
+    import anyio
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from toolrail.tracing import TENANT_BAGGAGE
+
+    foreign = "f" * 32
+    runtime.redis.set(f"tr:trace-owner:{foreign}", "beta", ex=600)  # beta's trace
+
+    async def call() -> str:
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEYS['alpha']}",
+                                           "traceparent": f"00-{foreign}-{'a' * 16}-01"}, timeout=60)
+        async with Client(streamable_http_client(f"{keyed_api}/mcp", http_client=http), cache=None) as mcp:
+            result = await mcp.call_tool("get_weather", {"city": "Paris"})
+            return result.meta["toolrail.dev/job_id"]
+
+    job = runtime.store.get(anyio.run(call), tenant="alpha")
+    context = job.trace_context
+    assert f"{TENANT_BAGGAGE}=alpha" in context.get("baggage", ""), context
+    assert foreign not in context["traceparent"], context  # never joins another tenant's trace
