@@ -413,7 +413,10 @@ def _run(args: argparse.Namespace) -> int:
         stack = LocalStack(start_timeout_s=max(1.0, deadline - time.monotonic()), stop_grace_s=2.0)
         try:
             stack.start()
+            if time.monotonic() >= deadline:
+                raise TimeoutError("its imports and start took longer")
         except BaseException as exc:
+            stack.stop_grace_s = 0
             stack.stop()  # what did start: its Redis, worker pool, API
             if not isinstance(exc, TimeoutError):
                 raise
@@ -424,6 +427,8 @@ def _run(args: argparse.Namespace) -> int:
             with _client(stack.url, None) as client:
                 job = _submit_and_wait(client, body, deadline=deadline, show=not args.json)
                 trace = _trace(client, job) if args.trace else None
+                if job["status"] not in TERMINAL_JOB:  # past the deadline: the stack goes with the command, at once
+                    stack.stop_grace_s = 0
         finally:
             stack.stop()
     if args.json:

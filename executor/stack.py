@@ -122,10 +122,12 @@ def wait_for_job(client: object, job_id: str, *, timeout_s: float = 60.0, poll_s
 
 
 def stop_process(proc: subprocess.Popen | None, *, grace_s: float = 10.0) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL after ``grace_s`` (at once when ``grace_s`` is 0: a pool killed
+    mid-task says nothing, where one told to stop reports each busy pool process it loses)."""
     if proc is None or proc.poll() is not None:
         return
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
         proc.wait(timeout=grace_s)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         try:

@@ -154,3 +154,14 @@ def test_serve_prints_its_url_and_the_redis_url_a_second_process_needs(tmp_path:
         assert shell.stdout.strip() == redis_url  # the line works as printed
     finally:
         stop_process(proc, grace_s=30)
+
+
+def test_run_timeout_counts_the_local_stack_start() -> None:
+    """Without ``--url`` the deadline starts with the command: a local stack slower to start than ``--timeout`` is
+    stopped (nothing is submitted) and the command says so, exit 124, without a traceback of the pool it kills."""
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # its own embedded Redis, as a user's run
+    out = subprocess.run([sys.executable, "-m", "toolrail.cli", "run", "hello", "--tools", "get_weather", "--timeout",
+                          "0.5"], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert out.returncode == 124, out.stderr
+    assert "--timeout 0.5 s passed while the local stack started" in out.stderr
+    assert "Traceback" not in out.stderr and "job " not in out.stderr, out.stderr
