@@ -63,13 +63,13 @@ def test_the_model_is_checked_at_start_with_one_line(tmp_path):
     from decider.model import ModelError, resolve_model
 
     with pytest.raises(ModelError) as hub_id:
-        resolve_model(Settings(model="HuggingFaceTB/SmolLM2-360M-Instruct"))
+        resolve_model(Settings(decider="embedded", model="HuggingFaceTB/SmolLM2-360M-Instruct"))
     assert str(hub_id.value).startswith("TOOLRAIL_MODEL: HuggingFaceTB/SmolLM2-360M-Instruct: no such directory")
     assert "hub id is not accepted" in str(hub_id.value) and "\n" not in str(hub_id.value)
     with pytest.raises(ModelError, match="no config.json"):
-        resolve_model(Settings(model=str(tmp_path)))
+        resolve_model(Settings(decider="embedded", model=str(tmp_path)))
     (tmp_path / "config.json").write_text("{}")
-    assert resolve_model(Settings(model=str(tmp_path))) == tmp_path
+    assert resolve_model(Settings(decider="embedded", model=str(tmp_path))) == tmp_path
     assert resolve_model(Settings(decider="none", model="HuggingFaceTB/SmolLM2-360M-Instruct")) is None
     assert one_line_error(hub_id.value) == str(hub_id.value)  # a command that resolves it at start: no traceback
 
