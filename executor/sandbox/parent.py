@@ -79,52 +79,54 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
     isolation["pid"] = new_pid_namespace()
     pid_namespace = isolation["pid"] == "pidns"
     init = start_init(int(request.get("timeout_s") or 60) + 60) if pid_namespace else None
-    answer_r, answer_w = os.pipe()
-    tool = os.fork()
-    if tool == 0:
-        try:
-            os.close(answer_r)
-            if session:
-                os.setsid()
-            if stdio is not None:
-                answer_w = _as_call_stdio(stdio, answer_w)
-            child.tool_process(request, answer_w, modules)
-        finally:
-            os._exit(1)
-    os.close(answer_w)
-    if stdio is not None:
-        close_all(fd for fd in stdio if fd is not None)
-    else:
-        _stdio_to_devnull()  # only the tool holds the call's stdout and stderr: their EOF is its exit
-    if pid_namespace and _own_pid_ns is not None:
-        _leave_call_pid_namespace()
-    tool_fd = _pidfd(tool)  # one pidfd: the tool's host pid, then its exit
     try:
-        host_pid = _host_pid_of(tool, tool_fd)
-        if on_tool is not None:
-            on_tool(host_pid)
-        data, too_big = _read_answer(answer_r, tool, tool_fd, limit=MAX_RESULT_BYTES + 65536, control=control,
-                                     kill=lambda: _kill_call(tool, init, session=session))
-    finally:
-        if tool_fd is not None:
-            os.close(tool_fd)
-    os.close(answer_r)
-    if too_big:
-        os.kill(tool, signal.SIGKILL)  # the answer is refused whole: stop the writer
-    status = _wait_status(tool)
-    if init is not None:  # what the tool left was reparented to the init: count it, then end it all at once
-        # nothing of the call's can leave its PID namespace: no uid sweep. /proc is the host's: its pids
-        init_fd = _pidfd(init)
-        left = len(_live(children(_host_pid_of(init, init_fd))))
-        if init_fd is not None:
-            os.close(init_fd)
-        with contextlib.suppress(OSError):
-            os.kill(init, signal.SIGKILL)
-        if left:
-            _wait_status(init)  # the kernel has killed and reaped everything in the namespace once this returns
-    else:
-        left = kill_leftovers(child.SANDBOX_UID_BASE + host_pid if request.get("own_uid") and os.geteuid() == 0
-                              else None)  # the uid the tool process gave itself (``tool_namespaces``)
+        answer_r, answer_w = os.pipe()
+        tool = os.fork()
+        if tool == 0:
+            try:
+                os.close(answer_r)
+                if session:
+                    os.setsid()
+                if stdio is not None:
+                    answer_w = _as_call_stdio(stdio, answer_w)
+                child.tool_process(request, answer_w, modules)
+            finally:
+                os._exit(1)
+        os.close(answer_w)
+        if stdio is not None:
+            close_all(fd for fd in stdio if fd is not None)
+        else:
+            _stdio_to_devnull()  # only the tool holds the call's stdout and stderr: their EOF is its exit
+        if pid_namespace and _own_pid_ns is not None:
+            _leave_call_pid_namespace()
+        tool_fd = _pidfd(tool)  # one pidfd: the tool's host pid, then its exit
+        try:
+            host_pid = _host_pid_of(tool, tool_fd)
+            if on_tool is not None:
+                on_tool(host_pid)
+            data, too_big = _read_answer(answer_r, tool, tool_fd, limit=MAX_RESULT_BYTES + 65536, control=control,
+                                         kill=lambda: _kill_call(tool, init, session=session))
+        finally:
+            if tool_fd is not None:
+                os.close(tool_fd)
+        os.close(answer_r)
+        if too_big:
+            os.kill(tool, signal.SIGKILL)  # the answer is refused whole: stop the writer
+        status = _wait_status(tool)
+        if init is not None:  # what the tool left was reparented to the init: count it, then end it all at once
+            # nothing of the call's can leave its PID namespace: no uid sweep. /proc is the host's: its pids
+            init_fd = _pidfd(init)
+            left = len(_live(children(_host_pid_of(init, init_fd))))
+            if init_fd is not None:
+                os.close(init_fd)
+            _end_init(init)  # the kernel has killed and reaped everything in the namespace once this returns
+        else:
+            left = kill_leftovers(child.SANDBOX_UID_BASE + host_pid if request.get("own_uid") and os.geteuid() == 0
+                                  else None)  # the uid the tool process gave itself (``tool_namespaces``)
+    except BaseException:  # the call parent failed mid-call: the call's namespace ends with it
+        if init is not None:
+            _end_init(init)
+        raise
     return _frame(data, isolation, status=status, left=left, too_big=too_big), status, host_pid
 
 
@@ -244,11 +246,15 @@ def start_init(lifetime_s: int) -> int:
     """PID 1 of the call's PID namespace: a process that only waits, holding the namespace open.
 
     Every process the tool leaves behind is reparented to it, so the call parent counts them
-    as its children, and killing it makes the kernel kill the rest. It runs no Python: it is
-    ``sleep`` started with ``posix_spawn`` (no copy of this interpreter's memory, stdio on
-    ``/dev/null``, no descriptor of the call, an empty environment), or, where no ``sleep``
-    exists, a fork of this process that pauses.
+    as its children, and killing it makes the kernel kill the rest. It runs no Python: in a fork
+    server that is PID 1 of a namespace of its own (whose end ends every call's), a clone of this
+    process sharing its memory that only waits (``linux.clone_waiter``: no page table copied, no
+    program started); else ``sleep`` started with ``posix_spawn`` (no copy of this interpreter's
+    memory, stdio on ``/dev/null``, no descriptor of the call, an empty environment, a lifetime of
+    its own), or, where no ``sleep`` exists, a fork of this process that pauses.
     """
+    if _private_pid_ns and (waiter := linux.clone_waiter()) is not None:
+        return waiter
     program = _init_program()
     if program is not None:
         actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0), (os.POSIX_SPAWN_DUP2, 0, 1),
@@ -268,6 +274,14 @@ def start_init(lifetime_s: int) -> int:
         finally:
             os._exit(0)
     return pid
+
+
+def _end_init(init: int) -> None:
+    """Kill the call's init (the kernel then kills the rest of its PID namespace) and wait for it: a cloned init's
+    stack is the next call's."""
+    with contextlib.suppress(OSError):
+        os.kill(init, signal.SIGKILL)
+    _wait_status(init)
 
 
 def _is_open(fd: int) -> bool:
