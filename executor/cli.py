@@ -32,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="run the API, a worker pool and (if needed) an embedded Redis",
                                   description="Run the job API with a Celery worker pool. The Redis is --redis-url, else "
                                               "REDIS_URL, else an embedded redis-server started on a free loopback port "
-                                              "(a Redis already on 6379 is used only when named).")
+                                              "(a Redis already on 6379 is used only when named). Once ready it prints, on stdout, the "
+                                              "API's URL and the `export REDIS_URL=…` line a second process (toolrail "
+                                              "mcp stdio, another toolrail worker) needs.")
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1; others need API keys)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
     serve.add_argument("--concurrency", type=int, default=None,

@@ -118,6 +118,8 @@ def readme_blocks() -> list[tuple[str, str]]:
 
 
 def block_commands(body: str) -> list[str]:
+    """The commands of a block, one per logical line: lines joined while a quote is open or a line ends in ``\\``;
+    whitespace collapsed, except inside a quoted argument, whose line breaks become one space (JSON stays JSON)."""
     commands, pending = [], ""
     for line in body.splitlines():
         joined = f"{pending}\n{line}" if pending else line
