@@ -27,6 +27,8 @@ Usage::
     python -m bench.bfcl                              # 25 rows per category, seed 2
     python -m bench.bfcl --rows 10 --seed 1 --set call_bias=0 --no-raw
     python -m bench.bfcl --all --out bench/results/bfcl.md
+    python -m bench.bfcl --no-toolrail --details /tmp/raw.json      # the raw model alone, kept...
+    python -m bench.bfcl --raw-from /tmp/raw.json                   # ...beside toolrail runs on the same rows
 
 The checker's module imports BFCL's whole model registry (every provider SDK) to read one flag,
 ``underscore_to_dot``; that registry is replaced by a two-entry table before the import.
@@ -75,18 +77,19 @@ def _bfcl() -> types.SimpleNamespace:
     registry = types.ModuleType("bfcl_eval.constants.model_config")
     registry.MODEL_CONFIG_MAPPING = {TOOLRAIL: _Config(True), RAW: _Config(False)}  # type: ignore[attr-defined]
     sys.modules.setdefault("bfcl_eval.constants.model_config", registry)
-    from bfcl_eval.constants.enums import Language, ModelStyle, ReturnFormat
-    from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
-    from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
-    from bfcl_eval.model_handler.utils import (
-        convert_to_tool,
-        default_decode_ast_prompting,
-        system_prompt_pre_processing_chat_model,
-    )
-    from bfcl_eval.utils import is_empty_output, is_function_calling_format_output, load_dataset_entry, \
-        load_ground_truth_entry
+    from bfcl_eval import utils
+    from bfcl_eval.constants import enums, type_mappings
+    from bfcl_eval.eval_checker.ast_eval import ast_checker
+    from bfcl_eval.model_handler import utils as handler_utils
 
-    return types.SimpleNamespace(**locals())
+    return types.SimpleNamespace(
+        Language=enums.Language, ModelStyle=enums.ModelStyle, ReturnFormat=enums.ReturnFormat,
+        GORILLA_TO_OPENAPI=type_mappings.GORILLA_TO_OPENAPI, ast_checker=ast_checker.ast_checker,
+        convert_to_tool=handler_utils.convert_to_tool,
+        default_decode_ast_prompting=handler_utils.default_decode_ast_prompting,
+        system_prompt_pre_processing_chat_model=handler_utils.system_prompt_pre_processing_chat_model,
+        is_empty_output=utils.is_empty_output, is_function_calling_format_output=utils.is_function_calling_format_output,
+        load_dataset_entry=utils.load_dataset_entry, load_ground_truth_entry=utils.load_ground_truth_entry)
 
 
 # ------------------------------------------------------------------------------------------------ rows
@@ -278,7 +281,9 @@ def markdown(summaries: dict[str, dict[str, dict[str, Any]]], *, meta: dict[str,
     lines = [f"# BFCL (bfcl-eval {meta['bfcl_version']}): toolrail vs the raw model", "",
              f"Model: embedded default ({meta['model']}); seed {meta['seed']}, "
              f"{meta['rows'] if meta['rows'] else 'all'} rows per category, the same rows for both; "
-             f"profile: {meta['profile']}. Run: `{meta['command']}` ({meta['wall_s']:.0f} s).", "",
+             f"overrides of the embedded profile: {meta['profile']}. Run: `{meta['command']}` ({meta['wall_s']:.0f} s)"
+             + (f"; the raw model's outcomes are those of `{meta['raw_command']}` on the same rows" if meta.get("raw_command")
+                else "") + ".", "",
              "| category | rows | toolrail | raw | toolrail calls | extra-call rows | checker-rejected rows | non-200 |"
              " length stops | calls dropped by the count read | toolrail s (median/p90) | raw s (median) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -306,6 +311,17 @@ def markdown(summaries: dict[str, dict[str, dict[str, Any]]], *, meta: dict[str,
 # ------------------------------------------------------------------------------------------------ main
 
 
+def _raw_outcomes(path: Path, rows: list[dict[str, Any]], *, seed: int) -> list[Outcome]:
+    """The raw model's outcomes from an earlier ``--details`` file of the same rows (same seed, same ids): the
+    raw model does not change with the platform, and it is the slow half of a run."""
+    saved = json.loads(path.read_text("utf-8"))
+    by_id = {o["row_id"]: Outcome(**o) for o in saved["rows"].get(RAW, [])}
+    missing = [row["entry"]["id"] for row in rows if row["entry"]["id"] not in by_id]
+    if saved["meta"]["seed"] != seed or missing:
+        raise SystemExit(f"{path}: not the raw model on these rows (seed {saved['meta']['seed']}, {len(missing)} missing)")
+    return [by_id[row["entry"]["id"]] for row in rows]
+
+
 def _profile(overrides: list[str]) -> Any:
     from decider.service import EMBEDDED_PROFILE
 
@@ -321,7 +337,7 @@ async def _main(args: argparse.Namespace) -> int:
     import openai
 
     from decider.openai_api import create_app
-    from decider.service import EmbeddedDecider
+    from decider.service import EMBEDDED_PROFILE, EmbeddedDecider
 
     import logging
 
@@ -342,7 +358,9 @@ async def _main(args: argparse.Namespace) -> int:
         outcomes[TOOLRAIL] = await run_all(rows, lambda row: run_toolrail(bfcl, client, row), label=TOOLRAIL,
                                            concurrency=args.concurrency)
         await http.aclose()
-    if not args.no_raw:
+    if args.raw_from is not None:
+        outcomes[RAW] = _raw_outcomes(args.raw_from, rows, seed=args.seed)
+    elif not args.no_raw:
         outcomes[RAW] = await run_all(rows, lambda row: run_raw(bfcl, decider.backend, row), label=RAW,
                                       concurrency=args.concurrency)
     wall = time.perf_counter() - started
@@ -351,10 +369,14 @@ async def _main(args: argparse.Namespace) -> int:
     from importlib.metadata import version
 
     changed = {f.name: getattr(profile, f.name) for f in dataclasses.fields(profile)
-               if f.name in ("repetition_penalty", "call_bias", "candidates", "string_max_chars", "text_max_chars")}
+               if f.name in ("repetition_penalty", "call_bias", "call_bias_without_evidence", "read_call_count",
+                             "call_count_margin", "candidates")}
+    changed = {name: value for name, value in changed.items() if value != getattr(EMBEDDED_PROFILE, name)} or "defaults"
     meta = {"bfcl_version": version("bfcl-eval"), "model": Path(str(decider.tokenizer.name_or_path)).name,
             "seed": args.seed, "rows": None if args.all else args.rows, "profile": changed, "wall_s": wall,
             "command": "python -m bench.bfcl " + " ".join(sys.argv[1:])}
+    if args.raw_from is not None:
+        meta["raw_command"] = json.loads(args.raw_from.read_text("utf-8"))["meta"]["command"]
     report = markdown(summaries, meta=meta)
     print(report)
     if args.out:
@@ -378,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw model")
     parser.add_argument("--no-toolrail", action="store_true", help="skip toolrail")
+    parser.add_argument("--raw-from", type=Path, default=None,
+                        help="take the raw model's outcomes from this --details file of the same seed and rows")
     parser.add_argument("--out", type=Path, default=None, help="write the markdown table here")
     parser.add_argument("--details", type=Path, default=None, help="per-row JSON (outside the repository)")
     return asyncio.run(_main(parser.parse_args(argv)))

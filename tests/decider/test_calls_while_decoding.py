@@ -103,5 +103,7 @@ def test_embedded_decider_reports_the_decisions_calls_in_the_callers_thread(tiny
         decision = tiny_decider.decide(request, on_call=lambda c: seen.append((c.id, c.name, c.arguments,
                                                                                threading.get_ident())))
         assert decision.tool_calls, decision.raw_output
-        assert [(s[0], s[1], s[2]) for s in seen] == [(c.id, c.name, c.arguments) for c in decision.tool_calls]
+        told = [(s[0], s[1], s[2]) for s in seen]
+        # every call told early is the decision's (with the call count read after decoding, only the first is told)
+        assert told and told == [(c.id, c.name, c.arguments) for c in decision.tool_calls][:len(told)]
         assert {s[3] for s in seen} == {threading.get_ident()}

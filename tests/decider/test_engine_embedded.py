@@ -245,10 +245,10 @@ def test_generation_is_clipped_to_the_context(engine):
 
 
 def test_prefix_cache_evicts_least_recently_used_blocks():
-    from decider.embedded import _PrefixCache
+    from decider.kv_runner import PrefixCache
 
     block = torch.zeros(2, 1, 4, 8)  # [layers, kv_heads, block, head_dim]: 256 bytes per k or v
-    cache = _PrefixCache(block=4, capacity_bytes=3 * 2 * block.numel() * block.element_size())
+    cache = PrefixCache(block=4, capacity_bytes=3 * 2 * block.numel() * block.element_size())
     first, second = list(range(12)), list(range(100, 112))
     cache.insert(first, 12, lambda s, e: (block.clone(), block.clone()))
     assert len(cache.match(first, 12)) == 3

@@ -151,7 +151,8 @@ def test_calibrated_choice_is_recorded_on_user_turns_only(tiny_engine):  # noqa:
     decision = decider.decide(req("北京明天天气怎么样", weather_tools(), request_id="choice-1", max_tokens=48))
     choice = decision.platform["call_choice"]
     assert choice["chosen"] in ("calls", "text") and choice["bias"] == 0.0
-    assert set(choice) == {"calls_lift", "text_lift", "bias", "chosen", "best_tool"}
+    assert set(choice) == {"calls_lift", "text_lift", "bias", "evidence", "chosen", "best_tool"}
+    assert choice["evidence"] is True  # the conversation states a city and a date get_weather takes
     after_result = DecideRequest(request_id="choice-2", tools=weather_tools(), max_tokens=48, messages=[
         {"role": "user", "content": "北京明天天气怎么样"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "type": "function", "function": {
@@ -159,6 +160,18 @@ def test_calibrated_choice_is_recorded_on_user_turns_only(tiny_engine):  # noqa:
         {"role": "tool", "tool_call_id": "c0", "content": '{"temp_c": 21}'}])
     assert "call_choice" not in decider.plan(after_result).platform
     assert not decider.plan(after_result).branches
+
+
+def test_the_offset_without_evidence_applies_when_no_typed_field_finds_a_value(tiny_engine):  # noqa: F811
+    from decider.service import DeciderConfig, EmbeddedDecider
+
+    import asyncio
+
+    decider = EmbeddedDecider.from_engine(tiny_engine, config=DeciderConfig(call_bias=5.0, call_bias_without_evidence=-3.0))
+    with_values, without = (asyncio.run(decider._choose_branch(decider.plan(req(text, weather_tools()))))  # noqa: SLF001
+                            for text in ("北京明天天气怎么样", "tell me a joke"))
+    assert (with_values.platform["call_choice"]["evidence"], with_values.platform["call_choice"]["bias"]) == (True, 5.0)
+    assert (without.platform["call_choice"]["evidence"], without.platform["call_choice"]["bias"]) == (False, -3.0)
 
 
 def test_repetition_penalty_reaches_the_engine_and_keeps_output_valid(tiny_engine):  # noqa: F811
