@@ -15,6 +15,8 @@ Usage::
     python -m bench.calibrate                 # all dev rows
     python -m bench.calibrate --limit 60 --out bench/results/calibration.json
     python -m bench.calibrate --bfcl-seed 1 --rows 25
+    python -m bench.bfcl --seed 1 --no-raw --set call_bias=99 --details /tmp/called.json
+    python -m bench.calibrate --bfcl-seed 1 --right-if-called /tmp/called.json   # offsets by the score they give
 """
 
 from __future__ import annotations
@@ -64,6 +66,31 @@ def bfcl_rows(seed: int, rows: int) -> list[dict]:
     return out
 
 
+OFFSET_GRID = (-2.0, -1.0, 0.0, 2.0, 4.0, 6.74)
+
+
+def score_offsets(records: list[dict], details: Path) -> list[str]:
+    """The BFCL target average each (offset with evidence, offset without) pair gives on these rows.
+
+    A row that needs no call is right when the choice answers; a row that needs one is right when the
+    choice calls and the call itself was right (read from ``details``, where every row was called).
+    """
+    saved = json.loads(details.read_text("utf-8"))
+    right = {o["row_id"]: bool(o["right"]) for o in saved["rows"].get("toolrail", [])}
+    lines = []
+    for with_evidence in OFFSET_GRID:
+        for without in OFFSET_GRID:
+            hits: dict[str, list[bool]] = {}
+            for r in records:
+                called = r["margin"] + (with_evidence if r["evidence"] else without) >= 0
+                hit = (called and right.get(r["id"], False)) if r["needs_call"] else not called
+                hits.setdefault(r["category"], []).append(hit)
+            average = sum(sum(h) / len(h) for h in hits.values()) / max(1, len(hits))
+            lines.append(f"offset {with_evidence:+.2f} with evidence, {without:+.2f} without: "
+                         f"{100 * average:.1f} % ({', '.join(f'{c} {sum(h)}/{len(h)}' for c, h in hits.items())})")
+    return lines
+
+
 def best_offset(margins: list[tuple[float, bool]]) -> tuple[float, int]:
     """The offset that classifies the most rows right: call when ``margin + offset >= 0``."""
     candidates = sorted({-m for m, _ in margins} | {0.0})
@@ -78,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write margins and the fitted offset as JSON")
     parser.add_argument("--bfcl-seed", type=int, default=None, help="fit on this seed's BFCL sample instead")
     parser.add_argument("--rows", type=int, default=25, help="BFCL rows per category (with --bfcl-seed)")
+    parser.add_argument("--right-if-called", type=Path, default=None,
+                        help="a bench.bfcl --details file of the same rows run with --set call_bias=99 (every row "
+                             "called): score offset pairs by the BFCL target average they give")
     args = parser.parse_args(argv)
     decider = EmbeddedDecider.load(config=DeciderConfig(call_bias=0.0), num_threads=1)
     margins: list[tuple[float, bool]] = []
@@ -97,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         needs = row["needs_call"] if "needs_call" in row else bool(row["expected_calls"])
         margins.append((margin, needs))
         records.append({"id": row["id"], "margin": round(margin, 3), "needs_call": needs,
+                        "category": row.get("category"), "evidence": bool(chosen.get("evidence")),
                         "seconds": round(time.perf_counter() - started, 2)})
         print(f"[{index + 1}] {row['id']}: margin {margin:+.2f} needs_call={needs}", file=sys.stderr, flush=True)
     offset, right = best_offset(margins)
@@ -104,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                "accuracy": round(right / max(1, len(margins)), 3),
                "accuracy_without_offset": round(sum((m >= 0) == n for m, n in margins) / max(1, len(margins)), 3)}
     print(json.dumps(summary))
+    if args.right_if_called is not None:
+        for line in score_offsets(records, args.right_if_called):
+            print(line)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({**summary, "margins": records}, indent=1), "utf-8")
