@@ -282,8 +282,9 @@ def markdown(summaries: dict[str, dict[str, dict[str, Any]]], *, meta: dict[str,
              f"Model: embedded default ({meta['model']}); seed {meta['seed']}, "
              f"{meta['rows'] if meta['rows'] else 'all'} rows per category, the same rows for both; "
              f"overrides of the embedded profile: {meta['profile']}. Run: `{meta['command']}` ({meta['wall_s']:.0f} s)"
-             + (f"; the raw model's outcomes are those of `{meta['raw_command']}` on the same rows" if meta.get("raw_command")
-                else "") + ".", "",
+             + "".join(f"; {who} outcomes are those of `{meta[key]}` on the same rows" for who, key in
+                       (("toolrail's", "toolrail_command"), ("the raw model's", "raw_command")) if meta.get(key))
+             + ".", "",
              "| category | rows | toolrail | raw | toolrail calls | extra-call rows | checker-rejected rows | non-200 |"
              " length stops | calls dropped by the count read | toolrail s (median/p90) | raw s (median) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -311,14 +312,14 @@ def markdown(summaries: dict[str, dict[str, dict[str, Any]]], *, meta: dict[str,
 # ------------------------------------------------------------------------------------------------ main
 
 
-def _raw_outcomes(path: Path, rows: list[dict[str, Any]], *, seed: int) -> list[Outcome]:
-    """The raw model's outcomes from an earlier ``--details`` file of the same rows (same seed, same ids): the
-    raw model does not change with the platform, and it is the slow half of a run."""
+def _saved_outcomes(path: Path, name: str, rows: list[dict[str, Any]], *, seed: int) -> list[Outcome]:
+    """``name``'s outcomes from an earlier ``--details`` file of the same rows (same seed, same ids): the raw
+    model does not change with the platform, and it is the slow half of a run."""
     saved = json.loads(path.read_text("utf-8"))
-    by_id = {o["row_id"]: Outcome(**o) for o in saved["rows"].get(RAW, [])}
+    by_id = {o["row_id"]: Outcome(**o) for o in saved["rows"].get(name, [])}
     missing = [row["entry"]["id"] for row in rows if row["entry"]["id"] not in by_id]
     if saved["meta"]["seed"] != seed or missing:
-        raise SystemExit(f"{path}: not the raw model on these rows (seed {saved['meta']['seed']}, {len(missing)} missing)")
+        raise SystemExit(f"{path}: not {name} on these rows (seed {saved['meta']['seed']}, {len(missing)} missing)")
     return [by_id[row["entry"]["id"]] for row in rows]
 
 
@@ -351,7 +352,9 @@ async def _main(args: argparse.Namespace) -> int:
     decider = EmbeddedDecider.load(config=profile, num_threads=args.threads)
     started = time.perf_counter()
     outcomes: dict[str, list[Outcome]] = {}
-    if not args.no_toolrail:
+    if args.toolrail_from is not None:
+        outcomes[TOOLRAIL] = _saved_outcomes(args.toolrail_from, TOOLRAIL, rows, seed=args.seed)
+    elif not args.no_toolrail:
         app = create_app(lambda: decider)
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://toolrail", timeout=600)
         client = openai.AsyncOpenAI(base_url="http://toolrail/v1", api_key="unused", http_client=http, max_retries=0)
@@ -359,7 +362,7 @@ async def _main(args: argparse.Namespace) -> int:
                                            concurrency=args.concurrency)
         await http.aclose()
     if args.raw_from is not None:
-        outcomes[RAW] = _raw_outcomes(args.raw_from, rows, seed=args.seed)
+        outcomes[RAW] = _saved_outcomes(args.raw_from, RAW, rows, seed=args.seed)
     elif not args.no_raw:
         outcomes[RAW] = await run_all(rows, lambda row: run_raw(bfcl, decider.backend, row), label=RAW,
                                       concurrency=args.concurrency)
@@ -375,8 +378,11 @@ async def _main(args: argparse.Namespace) -> int:
     meta = {"bfcl_version": version("bfcl-eval"), "model": Path(str(decider.tokenizer.name_or_path)).name,
             "seed": args.seed, "rows": None if args.all else args.rows, "profile": changed, "wall_s": wall,
             "command": "python -m bench.bfcl " + " ".join(sys.argv[1:])}
-    if args.raw_from is not None:
-        meta["raw_command"] = json.loads(args.raw_from.read_text("utf-8"))["meta"]["command"]
+    for source, key in ((args.raw_from, "raw_command"), (args.toolrail_from, "toolrail_command")):
+        if source is not None:
+            meta[key] = json.loads(source.read_text("utf-8"))["meta"]["command"]
+            meta["profile"] = json.loads(source.read_text("utf-8"))["meta"]["profile"] if key == "toolrail_command" \
+                else meta["profile"]
     report = markdown(summaries, meta=meta)
     print(report)
     if args.out:
@@ -400,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw model")
     parser.add_argument("--no-toolrail", action="store_true", help="skip toolrail")
+    parser.add_argument("--toolrail-from", type=Path, default=None,
+                        help="take toolrail's outcomes from this --details file of the same seed and rows")
     parser.add_argument("--raw-from", type=Path, default=None,
                         help="take the raw model's outcomes from this --details file of the same seed and rows")
     parser.add_argument("--out", type=Path, default=None, help="write the markdown table here")
