@@ -486,7 +486,10 @@ class ProcessSandbox:
             logs = _log_output(streams, spec=spec, call=call)
             return self._result(spec, proc, frame, isolation, streams, logs, duration)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            try:
+                os.rmdir(scratch)  # most calls leave it empty
+            except OSError:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def _result(self, spec: ToolSpec, proc: Any, frame: dict[str, Any] | ToolOutputError | None,
                 isolation: dict[str, Any], streams: dict[str, _Captured], logs: list[dict[str, Any]],
@@ -589,7 +592,7 @@ def _collect(fds: dict[str, int], request: bytes, *, timeout: float,
     pending = memoryview(request)
     by_fd = {fd: name for name, fd in fds.items() if name != "stdin"}
     drain_until: float | None = None
-    with selectors.DefaultSelector() as selector:
+    with selectors.PollSelector() as selector:  # no epoll descriptor to make and close per call
         stdin = fds.get("stdin")
         if stdin is not None:
             os.set_blocking(stdin, False)
