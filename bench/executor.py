@@ -111,7 +111,9 @@ class Stack:
 
 
 def _code_env(root: Path, url: str) -> dict[str, str]:
+    # get_weather is a demo tool: registered only when named (TOOLRAIL_DEMO_TOOLS; older trees ignore it)
     return {**os.environ, "TOOLRAIL_DECIDER": "none", "TOOLRAIL_LOG_LEVEL": "WARNING", "REDIS_URL": url,
+            "TOOLRAIL_DEMO_TOOLS": "get_weather",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
 
 
