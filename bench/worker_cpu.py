@@ -2,6 +2,7 @@
 against ``--compare``.
 
     python bench/worker_cpu.py [--row api-sandboxed|api-validate] [--jobs 200] [--rounds 3] [--calls 300] [--compare /tmp/old]
+    python bench/worker_cpu.py --row api-validate --api-workers 2 --compare . --compare-api-workers 1
 
 Two measurements, each alternating the trees round by round so that machine noise hits both alike:
 
@@ -90,9 +91,10 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def stack_round(root: Path, jobs: int, clients: int, job: str = "api-sandboxed") -> dict:
-    """One stack of the code at ``root``: CPU per job by role (ms), throughput, Redis work per job."""
-    with bench_executor.start_stack("cpu", root) as stack:
+def stack_round(root: Path, jobs: int, clients: int, job: str = "api-sandboxed", api_workers: int = 1) -> dict:
+    """One stack of the code at ``root`` (``api_workers`` API processes): CPU per job by role (ms), throughput,
+    Redis work per job."""
+    with bench_executor.start_stack("cpu", root, api_workers=api_workers) as stack:
         run = bench_executor.job_runners(stack)[job]
         bench_executor.run_level(run, 40, clients)  # warm: fork servers, scripts, connections
         pids = {"worker-main": [stack.worker_pid], "worker-pool": children(stack.worker_pid),
@@ -125,16 +127,21 @@ def main() -> int:
     parser.add_argument("--row", default="api-sandboxed", choices=["api-sandboxed", "api-validate"],
                         help="the job the stack runs (api-validate: no worker work; the in-process round is skipped)")
     parser.add_argument("--compare", type=Path, default=None, help="a checkout of other code to run alternately")
+    parser.add_argument("--api-workers", type=int, default=1, help="API processes of this tree's stack (default 1)")
+    parser.add_argument("--compare-api-workers", type=int, default=None,
+                        help="API processes of the --compare stack (default: --api-workers); with --compare naming "
+                             "this tree, 1 against 2 API processes of the same code")
     parser.add_argument("--compare-label", default="before")
     parser.add_argument("--label", default="after")
     args = parser.parse_args()
     trees = [(args.label, ROOT)] + ([(args.compare_label, args.compare.resolve())] if args.compare else [])
+    api_workers = {args.label: args.api_workers, args.compare_label: args.compare_api_workers or args.api_workers}
     stacks: dict[str, list[dict]] = {label: [] for label, _ in trees}
     inproc: dict[str, list[float]] = {label: [] for label, _ in trees}
     for n in range(args.rounds):
         for label, root in (trees if n % 2 == 0 else trees[::-1]):
             inproc[label].append(in_process_round(root, args.calls) if args.row == "api-sandboxed" else 0.0)
-            stacks[label].append(stack_round(root, args.jobs, 16, args.row))
+            stacks[label].append(stack_round(root, args.jobs, 16, args.row, api_workers[label]))
             print(f"  [{n + 1}/{args.rounds}] {label}: in-process {inproc[label][-1]:.3f} ms/call; "
                   f"{ {k: round(v, 2) for k, v in stacks[label][-1].items()} }", file=sys.stderr)
     load = os.getloadavg()
