@@ -57,6 +57,7 @@ from toolrail.settings import get_settings
 
 calls = int(sys.argv[2])
 with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(data_dir=Path(tmp)) as server:
+    os.environ["REDIS_URL"] = server.url  # a job's end notifies through the Celery app, which reads it
     rt = Runtime.from_settings(get_settings(), redis_url=server.url)
 
     def new_job():
@@ -113,7 +114,8 @@ def stack_round(root: Path, jobs: int, clients: int, job: str = "api-sandboxed",
 
 def in_process_round(root: Path, calls: int) -> float:
     out = subprocess.run([sys.executable, "-c", IN_PROCESS, str(root), str(calls)], capture_output=True, text=True,
-                         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
+                         cwd=root, env={**os.environ, "PYTHONPATH": str(root), "TOOLRAIL_DEMO_TOOLS": "get_weather"},
+                         timeout=600)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_call"]
