@@ -13,7 +13,7 @@ offered them unasked) plus the tools registered by
 Loading never stops at the first bad tool. A module that fails to import, a tool whose
 name is taken, or a tool function whose signature cannot take its arguments is refused
 with the module, the tool and the reason (``Registry.problems``); the other tools load.
-The worker refuses to start when a module failed to import (``executor.sandbox.process.toolcheck``).
+The worker refuses to start when a module failed to import (``executor.sandbox.toolcheck``).
 """
 
 from __future__ import annotations
