@@ -204,8 +204,8 @@ def _review_error(check: OutputCheck, attempts: int) -> dict[str, Any]:
         return {"type": "repeated_side_effect", "message": "a side-effecting call the conversation already made was "
                 "proposed again; a person must confirm it", "details": {"errors": errors}}
     if errors and all(e.get("validator") == CALL_AS_TEXT for e in errors):
-        return {"type": CALL_AS_TEXT, "message": "the model wrote a tool call as text, also when calls were required; "
-                "a person must decide", "details": {"errors": errors}}
+        return {"type": CALL_AS_TEXT, "message": "the model wrote a tool call as text, also when asked to answer in text "
+                "or to call; a person must decide", "details": {"errors": errors}}
     if grounded and len(grounded) == len(errors):
         fields = sorted({f"{e.get('tool')}{e.get('path')}" for e in grounded})
         return {"type": "ungrounded_values", "message": f"values not stated in the conversation: {', '.join(fields)} "
@@ -338,7 +338,9 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
                 exhausted = grounding_reasks >= MAX_GROUNDING_REASKS
                 grounding_reasks += 0 if exhausted else 1
             written = bool(errors) and all(e.get("validator") == CALL_AS_TEXT for e in errors)
-            exhausted = exhausted or (written and calls_required)  # re-asked once with calls required already
+            # re-asked once with calls required already, or the platform had forbidden calls (every call repeated an
+            # answered one): requiring calls then would only ask for the repeat again
+            exhausted = exhausted or (written and (calls_required or text_only))
             if exhausted:
                 logger.warning("decider.needs_review", request_id=request.request_id, attempts=len(attempts))
                 return CheckedDecision(request.request_id, "needs_review", attempts,

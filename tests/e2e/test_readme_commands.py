@@ -66,7 +66,7 @@ CHECKS: dict[str, Check] = {
     "toolrail config show": Check("fast"),
     "toolrail config docs": Check("help", why="writes docs/configuration.md, a tracked file: --check renders the same "
                                               "and writes nothing", instead="toolrail config docs --check"),
-    'toolrail run "北京明天天气怎么样" --tools get_weather --json': Check("slow"),
+    'toolrail run "北京明天天气怎么样" --tools get_weather --max-steps 1 --json': Check("slow"),
     "toolrail run \"What's the weather in Beijing tomorrow?\" --trace": Check("slow"),
     'TOOLRAIL_DEMO_TOOLS=transfer toolrail run "Transfer 12 CNY from alice to bob" --tools transfer '
     '--require-approval side_effects':
