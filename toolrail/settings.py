@@ -81,8 +81,9 @@ class Settings(BaseSettings):
     (the GIL); give a busy API as many as it has cores. Rate limits, jobs and their metrics live in Redis and
     hold across processes; `/metrics` sums the per-process series over all of them; the event-stream limit
     (`TOOLRAIL_SSE_MAX_STREAMS_PER_TENANT`) holds per process. One by default, whatever the core count: on 2 cores
-    at 16 clients a second process cost 1.23x the CPU per validate-only job (2.30 ms against 1.87) and its
-    throughput gain did not hold from run to run (1.16x, then 0.81x; `bench/results/cost.md`)."""
+    at 16 clients a second process gave validate-only jobs 1.11-1.35x the throughput on a quiet machine (still
+    0.52-0.68x of bare Celery) but cost 1.16-1.23x the CPU per job, and sandboxed jobs, whose workers share the
+    cores, 0.86-1.01x (`bench/results/cost.md`): set 2 where the API is the bottleneck and a core is spare."""
     api_keys: str = ""
     """`key:tenant` pairs, comma separated. Empty: no auth, loopback only."""
     allowed_hosts: str = ""
