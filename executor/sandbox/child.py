@@ -56,17 +56,21 @@ from executor.sandbox.linux import (
     confine,
     die_with_parent,
     drop_network,
-    empty_network_fd,
-    enter_empty_network,
     enter_user_namespace,
     hide_other_calls,
     make_reachable,
     name_process,
     own_ipc,
-    prepared_fds,
     private_mounts,
-    release_prepared,
     remember_parent,
+)
+from executor.sandbox.prepared import (
+    empty_network_fd,
+    enter_empty_network,
+    landlock_abi_prepared,
+    prepared_fds,
+    prepared_rules,
+    release_prepared,
     require_no_sockets,
 )
 
@@ -477,7 +481,8 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
             read = read_paths([*modules, request["entrypoint"].partition(":")[0]],
                               exclude=[request.get("scratch_root", "")])
             isolation.update(confine(uid=request.get("uid"), scratch_dir=request["scratch_dir"], read=read,
-                                     network=bool(request.get("network")), own_proc=f"/proc/{_host_pid()}"))
+                                     network=bool(request.get("network")), own_proc=f"/proc/{_host_pid()}",
+                                     prepared=prepared_rules(), landlock=landlock_abi_prepared()))
             require_no_sockets(isolation)
         release_prepared()  # confined or not, the tool never holds the fork server's descriptors
         os.environ.update({**request.get("env", {}), "TMPDIR": request["scratch_dir"], "HOME": request["scratch_dir"]})

@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from executor.sandbox import child, linux
+from executor.sandbox import child, linux, prepared
 from executor.sandbox.child import MAX_RESULT_BYTES, OutputError, _checked_answer, _error, close_all, decode_object
 from executor.sandbox.linux import (
     CLONE_NEWPID,
@@ -248,12 +248,12 @@ def start_init(lifetime_s: int) -> int:
     Every process the tool leaves behind is reparented to it, so the call parent counts them
     as its children, and killing it makes the kernel kill the rest. It runs no Python: in a fork
     server that is PID 1 of a namespace of its own (whose end ends every call's), a clone of this
-    process sharing its memory that only waits (``linux.clone_waiter``: no page table copied, no
+    process sharing its memory that only waits (``prepared.clone_waiter``: no page table copied, no
     program started); else ``sleep`` started with ``posix_spawn`` (no copy of this interpreter's
     memory, stdio on ``/dev/null``, no descriptor of the call, an empty environment, a lifetime of
     its own), or, where no ``sleep`` exists, a fork of this process that pauses.
     """
-    if _private_pid_ns and (waiter := linux.clone_waiter()) is not None:
+    if _private_pid_ns and (waiter := prepared.clone_waiter()) is not None:
         return waiter
     program = _init_program()
     if program is not None:
@@ -495,8 +495,8 @@ def serve_forks(sock_fd: int) -> int:
     reuse = os.environ.get("TOOLRAIL_SANDBOX_PARENT_PER_CALL") != "1" and _own_pid_namespace_for_children(sock)
     # made once here, used by every call's tool process: its Landlock rules' paths, the seccomp program, and the
     # empty network namespace (in this server's user namespace, where a non-root one has its own)
-    linux.prepare_confinement(read)
-    linux.prepare_empty_network()
+    prepared.prepare_confinement(read)
+    prepared.prepare_empty_network()
     lines = _Lines(sock)
     while True:
         try:
