@@ -424,9 +424,10 @@ def tool_namespaces(request: dict) -> tuple[dict, dict[str, str]]:
     limits = {k: tuple(v) for k, v in (request.get("limits") or {}).items() if k in LIMITS}
     if not request.get("network") and request.get("confine", True) and empty_network_fd() is not None:
         # the worker's empty one, entered with the fork server's capabilities (before a user namespace of our own);
-        # only a confined call, whose socket filter ``require_no_sockets`` then insists on
-        setup["network"] = enter_empty_network()
-        setup["network_ns"] = "shared"
+        # only a confined call, whose socket filter ``require_no_sockets`` then insists on. Where this process may
+        # not enter it (a call parent of its own user namespace), the call makes its own below, as without it
+        if enter_empty_network() == "netns":
+            setup["network"], setup["network_ns"] = "netns", "shared"
     if os.geteuid() != 0:
         setup["userns"] = enter_user_namespace()
         if setup["userns"] == "userns" and "nproc" in limits:

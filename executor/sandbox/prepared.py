@@ -31,7 +31,6 @@ from executor.sandbox.linux import (
     _errno_text,
     _libc,
     _socket_filter,
-    drop_network,
     landlock_abi,
     no_sockets,
 )
@@ -122,11 +121,12 @@ def empty_network_fd() -> int | None:
 
 def enter_empty_network() -> str:
     """Enter the worker's empty network namespace (before a user namespace of the call's own: it needs the fork
-    server's capabilities). Returns how; the call must then refuse sockets (``require_no_sockets``)."""
+    server's capabilities). Returns how (``netns``, else why not: the caller then makes a namespace of the call's
+    own); a call in it must refuse sockets (``require_no_sockets``). Closes the descriptor either way."""
     global _empty_network
     fd, _empty_network = _empty_network, None
     if fd is None:
-        return drop_network()
+        return "unavailable (none prepared)"
     try:
         if _libc.setns(fd, CLONE_NEWNET) != 0:
             return f"unavailable ({_errno_text()})"
