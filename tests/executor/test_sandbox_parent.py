@@ -136,17 +136,17 @@ def test_a_failure_reading_a_call_ends_it_and_the_server_stays_in_step(monkeypat
     import executor.sandbox.process as sandbox_module
 
     box = ProcessSandbox(preload=PRELOAD)
-    real_collect = sandbox_module._collect
+    real_collect = sandbox_module.collect
 
     def failing_collect(*args, **kwargs):
         time.sleep(0.3)  # the tool is running by now
         raise RuntimeError("reading the call failed")
 
     try:
-        monkeypatch.setattr(sandbox_module, "_collect", failing_collect)
+        monkeypatch.setattr(sandbox_module, "collect", failing_collect)
         with pytest.raises(SandboxError):
             run(box, "sleep", amount=30, call_id="broken")
-        monkeypatch.setattr(sandbox_module, "_collect", real_collect)
+        monkeypatch.setattr(sandbox_module, "collect", real_collect)
         time.sleep(0.2)
         assert box._forkserver is None or call_processes(box) == []
         assert run(box, "ok", call_id="next").result

@@ -24,7 +24,8 @@ from executor.sandbox.child import (
     _checked_answer,
     tool_error_type,
 )
-from executor.sandbox.process import MAX_OUTPUT_LINES, ProcessSandbox, _Captured, _log_output, output_budgets
+from executor.sandbox.pipes import MAX_OUTPUT_LINES, Captured, log_output, output_budgets
+from executor.sandbox.process import ProcessSandbox
 from tools.spec import ToolSpec
 
 RUDE_TOOLS = '''
@@ -165,12 +166,12 @@ def test_each_stream_gets_half_and_what_one_leaves_goes_to_the_other(counts: dic
 
 
 def test_a_stdout_flood_does_not_hide_stderr_and_the_drops_are_counted_per_stream() -> None:
-    streams = {name: _Captured(10_000_000) for name in ("stdout", "stderr", "result")}
+    streams = {name: Captured(10_000_000) for name in ("stdout", "stderr", "result")}
     streams["stdout"].add(b"".join(b"out %d\n" % i for i in range(5000)))
     streams["stderr"].add(b"".join(b"err %d\n" % i for i in range(5000)))
     spec = ToolSpec(name="noisy", parameters={"type": "object", "properties": {}})
     with capture_logs() as events:
-        _log_output(streams, spec=spec, call=CallRun(request_id="r", job_id="j", call_id="c", idempotency_key="k",
+        log_output(streams, spec=spec, call=CallRun(request_id="r", job_id="j", call_id="c", idempotency_key="k",
                                                      arguments={}))
     lines = [e for e in events if e["event"] == "tool.output"]
     assert [sum(e["stream"] == s for e in lines) for s in ("stdout", "stderr")] == [100, 100]
@@ -181,11 +182,11 @@ def test_a_stdout_flood_does_not_hide_stderr_and_the_drops_are_counted_per_strea
 
 
 def test_nothing_dropped_means_no_truncation_event() -> None:
-    streams = {"stdout": _Captured(1000), "stderr": _Captured(1000)}
+    streams = {"stdout": Captured(1000), "stderr": Captured(1000)}
     streams["stdout"].add(b"one\ntwo\n")
     spec = ToolSpec(name="calm", parameters={"type": "object", "properties": {}})
     with capture_logs() as events:
-        _log_output(streams, spec=spec, call=CallRun(request_id="r", job_id="j", call_id="c", idempotency_key="k",
+        log_output(streams, spec=spec, call=CallRun(request_id="r", job_id="j", call_id="c", idempotency_key="k",
                                                      arguments={}))
     assert [e["event"] for e in events] == ["tool.output", "tool.output"]
 
