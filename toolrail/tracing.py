@@ -156,7 +156,8 @@ def setup(kind: str, *, settings: Settings | None = None, memory: bool = False, 
                 return BatchSpanProcessor(RedisSpanExporter(client, ttl_s=settings.trace_store_ttl_s,
                                                             max_spans=settings.trace_store_max_spans),
                                           schedule_delay_millis=200)
-            wanted.append(("redis", redis_processor))
+            # one sink per Redis: a later call with another client (a test's own database) adds its own
+            wanted.append(("redis" if redis_client is None else f"redis:{id(redis_client)}", redis_processor))
         if memory:
             if _state["memory"] is None:
                 _state["memory"] = InMemorySpanExporter()

@@ -23,6 +23,7 @@ import pytest
 
 from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
 from tools.registry import ENTRY_POINT_GROUP, load_registry
+from executor.worker.config import worker_queues
 from tests.harness.databases import own_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,7 +236,7 @@ def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: py
     local, site = tool_tree
     registry = load_registry(modules=["shop_tools", "dup_tools", "order_tools"])
     log_file = tmp_path_factory.mktemp("own-worker") / "worker.log"
-    worker = start_worker(redis_url, queues=["decide", *registry.queues()], concurrency=1,
+    worker = start_worker(redis_url, queues=worker_queues(registry), concurrency=1,
                           env=tool_env(local, site, "shop_tools,dup_tools,order_tools"), log_file=log_file,
                           hostname="toolrail-own-tools@%h")
     try:

@@ -31,6 +31,7 @@ from triton_double import TritonProtocolDouble, serve_double  # noqa: E402 - the
 
 from toolrail import tracing  # noqa: E402
 from toolrail.trace_sinks import span_to_dict  # noqa: E402
+from executor.worker.config import worker_queues
 from tests.harness.databases import own_database
 from tests.harness.receiver import Receiver
 
@@ -135,7 +136,7 @@ def traced_worker(trace_url: str, worker_env: dict[str, str], triton, tmp_path_f
            "TOOLRAIL_TRITON_MODEL": entry, "TOOLRAIL_MODEL": str(tok_dir), "TOOLRAIL_DECIDER_CANDIDATES": "0"}
     env.pop("TOOLRAIL_TRACE_CONTENT", None)
     log_file = tmp_path_factory.mktemp("tracing-worker") / "worker.log"
-    proc = start_worker(trace_url, queues=["decide", *default_registry().queues()], concurrency=1, env=env,
+    proc = start_worker(trace_url, queues=worker_queues(default_registry()), concurrency=1, env=env,
                         log_file=log_file, hostname="toolrail-tracing@%h")
     try:
         wait_for_workers(trace_url, count=1, timeout_s=90)

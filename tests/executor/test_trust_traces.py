@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from executor.worker.config import worker_queues
 from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
 
@@ -37,7 +38,7 @@ def traced_worker(db_url: str, worker_env: dict[str, str], tmp_path_factory) -> 
 
     env = {**worker_env, "TOOLRAIL_TRACE_STORE": "redis"}
     log = tmp_path_factory.mktemp("trust-traces") / "worker.log"
-    proc = start_worker(db_url, queues=["decide", *default_registry().queues()], concurrency=1, env=env, log_file=log,
+    proc = start_worker(db_url, queues=worker_queues(default_registry()), concurrency=1, env=env, log_file=log,
                         hostname="toolrail-trust-traces@%h")
     try:
         wait_for_workers(db_url, count=1, timeout_s=90)
