@@ -126,5 +126,7 @@ def test_a_trace_id_reused_by_another_tenant_shows_it_none_of_the_first_tenants_
 
         again = alpha.get(f"/v1/jobs/{a_job['job_id']}/trace").json()["spans"]
         assert {s["attributes"].get("toolrail.tenant") for s in again} == {"alpha"}  # the forged baggage got nowhere
-        assert {s["span_id"] for s in again} == {s["span_id"] for s in a_spans}
+        # alpha's spans still there (more may have arrived since: spans come in batches), none of beta's
+        assert {s["span_id"] for s in a_spans} <= {s["span_id"] for s in again}
+        assert not {s["span_id"] for s in again} & {s["span_id"] for s in b_spans}
     assert runtime.redis.get(f"tr:trace-owner:{trace_id}") == b"alpha"
