@@ -108,20 +108,20 @@ class Runtime:
             specs.update(source.specs(self, tenant, names))
         return specs
 
+    def _source_of(self, spec: ToolSpec) -> Any | None:
+        """The tool source that provides ``spec`` (None: a registered tool, run by the process sandbox)."""
+        return next((source for source in self.tool_sources if source.owns(spec)), None)
+
     def admission(self, spec: ToolSpec) -> AbstractContextManager[None]:
         """What a call of ``spec`` holds from before its idempotency lock to its end: its source's admission (an MCP
         tenant's call slot; none free raises a retryable error and the call goes back to its queue), else nothing."""
-        for source in self.tool_sources:
-            if source.owns(spec):
-                return source.admit(self, spec)
-        return nullcontext()
+        source = self._source_of(spec)
+        return nullcontext() if source is None else source.admit(self, spec)
 
     def runner_for(self, spec: ToolSpec) -> Callable[[ToolSpec, Any], Any]:
         """The call boundary for ``spec``: its source's sandbox, or the process sandbox for a registered tool."""
-        for source in self.tool_sources:
-            if source.owns(spec):
-                return lambda spec, call, source=source: source.run(self, spec, call)
-        return self.sandbox.run
+        source = self._source_of(spec)
+        return self.sandbox.run if source is None else lambda spec, call: source.run(self, spec, call)
 
     def decider(self) -> Decider | None:
         """The decider, built on first use (the model loads once per worker process)."""

@@ -49,6 +49,7 @@ import httpx
 from executor import metrics
 from executor.runs.breaker import DEFAULT_TENANT
 from executor.worker.celery import app
+from executor.worker.config import WEBHOOK_QUEUE
 from executor.errors import WebhookUrlError
 from executor.runs.runtime import Runtime, get_runtime
 from executor.store.records import JobRecord
@@ -79,7 +80,6 @@ log = get_logger("toolrail.webhooks")
 #: Job status → webhook event type; other statuses announce nothing.
 EVENTS: dict[str, str] = {"succeeded": "job.succeeded", "failed": "job.failed", "needs_review": "job.needs_review",
                           "awaiting_approval": "job.awaiting_approval", "expired": "job.expired"}
-WEBHOOK_QUEUE = "webhooks"
 #: How far a ``webhook-timestamp`` may be from now for :func:`verify` (the spec's replay window).
 DEFAULT_TOLERANCE_S = 300
 _SECRET_PREFIX = "whsec_"
