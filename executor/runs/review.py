@@ -50,6 +50,7 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
     arguments that fail its schema). Nothing changes on an error.
     """
     from executor.runs.loop import job_specs, notify  # noqa: PLC0415 - the loop's helpers; the loop never imports this
+    from executor.runs.submit import enqueue_failed  # noqa: PLC0415 - as submit ends a job the broker refused
 
     if sum(item is not None for item in (calls, answer, reject)) != 1:
         raise InvalidApprovalError("a review is exactly one of calls, answer or reject", job_id=job_id)
@@ -94,14 +95,17 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
     log.info("job.reviewed", job_id=job_id, outcome="answer" if answer is not None else "reject" if reject is not None
              else "calls", step=job.step, status=job.status)
     notify(rt, job)
-    if records:
-        rt.store.set_calls(job_id, records, step=job.step)
-        for record in records:
-            if record.status == "pending":
-                dispatch(job, record)
-        job = rt.store.get(job_id)
-    elif reject is not None and next_step is not None:
-        next_step(job)  # the model decides again, seeing the reason
+    try:
+        if records:
+            rt.store.set_calls(job_id, records, step=job.step)
+            for record in records:
+                if record.status == "pending":
+                    dispatch(job, record)
+            job = rt.store.get(job_id)
+        elif reject is not None and next_step is not None:
+            next_step(job)  # the model decides again, seeing the reason
+    except Exception as exc:  # noqa: BLE001 - out of review with nothing queued: the job ends, never waits on nothing
+        raise enqueue_failed(rt, job, exc) from exc
     if job.status == "succeeded":
         tracing.end_job(job)
     return job

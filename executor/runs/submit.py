@@ -23,7 +23,7 @@ from executor.runs.runtime import Runtime
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, JobRecord
 from toolrail.logging import get_logger
 
-__all__ = ["cancel", "end_stranded", "internal_error", "submit"]
+__all__ = ["cancel", "end_stranded", "enqueue_failed", "internal_error", "submit"]
 
 log = get_logger("toolrail.submit")
 
@@ -46,12 +46,18 @@ def submit(rt: Runtime, job: JobRecord, *, enqueue: NextStep, dispatch: Dispatch
         else:
             start_checked(rt, job, dispatch)  # type: ignore[arg-type] - checked implies dispatch
     except Exception as exc:  # noqa: BLE001 - the broker is down: the job must not stay queued silently
-        log.error("job.enqueue_failed", job_id=job.job_id, request_id=job.request_id, error=type(exc).__name__)
-        set_status(rt, job.job_id, "failed", mutate=lambda j: policy.close_step(j, status="failed"),
-                   error={"type": "enqueue_failed", "message": f"could not queue the job: {type(exc).__name__}",
-                          "details": {"request_id": job.request_id}})
-        raise StoreUnavailableError(f"could not queue the job: {exc}", job_id=job.job_id) from exc
+        raise enqueue_failed(rt, job, exc) from exc
     return job, True
+
+
+def enqueue_failed(rt: Runtime, job: JobRecord, exc: BaseException) -> StoreUnavailableError:
+    """End a job whose next work could not be queued (``failed``, ``enqueue_failed``) and return the 503 to raise:
+    a job the broker refused never stays queued or running with nothing to run it."""
+    log.error("job.enqueue_failed", job_id=job.job_id, request_id=job.request_id, error=type(exc).__name__)
+    set_status(rt, job.job_id, "failed", mutate=lambda j: policy.close_step(j, status="failed"),
+               error={"type": "enqueue_failed", "message": f"could not queue the job: {type(exc).__name__}",
+                      "details": {"request_id": job.request_id}})
+    return StoreUnavailableError(f"could not queue the job: {exc}", job_id=job.job_id)
 
 
 def cancel(rt: Runtime, job_id: str, message: str) -> tuple[JobRecord, bool]:

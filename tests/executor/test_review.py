@@ -96,3 +96,29 @@ def test_concurrent_reviews_have_exactly_one_winner(api: str) -> None:
             assert client.get(f"/v1/jobs/{job['job_id']}").json()["content"] == winner.json()["content"]
         loser = next(r for r in answers if r.status_code == 409).json()["error"]
         assert loser["details"]["job_status"] == "succeeded"
+
+
+def test_a_review_whose_work_cannot_be_queued_ends_the_job(client: httpx.Client, runtime) -> None:
+    from dataclasses import replace
+
+    import pytest
+
+    from executor.errors import StoreUnavailableError
+    from executor.runs.review import review
+
+    def refused(_job) -> None:  # noqa: ANN001 - the broker refusing the next decide step
+        raise ConnectionError("broker down")
+
+    job = _in_review(client)
+    deciding = replace(runtime, settings=runtime.settings.model_copy(update={"decider": "embedded"}))
+    with pytest.raises(StoreUnavailableError):
+        review(deciding, job["job_id"], tenant="default", reject="ask which day", dispatch=refused, next_step=refused)
+    ended = client.get(f"/v1/jobs/{job['job_id']}").json()
+    assert ended["status"] == "failed" and ended["error"]["type"] == "enqueue_failed", ended  # not left queued
+
+    job = _in_review(client)
+    with pytest.raises(StoreUnavailableError):
+        review(runtime, job["job_id"], tenant="default", dispatch=refused, next_step=None,
+               calls=[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}])
+    ended = client.get(f"/v1/jobs/{job['job_id']}").json()
+    assert ended["status"] == "failed" and ended["error"]["type"] == "enqueue_failed", ended  # not left running
