@@ -258,3 +258,15 @@ def test_a_text_answer_that_names_a_tool_is_an_answer() -> None:
     decider = ScriptedDecider(['{"content": "I can look that up with get_weather if you tell me the city."}'])
     result = decide_checked(decider, _request(), max_reasks=2)
     assert result.status == "text" and not result.attempts[0].errors
+
+
+def test_a_call_written_as_text_when_calls_were_forbidden_goes_to_review() -> None:
+    """The model repeats an answered call; asked to answer in text it writes the same call as text: requiring calls
+    next would only ask for the repeat again, so the decision goes to a person (no third attempt)."""
+    import json
+
+    repeat = '[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}]'
+    decider = ScriptedDecider([repeat, json.dumps({"content": repeat}), repeat])
+    result = decide_checked(decider, _after_result(), max_reasks=2)
+    assert result.status == "needs_review" and result.error["type"] == "call_as_text"
+    assert [r.tool_choice for r in decider.requests] == ["auto", "none"]
