@@ -215,8 +215,13 @@ def _maybe_resume(rt: Runtime, job_id: str, call: CallRecord, *, dispatch: Calla
             item.status, item.dispatched_at = "pending", now
             rt.store.put_call(job_id, item)
             to_run.append(item)
-    for item in to_run:
-        dispatch(job, item)
+    try:
+        for item in to_run:
+            dispatch(job, item)
+    except Exception as exc:  # noqa: BLE001 - resumed with its calls not queued: the job ends, never runs on nothing
+        from executor.runs.submit import enqueue_failed  # noqa: PLC0415 - submit imports the loop, as this module does
+
+        raise enqueue_failed(rt, job, exc) from exc
     if not to_run:
         job = advance(rt, job_id, next_step)
     log.info("approval.resumed", job_id=job_id, step=job.step, dispatched=len(to_run))

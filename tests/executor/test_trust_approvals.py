@@ -154,3 +154,19 @@ def test_two_edits_at_once_one_wins_and_the_other_is_told(stack) -> None:
             assert answers[winner].json()["call"]["arguments"]["amount"] == winner
             stored = client.get(f"/v1/jobs/{job_id}").json()["calls"][0]
             assert stored["arguments"]["amount"] == winner and recorder.dispatched[f"{job_id}/{call_id}"] == 1
+
+
+def test_an_approval_whose_calls_cannot_be_queued_ends_the_job(stack, runtime) -> None:
+    from executor.errors import StoreUnavailableError
+    from executor.runs.approvals import resolve
+
+    def refused(*_: object) -> None:  # the broker refusing the approved call
+        raise ConnectionError("broker down")
+
+    base, _ = stack
+    with httpx.Client(base_url=base, timeout=30) as client:
+        job_id, call_id = _waiting_job(client)
+        with pytest.raises(StoreUnavailableError):
+            resolve(runtime, job_id, call_id, tenant="default", decision="approve", dispatch=refused, next_step=None)
+        ended = client.get(f"/v1/jobs/{job_id}").json()
+    assert ended["status"] == "failed" and ended["error"]["type"] == "enqueue_failed", ended  # not left running
