@@ -29,7 +29,7 @@ from toolrail import tracing
 from toolrail.logging import get_logger
 from tools.calls import call_id
 from tools.errors import UnknownToolError
-from tools.evidence import Source, sourced_values
+from tools.evidence import Source, reference_day, sourced_values
 from tools.grounding import provenance, untrusted
 from tools.spec import ToolSpec
 
@@ -136,7 +136,8 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
         return job
     job.calls = calls  # the record as updated carries no calls; the earlier steps' calls are the journal
     request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
-                            tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls)
+                            tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls,
+                            now=job.created_at, time_zone=job.time_zone)
     early = _EarlyDispatch(rt, job, specs, dispatch)
     try:
         decision = decide_checked(decider, request, first_output=first, max_reasks=job.max_reasks, on_call=early)
@@ -255,7 +256,8 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
     job = job.model_copy(deep=True)
     runs.open_step(job, tool_choice=tool_choice)
     request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
-                            tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls)
+                            tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls,
+                            now=job.created_at, time_zone=job.time_zone)
     decision = decide_checked(None, request, first_output=first, max_reasks=job.max_reasks)
     ended = time.time()
     attempts = [a.to_dict() for a in decision.attempts]
@@ -311,9 +313,10 @@ def _call_records(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decis
         if runnable and spec.side_effects and job.messages:  # tool output is untrusted input (tools.grounding)
             sources = _evidence_sources(rt, job, specs) if sources is None else sources
             shown["provenance"] = provenance(spec.parameters, checked.arguments or {}, sources, side_effects=True)
-            held = untrusted(shown["provenance"])
+            held = untrusted(shown["provenance"])  # stated only by tool results, or unclearly: a person decides
             if held:
-                reason, shown["untrusted"] = reason or "provenance", [entry["path"] for entry in held]
+                why = "unclear" if all("unclear" in entry for entry in held) else "provenance"
+                reason, shown["untrusted"] = reason or why, [entry["path"] for entry in held]
         status = "validated" if not runnable else "awaiting_approval" if reason else "pending"
         calls.append(CallRecord(id=call_id(job.request_id, checked.index, attempt=decision.attempt, step=job.step),
                                 index=checked.index, step=job.step, name=checked.name, arguments=checked.arguments,
@@ -333,7 +336,8 @@ def _evidence_sources(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec]) -
         return Source("tool", tool=name, mcp=mcp,
                       trusted=spec is not None and (spec.trusted_output or name in trusted_here))
 
-    return sourced_values(runs.conversation(job, max_chars=rt.settings.tool_result_max_chars), tool_source=tool_source)
+    return sourced_values(runs.conversation(job, max_chars=rt.settings.tool_result_max_chars), tool_source=tool_source,
+                          today=reference_day(job.created_at, job.time_zone))
 
 
 def _record_decision(job: JobRecord, attempts: list[dict[str, Any]], content: str | None, status: str) -> None:
