@@ -181,9 +181,11 @@ def triton_family_deciders(family_engines, tmp_path_factory):
     out, servers = {}, []
     for name, engine in family_engines.items():
         root = tmp_path_factory.mktemp(f"triton-{name}")
-        write_triton_repo(RepoOptions(flavor="engine", output=root, model="/models/tiny", engine_dir="/engines/tiny",
-                                      model_code_from=RELEASE_V0190),
-                          engine.tokenizer, stop_token_ids=sorted(engine.eos_token_ids))
+        written = write_triton_repo(RepoOptions(flavor="engine", output=root, model="/models/tiny",
+                                                engine_dir="/engines/tiny", model_code_from=RELEASE_V0190),
+                                    engine.tokenizer, stop_token_ids=sorted(engine.eos_token_ids))
+        manifest = json.loads((written.root / "toolrail_repo_manifest.json").read_text())
+        assert manifest["tool_call_format"] == FAMILIES[name].tool_format  # what `engine triton-repo` records
         double = TritonProtocolDouble(root, engine_generator(engine), seed=3)
         server = _ServerThread(double)
         servers.append(server)
