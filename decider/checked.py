@@ -53,7 +53,7 @@ from tools.check import (
     flag_repeated_side_effects,
     prior_calls,
 )
-from tools.evidence import ConversationValues
+from tools.evidence import ConversationValues, reference_day
 from toolrail import tracing
 
 __all__ = ["CheckedAttempt", "CheckedDecision", "ClientOutput", "DEFAULT_MAX_REASKS", "OnCheckedCall", "decide_checked"]
@@ -300,7 +300,8 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
     specs = {spec.name: spec for spec in request.tools}
     # Grounding checks model output against the conversation (never the re-ask feedback). Calls a
     # client sends with no conversation are the client's own values: nothing to ground them in.
-    evidence = ConversationValues.from_messages(request.messages) if request.messages else None
+    evidence = ConversationValues.from_messages(request.messages, today=reference_day(request.now, request.time_zone)) \
+        if request.messages else None
     require = request.tool_choice == "required" or isinstance(request.tool_choice, Mapping)
     prior = prior_calls(list(request.messages))
     answered = answered_calls(list(request.messages))
