@@ -1,4 +1,4 @@
-"""``toolrail serve | worker | repair | run | demo``."""
+"""``toolrail serve | worker | repair | run | demo | mcp stdio``."""
 
 from __future__ import annotations
 
@@ -94,6 +94,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                              "and an agent run: a tool call, its result back to the model, an answer.")
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(handler=_demo)
+
+    mcp = subparsers.add_parser("mcp", help="serve toolrail's tools over MCP (stdio)",
+                                description="toolrail as an MCP server. Over HTTP the API serves /mcp; this command "
+                                            "serves the same tools on stdin/stdout for a local MCP host.")
+    commands = mcp.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND")
+    stdio = commands.add_parser("stdio", help="MCP over stdin/stdout (tenant 'default'; needs Redis and workers)")
+    stdio.add_argument("--redis-url", default=None, metavar="URL", help="default: REDIS_URL")
+    stdio.set_defaults(handler=_mcp_stdio)
+    mcp.set_defaults(handler=lambda args: (mcp.print_help(), 2)[1])
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -493,3 +502,50 @@ def _demo(args: argparse.Namespace) -> int:
         status |= job["status"] != "succeeded"
     print("\n" + "\n".join(NEXT_STEPS), file=sys.stderr if args.json else sys.stdout)
     return int(status)
+
+
+def _mcp_stdio(args: argparse.Namespace) -> int:
+    """``toolrail mcp stdio``: the same handlers as ``/mcp`` on stdin/stdout for a local host (tenant ``default``),
+    over this process's Redis (``REDIS_URL``) and the running workers. Logs go to stderr; stdout carries nothing but
+    the protocol."""
+    from toolrail.settings import get_settings  # noqa: PLC0415
+
+    if args.redis_url:  # the job store and the Celery app publishing its tasks: one Redis (the app reads REDIS_URL)
+        os.environ["REDIS_URL"] = args.redis_url
+        get_settings.cache_clear()
+    from executor.api.context import JobDesk  # noqa: PLC0415
+    from executor.runtime import Runtime  # noqa: PLC0415
+    from executor.worker.tasks import QUEUES  # noqa: PLC0415 - the Celery app reads REDIS_URL at import
+    from mcpbridge.server import serve_stdio  # noqa: PLC0415 - the MCP SDK only where MCP is served
+    from toolrail.redis_embed import redis_url  # noqa: PLC0415
+
+    settings = get_settings()
+    # REDIS_URL or --redis-url, never a guessed default port: nothing set is one line (RedisNotConfiguredError)
+    runtime = Runtime.from_settings(settings, redis_url=redis_url(settings), queues=QUEUES)
+    runtime.redis.ping()  # a missing Redis is one line (toolrail.cli.one_line_error), before the host waits on us
+    runtime.registry = _workers_registry(runtime.redis)
+    serve_stdio(JobDesk(runtime, QUEUES.decide, QUEUES.dispatch), settings)
+    return 0
+
+
+def _workers_registry(client: Any) -> Any:
+    """The registry the workers load (their demo tools and tool modules, as they published them at start), loaded
+    here; a tool they serve that this process cannot load stops the command with one line naming it and why."""
+    from executor.store.worker_tools import published  # noqa: PLC0415
+    from tools.registry import load_registry  # noqa: PLC0415
+
+    workers = published(client)
+    if not workers:
+        raise SystemExit("toolrail mcp stdio: no worker has published its tools on this Redis (each does at its "
+                         "start): start the workers first (toolrail serve)")
+    modules = list(dict.fromkeys(module for worker in workers for module in worker.modules))
+    registry = load_registry(modules=modules, demo_tools={name for worker in workers for name in worker.demo_tools})
+    served = {name: worker.worker for worker in reversed(workers) for name in worker.tools}
+    missing = sorted(set(served) - set(registry.names()))
+    if missing:
+        why = "; ".join(problem.message() for problem in registry.problems) or \
+            f"its modules ({', '.join(modules) or 'none'}) did not register them here"
+        raise SystemExit(f"toolrail mcp stdio: the workers serve {', '.join(missing)} (worker "
+                         f"{served[missing[0]]}), which this process cannot load: {why}. Run it in the workers' "
+                         "Python environment")
+    return registry
