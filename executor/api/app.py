@@ -44,6 +44,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from executor.api.console import console_router
 from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody, ReviewBody
 from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
@@ -376,6 +377,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     app.include_router(trace_router(runtime, Tenant))
+    app.include_router(console_router(runtime, settings, Tenant, stream_slots=stream_slots))  # /console, /v1/console/*
     if mount_openai is None:
         mount_openai = settings.decider in {"embedded", "triton"}
     if mount_openai:
