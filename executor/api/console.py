@@ -36,7 +36,8 @@ from executor.errors import JobNotFoundError
 from executor.runs.reconcile import LAST_SWEEP_KEY
 from executor.runs.tracing_hooks import message_age_s
 from executor.store.records import JobRecord
-from executor.worker.config import worker_queues
+from executor.worker.config import celery_config, worker_queues
+from toolrail.redis_embed import redis_url
 
 __all__ = ["CSP", "STATIC_DIR", "console_router", "job_summary"]
 
@@ -75,7 +76,7 @@ def console_router(runtime: Any, settings: Any, tenant: Any, *, stream_slots: An
     depends = typing.get_args(tenant)[1]
     files = _static_files()
     events_redis = AsyncRedisFactory(runtime.redis, block_s=settings.sse_heartbeat_s)
-    workers = _WorkerProbe()
+    workers = _WorkerProbe(settings)
 
     @router.get("/console", include_in_schema=False)
     def console_root() -> Response:
@@ -204,19 +205,28 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 
 
 class _WorkerProbe:
-    """The workers that answer a broadcast (``active_queues``): their names and queues, asked at most every 2 s, one
-    probe at a time (overlapping broadcasts share a reply queue and lose replies: ``executor.api.readiness``)."""
+    """The workers that answer a broadcast (``active_queues``) on the API's broker: their names and queues, asked at
+    most every 2 s, one probe at a time (overlapping broadcasts share a reply queue and lose replies:
+    ``executor.api.readiness``)."""
 
-    def __init__(self, interval_s: float = 2.0) -> None:
-        self._interval, self._lock = interval_s, threading.Lock()
+    def __init__(self, settings: Any, interval_s: float = 2.0) -> None:
+        self._settings, self._interval, self._lock = settings, interval_s, threading.Lock()
+        self._app: Any = None
         self._at, self._last = 0.0, {"alive": [], "error": None}
+
+    def _probe_app(self) -> Any:
+        if self._app is None:  # the broker of this API's settings (the job store's Redis), configured as the workers'
+            from celery import Celery  # noqa: PLC0415
+
+            self._app = Celery("toolrail-console-probe")
+            self._app.conf.update(celery_config(redis_url(self._settings),
+                                                visibility_timeout_s=self._settings.visibility_timeout_s))
+        return self._app
 
     def read(self) -> dict[str, Any]:
         if time.monotonic() - self._at >= self._interval and self._lock.acquire(blocking=False):
             try:
-                from executor.worker.celery import app as celery_app  # noqa: PLC0415
-
-                replies = celery_app.control.inspect(timeout=0.5).active_queues() or {}
+                replies = self._probe_app().control.inspect(timeout=0.5).active_queues() or {}
                 alive = [{"name": name, "queues": sorted(q["name"] for q in queues or [])}
                          for name, queues in sorted(replies.items())]
                 self._last = {"alive": alive, "error": None}
