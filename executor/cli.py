@@ -268,11 +268,17 @@ def _repair(args: argparse.Namespace) -> int:
 def _submit_and_wait(client: Any, body: dict[str, Any], *, deadline: float, show: bool,
                      wait: bool = True) -> dict[str, Any]:
     """Submit ``body`` and wait for its end until ``deadline`` (``time.monotonic()``): one deadline for the event
-    stream and the polling after it, not a timeout each."""
-    response = client.post("/v1/jobs", json=body)
+    stream and the wait after it, not a timeout each. Without the event display, the submit itself waits
+    (``Prefer: wait``: the finished job in the answer)."""
+    wait_s = 0.0 if show else round(max(0.0, min(deadline - time.monotonic(), 60.0)), 3)
+    response = client.post("/v1/jobs", json=body, headers={"Prefer": f"wait={wait_s:g}"} if wait_s else None,
+                           timeout=wait_s + 30)
     if response.status_code >= 400:
         raise SystemExit(f"the API refused the job ({response.status_code}): {response.text}")
     job_id = response.json()["job_id"]
+    if response.status_code == 200 and "Preference-Applied" in response.headers \
+            and response.json()["status"] != "awaiting_approval":
+        return response.json()  # settled within the wait: the whole record
     if show:
         print(f"job {job_id}  request_id={response.json()['request_id']}", file=sys.stderr)
         try:

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from executor.errors import SandboxError
-from executor.runs.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
+from executor.calls.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
 from executor.sandbox.boundary import CallRun, SandboxResult
 from mcpbridge import providers
 from mcpbridge.pool import pool

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -40,7 +39,8 @@ from mcp.server.transport_security import TransportSecuritySettings
 from executor.runs.submit import cancel, submit
 from executor.api.middleware import LOOPBACK_NAMES
 from executor.api.sse import AsyncRedisFactory
-from executor.store.records import TERMINAL_JOB, JobRecord
+from executor.api.waiting import settled
+from executor.store.records import JobRecord
 from mcpbridge.session import META_PREFIX
 from toolrail import tracing
 from toolrail.context import sanitize_request_id
@@ -55,8 +55,6 @@ log = get_logger("toolrail.mcp.server")
 #: Where the authenticated tenant and the request id travel in the ASGI scope (set by ``McpEndpoint``).
 TENANT_SCOPE_KEY = "toolrail.tenant"
 REQUEST_ID_SCOPE_KEY = "toolrail.request_id"
-#: Statuses after which a ``tools/call`` stops waiting although the job is not terminal.
-_PAUSED = frozenset({"awaiting_approval"})
 
 
 class McpService:
@@ -158,26 +156,19 @@ class McpService:
         submit(self.runtime, job, enqueue=self.enqueue, dispatch=self.dispatch)
 
     async def _wait(self, job_id: str, *, report: Callable[..., Any] | None) -> str | None:
-        """Read the job's event stream until a terminal (or paused) status; progress events are reported."""
-        client = self._events.client()
-        key = self.runtime.store.events_key(job_id)
-        deadline = time.monotonic() + float(self.settings.mcp_call_timeout_s)
-        last = "0"
-        while (left := deadline - time.monotonic()) > 0:
-            chunk = await client.xread({key: last}, count=100, block=max(1, int(min(left, 1.0) * 1000)))
-            for _stream, entries in chunk or []:
-                for entry_id, fields in entries:
-                    last = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                    event = json.loads(fields[b"data"])
-                    if event.get("type") == "progress" and report is not None:
-                        try:
-                            await report(float(event.get("progress") or 0), event.get("total"), event.get("message"))
-                        except Exception:  # noqa: BLE001 - a client gone away does not stop the job
-                            report = None
-                    elif event.get("type") == "status" and (event.get("status") in TERMINAL_JOB
-                                                             or event.get("status") in _PAUSED):
-                        return event["status"]
-        return None
+        """Wait on the job's event stream until it settles (ends, or waits for approval), as ``GET /v1/jobs/{id}?wait``
+        does; its progress events are reported."""
+
+        async def progress(event: dict[str, Any]) -> None:
+            nonlocal report
+            if event.get("type") == "progress" and report is not None:
+                try:
+                    await report(float(event.get("progress") or 0), event.get("total"), event.get("message"))
+                except Exception:  # noqa: BLE001 - a client gone away does not stop the job
+                    report = None
+
+        return await settled(self._events.client(), self.runtime.store.events_key(job_id),
+                             wait_s=float(self.settings.mcp_call_timeout_s), block_s=1.0, on_event=progress)
 
 
 def _meta(job_id: str | None, request_id: str) -> dict[str, Any]:

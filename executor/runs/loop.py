@@ -20,14 +20,11 @@ from tools.check import CallCheck
 from decider.protocol import DecideRequest
 from executor import metrics
 from executor.runs import policy as runs
-from executor.runs.breaker import guarded_run
-from executor.errors import SandboxError
-from executor.store.idempotency import payload_hash
 from executor.runs.progress_events import progress_recorder
 from executor.runs.runtime import Runtime
+from executor.calls.pipeline import Invocation
 from executor.sandbox.boundary import CallRun
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord, StoredJob
-from executor.runs.tracing_hooks import execute_tool
 from toolrail import tracing
 from toolrail.logging import get_logger
 from tools.calls import call_id
@@ -40,9 +37,6 @@ __all__ = ["Dispatch", "NextStep", "advance", "check_client_output", "decide_job
            "run_call", "set_status", "start_checked"]
 
 log = get_logger("toolrail.executor")
-
-#: The idempotency lock outlives the tool's wall-clock limit by this much (bookkeeping after the kill).
-LOCK_GRACE_S = 10.0
 
 #: ``dispatch(job, call)`` enqueues one call on its tool queue.
 Dispatch = Callable[[JobRecord, CallRecord], None]
@@ -438,8 +432,8 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
 
 
 def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | None = None) -> CallRecord:
-    """Run one call in the sandbox (once, for side effects), record its outcome, and advance the run when the
-    step's last call ends."""
+    """Run one call through the call pipeline (``rt.calls``: slot, admission, idempotency, span, breaker, sandbox),
+    record its outcome, and advance the run when the step's last call ends."""
     job = rt.store.get(job_id)
     call = next((c for c in job.calls if c.id == call_id_), None)
     if call is None:
@@ -455,39 +449,25 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
         log.warning("call.not_approved", job_id=job_id, call_id=call.id)  # never runs before a person approves it
         return call
     spec = job_specs(rt, job)[call.name]
-    arguments = call.arguments or {}
-    digest = payload_hash(call.name, arguments) if spec.side_effects else ""  # the ledger's key: side effects only
-    with rt.admission(spec):  # e.g. the MCP tenant's call slot: taken before the idempotency lock
-        outcome: dict[str, Any] | None = None
-        if spec.side_effects:
-            begin = rt.idempotency.begin(job_id, call.id, digest, lock_s=spec.timeout_s + LOCK_GRACE_S)  # may raise retryable
-            if begin.replay is not None:
-                outcome = {**begin.replay, "replayed": True}
-                log.info("call.replayed", job_id=job_id, call_id=call.id)
-        call.status, call.attempts, call.started_at = "running", call.attempts + 1, time.time()
-        rt.store.put_call(job_id, call)
-        if outcome is None:
-            log.info("call.start", job_id=job_id, call_id=call.id, tool=call.name)
-            try:
-                result = execute_tool(guarded_run, rt, spec, CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id,
-                                                       idempotency_key=f"{job_id}:{call.id}", arguments=arguments,
-                                                       env=rt.tool_env(spec), on_progress=progress_recorder(rt, job_id, call)),
-                                     tenant=job.tenant)
-                for line in result.logs:
-                    log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
-                             tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))
-                outcome = {"ok": True, "result": result.result, "duration_s": result.duration_s}
-            except SandboxError as exc:
-                outcome = {"ok": False, "error": exc.to_dict()}
-                log.warning("call.failed", job_id=job_id, call_id=call.id, error_type=exc.type, message=str(exc))
-            if spec.side_effects:
-                rt.idempotency.complete(job_id, call.id, digest, outcome)
+    run = CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id, idempotency_key=f"{job_id}:{call.id}",
+                  arguments=call.arguments or {}, env=rt.tool_env(spec), on_progress=progress_recorder(rt, job_id, call))
+    outcome = rt.calls(Invocation(job_id=job_id, tenant=job.tenant, call=call, spec=spec, run=run,
+                                  queue=call.queue or spec.queue_name))
+    if outcome.replayed:  # answered from its idempotency record: this delivery is one more attempt all the same
+        call.attempts, call.started_at = call.attempts + 1, time.time()
+    elif not outcome.ok:
+        error = outcome.error or {}
+        log.warning("call.failed", job_id=job_id, call_id=call.id, error_type=error.get("type"), message=error.get("message"))
+    for line in outcome.ran.logs if outcome.ran is not None else ():
+        log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
+                 tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))
     call.finished_at = time.time()
-    call.duration_s = outcome.get("duration_s", round(call.finished_at - call.started_at, 6))
-    if outcome["ok"]:
-        call.status, call.result, call.error = "succeeded", outcome.get("result"), None
+    took = round(call.finished_at - (call.started_at or call.finished_at), 6)
+    call.duration_s = outcome.duration_s if outcome.duration_s is not None else took
+    if outcome.ok:
+        call.status, call.result, call.error = "succeeded", outcome.result, None
     else:
-        call.status, call.error = "failed", outcome.get("error")
+        call.status, call.error = "failed", outcome.error
     remaining, read = rt.store.finish_call_and_read(job_id, call)  # the last call of its step: the job as it ended
     log.info("call.end", job_id=job_id, call_id=call.id, status=call.status, remaining=remaining)
     if remaining == 0:

@@ -17,8 +17,10 @@ from typing import Any
 import redis
 
 from decider.protocol import Decider
-from executor.runs.breaker import CircuitBreaker
-from executor.runs.concurrency import ConcurrencyLimiter
+from executor.calls import stages
+from executor.calls.breaker import CircuitBreaker
+from executor.calls.concurrency import ConcurrencyLimiter
+from executor.calls.pipeline import Pipeline
 from executor.store.idempotency import IdempotencyStore
 from executor.sandbox.boundary import Sandbox
 from executor.sandbox.process import ProcessSandbox
@@ -94,6 +96,19 @@ class Runtime:
         s = self.settings
         return ConcurrencyLimiter(self.redis, initial=s.concurrency_initial, minimum=s.concurrency_min,
                                   maximum=s.concurrency_max)
+
+    @cached_property
+    def calls(self) -> Pipeline:
+        """The call pipeline: every stage a call passes, in order, ending in its runner (``runner_for``)."""
+        return Pipeline([
+            stages.Slot(self.concurrency, wait_s=self.settings.concurrency_wait_s),
+            stages.Admission(self.admission),
+            stages.Idempotency(self.idempotency),
+            stages.Running(self.store),
+            stages.Cancellation(self.store),
+            stages.Span(),
+            stages.Breaker(self.breaker),
+        ], runner=self.runner_for)
 
     @property
     def sandbox(self) -> Sandbox:

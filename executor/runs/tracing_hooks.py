@@ -13,8 +13,8 @@
   the trace itself) to the job's span (a cancelled job's span is written by ``set_status``, as every end's).
 - :func:`in_job_trace` — wraps ``enqueue(job)``/``dispatch(job, call)`` so what they publish is a
   child of the job's span (the reconciler's requeues included).
-- :func:`step`, :func:`execute_tool` — the ``step {n}`` span of a decide task and the
-  ``execute_tool {name}`` span of a call's run (whose context the sandbox child gets).
+- :func:`step` — the ``step {n}`` span of a decide task (a call's ``execute_tool`` span is a stage of the call
+  pipeline: ``executor.calls.stages.Span``).
 - :func:`trace_router` — ``GET /v1/jobs/{id}/trace``: the job's spans from the Redis sink, its tenant's only
   (spans are stored per tenant and trace: a trace id two tenants used shows each its own).
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import json
 import re
@@ -41,7 +40,7 @@ from toolrail import tracing
 from toolrail.trace_sinks import read_trace
 from toolrail.logging import get_logger
 
-__all__ = ["PUBLISHED_AT_HEADER", "StepScope", "execute_tool", "in_job_trace", "instrument_api", "instrument_celery",
+__all__ = ["PUBLISHED_AT_HEADER", "StepScope", "in_job_trace", "instrument_api", "instrument_celery",
            "message_age_s", "step", "trace_router"]
 
 log = get_logger("toolrail.tracing")
@@ -216,30 +215,6 @@ def step(runtime_of: Callable[[], Any], job_id: str) -> Iterator[StepScope]:
             carrier = runtime_of().store.get(job_id).trace_context
     with tracing.job_context(carrier), tracing.step_span(job_id) as span:
         yield StepScope(span)
-
-
-def execute_tool(run: Callable[..., Any], rt: Any, spec: Any, call: Any, **kwargs: Any) -> Any:
-    """``run(rt, spec, call, **kwargs)`` (``guarded_run``) inside an ``execute_tool {name}`` span; the
-    sandbox child gets the span's context in its envelope and returns its own span."""
-    if not tracing.recording():
-        return run(rt, spec, call, **kwargs)
-    from executor.errors import SandboxError  # noqa: PLC0415
-
-    with tracing.execute_tool_span(spec.name, call.call_id, arguments=call.arguments, **{
-            "toolrail.job.id": call.job_id, "toolrail.tool.queue": spec.queue_name,
-            "toolrail.tool.side_effects": bool(spec.side_effects)}) as span:
-        call = dataclasses.replace(call, trace_context=tracing.current_context())
-        try:
-            result = run(rt, spec, call, **kwargs)
-        except SandboxError as exc:
-            tracing.record_tool(span, status="failed", error=exc.to_dict())
-            raise
-        except Exception as exc:
-            tracing.record_tool(span, status="failed", error={"type": type(exc).__name__, "message": str(exc)})
-            raise
-        tracing.record_tool(span, status="succeeded", result=result.result)
-        span.set_attribute("toolrail.tool.duration_s", round(float(result.duration_s), 6))
-        return result
 
 
 # ----------------------------------------------------------------- the API

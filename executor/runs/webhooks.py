@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 
 from executor import metrics
-from executor.runs.breaker import DEFAULT_TENANT
+from executor.calls.breaker import DEFAULT_TENANT
 from executor.worker.celery import app
 from executor.worker.config import WEBHOOK_QUEUE
 from executor.errors import WebhookUrlError

@@ -5,7 +5,6 @@ from __future__ import annotations
 import redis
 
 from decider.errors import DeciderRetryableError
-from executor.runs import concurrency
 from executor.runs import loop as jobs
 from executor.runs import tracing_hooks
 from executor.worker.celery import BoundaryTask, app
@@ -49,13 +48,9 @@ def decide(self, job_id: str) -> str:
 
 @app.task(name="toolrail.run_call", bind=True, **_RETRY)
 def run_call(self, job_id: str, call_id: str) -> str:
-    """Run one call in the sandbox."""
-    rt = get_runtime()
-    queue = (self.request.delivery_info or {}).get("routing_key") or "default"
+    """Run one call (``executor.runs.loop.run_call``: its pipeline); a retryable error comes back when it asks."""
     try:
-        # a slot of the queue's adaptive limit, taken before any idempotency lock: waiting costs nothing held
-        with concurrency.slot(rt, queue, lease_s=float(app.conf.task_time_limit or 600)):
-            call = jobs.run_call(rt, job_id, call_id, next_step=enqueue_decide)
+        call = jobs.run_call(get_runtime(), job_id, call_id, next_step=enqueue_decide)
     except RetryableError as exc:
         retry_in = exc.details.get("retry_in_s")
         if retry_in is not None:
