@@ -110,7 +110,10 @@ def console_router(runtime: Any, settings: Any, tenant: Any, *, stream_slots: An
         waiting for a person."""
         return {"jobs": summaries(tenant_name, max(1, min(limit, 200)))}
 
-    @router.get("/v1/console/events", tags=["console"])
+    @router.get("/v1/console/events", tags=["console"],
+                responses={200: {"description": "Server-Sent Events: `snapshot` ({jobs: [summary]}), then `job` (a summary)",
+                                 "content": {"text/event-stream": {"itemSchema": {"type": "object", "properties": {
+                                     "event": {"enum": ["snapshot", "job", "error"]}, "data": {"type": "string"}}}}}}})
     async def console_events(tenant_name: str = depends, limit: int = 50, timeout_s: float = 300.0) -> Response:
         """SSE: ``snapshot`` (the summaries of ``GET /v1/console/jobs``), then ``job`` (one summary) whenever one of
         those jobs changes state or a new job appears, until ``timeout_s``; ``: heartbeat`` while idle. Counts
