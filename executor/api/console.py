@@ -34,7 +34,7 @@ from executor.api.bodies import ApiError
 from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse
 from executor.errors import JobNotFoundError
 from executor.runs.reconcile import LAST_SWEEP_KEY
-from executor.runs.tracing_hooks import message_age_s
+from executor.worker.tracing import message_age_s
 from executor.store.records import JobRecord
 from executor.worker.config import celery_config, worker_queues
 from toolrail.redis_embed import redis_url
@@ -71,7 +71,7 @@ def job_summary(job: JobRecord) -> dict[str, Any]:
 
 def console_router(runtime: Any, settings: Any, tenant: Any, *, stream_slots: Any) -> APIRouter:
     """The page's routes and the console's read-only endpoints. ``tenant``: the API's ``Annotated`` dependency
-    (authentication and rate limit), as :func:`executor.runs.tracing_hooks.trace_router` takes it."""
+    (authentication and rate limit), as :func:`executor.api.tracing.trace_router` takes it."""
     router = APIRouter()
     depends = typing.get_args(tenant)[1]
     files = _static_files()

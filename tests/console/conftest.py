@@ -59,7 +59,7 @@ def console_worker(console_db: str, worker_env: dict[str, str], tmp_path_factory
 
 def _serve(console_db: str, **settings: Any) -> tuple[Any, Any, str]:
     from executor.api.app import create_app
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail import tracing
     from toolrail.settings import Settings
