@@ -22,7 +22,7 @@ import xgrammar as xgr
 
 from decider.errors import UnsupportedSchemaError
 
-__all__ = ["CompiledConstraint", "DEFAULT_CACHE_SIZE", "DEFAULT_SEPARATORS", "GrammarCache", "tokenizer_hash"]
+__all__ = ["CompiledConstraint", "DEFAULT_CACHE_SIZE", "DEFAULT_SEPARATORS", "GrammarCache", "structural_tag_ebnf", "tokenizer_hash"]
 
 #: Compiled grammars kept per cache (LRU).
 DEFAULT_CACHE_SIZE = 256
@@ -38,6 +38,14 @@ class CompiledConstraint:
     key: tuple[str, str]
     compile_s: float
     cache_hit: bool
+
+
+def structural_tag_ebnf(tag_json: str) -> str:
+    """The EBNF text of a structural tag (what a server whose guided decoding takes no structural tag gets)."""
+    try:
+        return str(xgr.Grammar.from_structural_tag(tag_json))
+    except (RuntimeError, ValueError) as exc:
+        raise UnsupportedSchemaError("structural_tag", "", f"the constraint engine cannot build this tag: {exc}") from None
 
 
 def tokenizer_hash(tokenizer_info: xgr.TokenizerInfo) -> str:
@@ -77,7 +85,11 @@ class GrammarCache:
 
     def compile(self, schema_json: str) -> CompiledConstraint:
         """The compiled grammar of ``schema_json`` (a grammar schema as canonical JSON text)."""
-        key = (hashlib.sha256(schema_json.encode()).hexdigest()[:16], self.tokenizer_hash)
+        return self._compile(schema_json, lambda: self.compiler.compile_json_schema(
+            schema_json, any_whitespace=self.any_whitespace, separators=self.separators, strict_mode=True))
+
+    def _compile(self, text: str, build: Any) -> CompiledConstraint:
+        key = (hashlib.sha256(text.encode()).hexdigest()[:16], self.tokenizer_hash)
         with self._lock:
             grammar = self._cache.get(key)
             if grammar is not None:
@@ -86,8 +98,7 @@ class GrammarCache:
                 return CompiledConstraint(grammar=grammar, key=key, compile_s=0.0, cache_hit=True)
         start = time.perf_counter()
         try:
-            grammar = self.compiler.compile_json_schema(schema_json, any_whitespace=self.any_whitespace,
-                                                        separators=self.separators, strict_mode=True)
+            grammar = build()
         except (RuntimeError, ValueError) as exc:
             raise UnsupportedSchemaError("schema", "", f"the constraint engine cannot compile this schema: {exc}") from None
         elapsed = time.perf_counter() - start
@@ -99,6 +110,11 @@ class GrammarCache:
             while len(self._cache) > self.maxsize:
                 self._cache.popitem(last=False)
         return CompiledConstraint(grammar=grammar, key=key, compile_s=elapsed, cache_hit=False)
+
+    def compile_structural_tag(self, tag_json: str) -> CompiledConstraint:
+        """The compiled grammar of an xgrammar structural tag (a native tool format's constraint), cached
+        like schemas (its key is the tag text's hash)."""
+        return self._compile(tag_json, lambda: self.compiler.compile_structural_tag(tag_json))
 
     def stats(self) -> dict[str, Any]:
         """Grammars held, hits, misses and compile seconds (median and slowest of the last 1,000 compiles)."""

@@ -46,6 +46,7 @@ from prometheus_client.core import GaugeMetricFamily
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from decider.checked import client_turn
 from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody, ReviewBody
 from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
@@ -277,16 +278,20 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         if body.tool_choice == "required" and not names and not inline:
             raise ApiError(400, "invalid_request", "tool_choice=required with an empty tool list")
         _check_conversation(body.messages)
+        messages = [m.normalized() for m in body.messages]
         client_output = None
         if body.tool_calls is not None:
             client_output = {"tool_calls": [c.flat() for c in body.tool_calls]}
         elif body.raw_output is not None:
             client_output = {"raw_output": body.raw_output}
+        elif (turn := client_turn(messages)) is not None:  # a last assistant turn's unanswered calls: the client's
+            messages, calls = turn
+            client_output = {"tool_calls": calls}
         max_reasks = settings.default_max_reasks if body.max_reasks is None else body.max_reasks
         if max_reasks > settings.max_reasks_limit:
             raise ApiError(422, "validation_error", f"max_reasks may be at most {settings.max_reasks_limit}")
         job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
-                        messages=[m.normalized() for m in body.messages], tools=names,
+                        messages=messages, tools=names,
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
                         max_reasks=max_reasks, client_output=client_output,

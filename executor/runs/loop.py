@@ -103,15 +103,6 @@ def _decider_configured(rt: Runtime) -> bool:
     return rt.settings.decider != "none"
 
 
-def _why_no_reask(rt: Runtime, job: JobRecord) -> str:
-    """Why a failing output went to review without a re-ask: never "no decider" where one is configured."""
-    if not _decider_configured(rt):
-        return "no decider is configured to re-ask"
-    if not job.messages:
-        return "the job brings no conversation to re-ask a model with (send messages to have it re-asked)"
-    return "the decider could not be loaded to re-ask"
-
-
 def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextStep | None = None) -> JobRecord:
     """Decide the current step (or take the client's output), check and re-ask, then dispatch its calls.
 
@@ -132,7 +123,8 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
         return _stop(rt, job, runs.deadline_trip(job))
     specs = job_specs(rt, job)
     first = _client_output(job)
-    decider = rt.decider if job.messages else None  # asked for only when a decision or re-ask is needed
+    # the client's own output is final (decider.checked): the decider is asked for only when it decides
+    decider = rt.decider if job.messages and first is None else None
     if first is None and (decider is None or decider() is None):
         return set_status(rt, job_id, "failed", error={"type": "decider_unavailable", "message":
                           "no decider is configured and the job brought no tool calls", "details": {}})
@@ -159,8 +151,6 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
     attempts = [a.to_dict() for a in decision.attempts]
     if decision.status == "needs_review":
         error = dict(decision.error or {})
-        if decider is None or decider() is None:
-            error["message"] = f"{error.get('message')}; {_why_no_reask(rt, job)}"
         log.warning("job.needs_review", job_id=job_id, step=job.step, attempts=len(attempts), error_type=error.get("type"))
         return _end_step(rt, job, "needs_review", attempts=attempts, error=error)
     if decision.status == "failed":
@@ -254,7 +244,8 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
     no decider) and returns the record as that step would leave it — status, journal, attempts,
     calls — for the store to write in one go (``JobStore.create``); the caller dispatches its
     ``pending`` calls. Returns None when the job still needs the decide task: no client output, a
-    deadline already passed, or an output that fails its check while a decider could be re-asked.
+    deadline already passed, or calls a guard stops. An output that fails its check ends ``needs_review``
+    here: the client's output is never re-asked (``decider.checked``).
     """
     first = _client_output(job)
     if first is None or job.step > 0 or runs.deadline_passed(job):
@@ -270,13 +261,8 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
     decision = decide_checked(None, request, first_output=first, max_reasks=job.max_reasks)
     ended = time.time()
     attempts = [a.to_dict() for a in decision.attempts]
-    if decision.status == "needs_review" and job.messages and _decider_configured(rt):
-        return None  # the decider re-asks: that is the decide task's work
     status, error, calls = decision.status, decision.error, []
-    if decision.status == "needs_review":
-        error = {**(decision.error or {})}
-        error["message"] = f"{error.get('message')}; {_why_no_reask(rt, job)}"
-    elif decision.status == "calls":
+    if decision.status == "calls":
         trip = runs.guard_new_calls(job, [(c.name, c.arguments) for c in decision.calls], rt.settings)
         if trip is not None:
             return None  # guards stop runs from the decide task (one place that records the trip)
@@ -287,7 +273,7 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
             job.approval_deadline_at = time.time() + (job.approval_timeout_s or rt.settings.approval_timeout_s)
         for call in calls:
             call.dispatched_at = ended if call.status == "pending" and not waiting else None  # queued once stored
-    else:  # a text answer ends the run
+    elif decision.status == "text":  # a text answer ends the run
         status = "succeeded"
     job.status, job.attempts, job.error = status, attempts, error  # type: ignore[assignment]
     job.content = decision.content if decision.status == "calls" else (decision.content or "") if status == "succeeded" else None

@@ -168,4 +168,25 @@ def _check_tools(sender: object = None, **_: object) -> None:
               file=sys.stderr, flush=True)
         raise SystemExit(TOOL_CHECK_EXIT)
     log.info("tools.checked", tools=len(report.checked), refused=sorted(report.failed_tools()))
+    _publish_tools(str(getattr(sender, "hostname", "") or ""), [name for name in default_registry().names()
+                                                                 if name not in report.failed_tools()])
     os.environ[_PREWARM_ENV] = "1"  # pool processes are forked after this: they inherit it
+
+
+def _publish_tools(worker: str, tools: list[str]) -> None:
+    """What this pool serves, in Redis (``executor.store.worker_tools``): a process started with an environment of its
+    own (``toolrail mcp stdio`` from an MCP host) loads the same tools, or says which it cannot."""
+    import redis  # noqa: PLC0415
+
+    from executor.store.worker_tools import publish  # noqa: PLC0415
+    from tools.registry import demo_tools_from_settings, tool_modules_from_env  # noqa: PLC0415
+
+    try:
+        client = redis.Redis.from_url(redis_url(get_settings()), socket_connect_timeout=2, socket_timeout=5)
+        try:
+            publish(client, worker or f"pid{os.getpid()}", demo_tools=demo_tools_from_settings(),
+                    modules=tool_modules_from_env(), tools=tools)
+        finally:
+            client.close()
+    except Exception as exc:  # noqa: BLE001 - the pool serves its queues regardless; stdio will say what it lacks
+        log.warning("tools.publish_failed", error=f"{type(exc).__name__}: {exc}")

@@ -134,6 +134,7 @@ def _tools(kind: str, state: dict[str, Any]) -> list[types.Tool]:
         types.Tool(name="get_weather", description="Same name as a local tool.", input_schema=obj({"city": {"type": "string"}}, ["city"])),
         types.Tool(name="change", description="Adds the tool 'extra' and says so.", input_schema=obj({})),
         types.Tool(name="inspect", description="What the server process sees.", input_schema=obj({})),
+        types.Tool(name="shout", description="Answers in plain text.", input_schema=obj({"words": {"type": "string"}})),
     ]
     if state.get("changed"):
         tools.append(types.Tool(name="extra", description="Appeared after a change.", input_schema=obj({})))
@@ -200,6 +201,8 @@ def build(kind: str = "good") -> Server:
             return types.CallToolResult(content=text("seen"), structured_content={
                 "cwd": os.getcwd(), "env": sorted(os.environ), "home": os.environ.get("HOME"), "network": network,
                 "rlimit_as": resource.getrlimit(resource.RLIMIT_AS)[0], "pid": os.getpid()})
+        if params.name == "shout":  # plain text, no structuredContent: what most MCP servers answer
+            return types.CallToolResult(content=text(f"{str(args.get('words', '')).upper()}!\nsaid twice"))
         if params.name in {"extra", "fine"}:
             return types.CallToolResult(content=text("ok"), structured_content={"ok": True})
         return types.CallToolResult(content=text(f"unknown tool {params.name}"), is_error=True)
