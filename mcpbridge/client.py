@@ -106,7 +106,7 @@ def _run(rt: Any, spec: Any, call: CallRun, *, timeout_s: float, idle_timeout_s:
             except Exception:  # noqa: BLE001
                 pass
 
-    async def one_call(client: Any, trouble: Trouble) -> tuple[dict[str, Any], bool]:
+    async def one_call(client: Any, trouble: Trouble) -> tuple[dict[str, Any] | str, bool]:
         result = await invoke(client, trouble, endpoint, spec.remote_name, call.arguments, names=names,
                               timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, meta=meta,
                               on_progress=on_progress, started=time.monotonic())
