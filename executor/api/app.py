@@ -47,6 +47,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from decider.checked import client_turn
+from executor.api.console import console_router
 from executor.api.context import ApiSurface, JobDesk
 from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody, ReviewBody
 from executor.api.bodies import check_conversation as _check_conversation
@@ -397,6 +398,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     app.include_router(trace_router(runtime, Tenant))
+    app.include_router(console_router(runtime, settings, Tenant, stream_slots=stream_slots))  # /console, /v1/console/*
     if mount_openai is None:
         mount_openai = settings.decider in {"embedded", "triton"}
     if mount_openai:
