@@ -13,6 +13,10 @@ Errors are ``{"error": {"type", "message", "details"}}`` with a 4xx status for a
 caller can fix, raised before any decoding. A generation bound (``max_tokens``, a cut repetition loop)
 is not an error: as OpenAI answers it, a 200 with ``finish_reason: "length"`` and whatever complete
 (and checked) calls the output holds.
+
+A conversation that ends in an assistant turn with tool calls no message answers yet brings the
+client's own decision: those calls are checked and answered as they are (same ids), or held back with
+the findings (``toolrail.status: "needs_review"``) — the model is never asked to replace them.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from decider.errors import (
     PromptTooLongError,
     UnsupportedSchemaError,
 )
-from decider.checked import DEFAULT_MAX_REASKS, CheckedDecision, decide_checked
+from decider.checked import DEFAULT_MAX_REASKS, CheckedDecision, client_turn, decide_checked
 from decider.protocol import DecideRequest, Decision
 from decider.service import BackendDecider, DecisionPlan
 from toolrail.context import REQUEST_ID_HEADER, request_scope, sanitize_request_id
@@ -256,6 +260,25 @@ def _cut_text_answer(raw: str) -> str:
     return ""
 
 
+async def _replayed(payload: dict[str, Any], *, include_usage: bool) -> AsyncIterator[str]:
+    """A finished completion as the chunks of a stream: the whole message in one delta, then its finish."""
+    base = {key: payload[key] for key in ("id", "created", "model", "system_fingerprint")}
+    base["object"] = "chat.completion.chunk"
+    choice = payload["choices"][0]
+    delta = dict(choice["message"])
+    if delta.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
+    for part, finish in ((delta, None), ({}, choice["finish_reason"])):
+        chunk = {**base, "choices": [{"index": 0, "delta": part, "finish_reason": finish, "logprobs": None}]}
+        if include_usage:
+            chunk["usage"] = None
+        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+    if include_usage:
+        yield f"data: {json.dumps({**base, 'choices': [], 'usage': payload['usage']})}\n\n"
+    yield f"data: {json.dumps({**base, 'choices': [], 'toolrail': payload['toolrail']}, ensure_ascii=False)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
 def _finish(reason: str, backend_reason: str | None) -> str:
     return "length" if backend_reason == "length" and reason != "tool_calls" else reason
 
@@ -324,11 +347,40 @@ class _ChatCompletions:
             if refusal is not None:
                 return refusal
             try:
+                turn = client_turn(body.messages)
+                if turn is not None:  # the client's own calls: checked and answered as they are, no model asked
+                    return self._client_calls(body, request_id, *turn)
                 await asyncio.to_thread(self.get_decider)  # the first call loads the model: never on the event loop
                 return await _unless_disconnected(request, self._complete(body, request_id), on_disconnect=lambda: (
                     _cancel_decoding(self.get_decider(), request_id, attempts=(body.max_reasks or 0) + 2)))
             except DeciderError as exc:
                 return _error_for(exc, request_id)
+
+    def _client_calls(self, body: ChatCompletionRequest, request_id: str, messages: list[dict[str, Any]],
+                      calls: list[dict[str, Any]]) -> Any:
+        """A conversation that ends in the client's own unanswered calls: they are checked (``decide_checked``, the
+        client's output is final) and answered as they are, with their ids — or, failing their checks, held back
+        with the findings (``toolrail.status: needs_review``, ``blocked_calls``). The model is never asked."""
+        decide = self._decide_request(body.model_copy(update={"messages": messages}), request_id)
+        checked = decide_checked(None, decide, first_output=calls)
+        decision = _checked_decision(checked)
+        ids = [call.get("id") for call in calls]
+        tool_calls = [{"id": ids[c.index] if c.index < len(ids) and ids[c.index] else c.id, "type": "function",
+                       "function": {"name": c.name, "arguments": _arguments_text(c)}} for c in decision.tool_calls]
+        message = ({"role": "assistant", "content": None, "tool_calls": tool_calls} if tool_calls
+                   else {"role": "assistant", "content": decision.content or ""})
+        payload = {"id": _completion_id(request_id), "object": "chat.completion", "created": int(time.time()),
+                   "model": body.model, "system_fingerprint": "toolrail-client",
+                   "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop",
+                                "logprobs": None}],
+                   "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+                   "toolrail": checked.record()}
+        headers = {REQUEST_ID_HEADER: request_id}
+        if not body.stream:
+            return JSONResponse(payload, headers=headers)
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(_replayed(payload, include_usage=include_usage), media_type="text/event-stream",
+                                 headers={**headers, "Cache-Control": "no-cache"})
 
     async def _complete(self, body: ChatCompletionRequest, request_id: str) -> Any:
         import asyncio

@@ -46,6 +46,9 @@ from prometheus_client.core import GaugeMetricFamily
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from decider.checked import client_turn
+from executor.api.console import console_router
+from executor.api.context import ApiSurface, JobDesk
 from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody, ReviewBody
 from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
@@ -56,13 +59,14 @@ from executor.errors import ExecutorError, JobNotFoundError
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector, PublicView
 from executor.api.ratelimit import install_load_control, rate_limited
 from executor.api.readiness import Readiness
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from executor.runs.submit import cancel, submit
 from executor.worker.config import worker_queues
 from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
 from executor.api.waiting import JobWaiter
 from executor.store.records import CallRecord, JobRecord
-from executor.runs.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
+from executor.api.tracing import instrument_api, trace_router
+from executor.worker.tracing import in_job_trace, message_age_s
 from toolrail import tracing
 from toolrail.extensions import API_GROUP, installed
 from toolrail.logging import get_logger
@@ -135,10 +139,14 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                ping_workers: Callable[[], int] | None = None, mount_openai: bool | None = None,
                rerun: Callable[[JobRecord, CallRecord], None] | None = None) -> FastAPI:
     """Build the API over a runtime. ``enqueue`` queues a job's decide step and ``rerun`` one call on its tool queue
-    (Celery by default; with ``enqueue`` given and no ``rerun``, approvals and the reconciler are off)."""
+    (the runtime's queues by default, Celery's where it has none; with ``enqueue`` given and no ``rerun``, approvals
+    and the reconciler are off). Webhooks go out on the runtime's queues."""
+    if runtime.queues is None:  # the deployment's Celery queues, unless the runtime brings its own
+        from executor.worker.tasks import QUEUES  # noqa: PLC0415 - the Celery app reads REDIS_URL at import
+
+        runtime.queues = QUEUES
     if enqueue is None:
-        from executor.worker.tasks import dispatch_call as rerun  # noqa: PLC0415
-        from executor.worker.tasks import enqueue_decide as enqueue  # noqa: PLC0415
+        enqueue, rerun = runtime.queues.decide, runtime.queues.dispatch
     if ping_workers is None:
         ping_workers = _celery_ping
     tenants = settings.tenants_by_key()
@@ -277,16 +285,20 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         if body.tool_choice == "required" and not names and not inline:
             raise ApiError(400, "invalid_request", "tool_choice=required with an empty tool list")
         _check_conversation(body.messages)
+        messages = [m.normalized() for m in body.messages]
         client_output = None
         if body.tool_calls is not None:
             client_output = {"tool_calls": [c.flat() for c in body.tool_calls]}
         elif body.raw_output is not None:
             client_output = {"raw_output": body.raw_output}
+        elif (turn := client_turn(messages)) is not None:  # a last assistant turn's unanswered calls: the client's
+            messages, calls = turn
+            client_output = {"tool_calls": calls}
         max_reasks = settings.default_max_reasks if body.max_reasks is None else body.max_reasks
         if max_reasks > settings.max_reasks_limit:
             raise ApiError(422, "validation_error", f"max_reasks may be at most {settings.max_reasks_limit}")
         job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
-                        messages=[m.normalized() for m in body.messages], tools=names,
+                        messages=messages, tools=names,
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
                         max_reasks=max_reasks, client_output=client_output,
@@ -386,6 +398,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     app.include_router(trace_router(runtime, Tenant))
+    app.include_router(console_router(runtime, settings, Tenant, stream_slots=stream_slots))  # /console, /v1/console/*
     if mount_openai is None:
         mount_openai = settings.decider in {"embedded", "triton"}
     if mount_openai:
@@ -399,8 +412,10 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     app.state.lifespans = []  # an extension's background work, run for as long as the app serves
+    surface = ApiSurface(settings, JobDesk(runtime, enqueue, rerun), Depends(rate_limited(tenant_of)),
+                         rate_limiter=getattr(app.state, "rate_limiter", None))
     for mount in installed(API_GROUP):  # mcpbridge: /mcp, /v1/mcp-servers
-        mount(app, settings=settings, runtime=runtime, enqueue=enqueue, dispatch=rerun)
+        mount(app, surface)
     return app
 
 

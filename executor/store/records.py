@@ -89,6 +89,8 @@ class JobRecord(BaseModel):
     #: Seconds a step may wait for approval (None: ``TOOLRAIL_APPROVAL_TIMEOUT_S``), and when the wait ends.
     approval_timeout_s: float | None = None
     approval_deadline_at: float | None = None
+    #: The user's IANA time zone: relative days ("tomorrow") are read against ``created_at`` there (None: UTC).
+    time_zone: str | None = None
     #: When the whole run must have ended (epoch seconds); None: no deadline.
     deadline_at: float | None = None
     #: Where ``job.*`` events are POSTed (Standard Webhooks); None: the tenant default, if any.
