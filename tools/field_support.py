@@ -35,7 +35,7 @@ import regex
 from tools.amounts import field_unit
 from tools.evidence import ConversationValues, languages
 
-__all__ = ["ROLES", "Field", "Support", "confusable", "date_supported", "field_role", "judge", "role_at"]
+__all__ = ["ROLES", "Field", "Support", "confusable", "date_supported", "field_role", "judge", "role_at", "unit_candidates"]
 
 ROLES = ("source", "destination")
 _OPPOSITE = {"source": "destination", "destination": "source"}
@@ -227,6 +227,18 @@ def _number(value: float, fld: Field, evidence: ConversationValues, call: Mappin
         return Support("absent", f"{value!r} in {unit.describe(call)} is not what was stated "
                                  f"({others[0].said} {_name(others[0].currencies)})")
     return Support("absent")
+
+
+def unit_candidates(leaf: Mapping[str, Any], evidence: ConversationValues) -> list[float] | None:
+    """The numbers a field with a fixed-currency ``x-unit`` may take in this conversation: the stated amounts in
+    its currency, in its scale (500 for "5 dollars" in USD cents), and the numbers said without a currency (a
+    person decides those for a minor unit). None: the field has no such unit (the caller keeps its numbers)."""
+    unit = field_unit("", leaf, {})
+    if unit is None or unit.currency is None:
+        return None
+    found = {float(unit.in_field(v, unit.currency)) for a in evidence.amounts if unit.currency in a.currencies
+             for v in a.values}
+    return sorted(found | evidence.bare)
 
 
 def _name(currencies: frozenset[str]) -> str:
