@@ -33,6 +33,8 @@ from babel import Locale
 from babel.core import get_global
 from babel.numbers import NumberFormatError, get_currency_name, get_currency_precision, parse_decimal
 
+from tools.languages import languages
+
 __all__ = ["LOCALES", "FieldUnit", "StatedAmount", "currency_words", "field_unit", "find_amounts", "unit_errors"]
 
 #: Locales whose currency symbols and names are read, and whose decimal conventions a number may follow.
@@ -92,8 +94,6 @@ def _active_currencies() -> frozenset[str]:
 @cache
 def currency_words() -> dict[str, frozenset[str]]:
     """Every way :data:`LOCALES` write a current currency (casefolded) → the currencies it may name."""
-    from tools.evidence import languages  # noqa: PLC0415 - evidence imports this module
-
     words: dict[str, set[str]] = {}
     active = _active_currencies()
 

@@ -16,7 +16,7 @@ the reason) or ``absent`` (a grounding finding: re-asked, then review). What eac
 - **a number with a unit** (``x-unit``, :mod:`tools.amounts`): an amount stated in a compatible currency and
   converted to the field's scale ("5 dollars" is 500 in USD cents; "5,00 €" states nothing for a USD field);
   a number stated without a currency is stated for a field of major units and unclear for minor units (500
-  what?); an amount whose decimal convention is unclear ("1.500 €" read two ways... only when both fit) is unclear.
+  what?); an amount two decimal conventions read as different values, both fitting the currency, is unclear.
 - **a number without a unit**: stated without a currency; stated only with one ("12 euros") is unclear —
   the field says nothing about what 12 means.
 """
@@ -33,7 +33,8 @@ from typing import Any, Literal
 import regex
 
 from tools.amounts import field_unit
-from tools.evidence import ConversationValues, languages
+from tools.evidence import ConversationValues
+from tools.languages import languages
 
 __all__ = ["ROLES", "Field", "Support", "confusable", "date_supported", "field_role", "judge", "role_at", "unit_candidates"]
 

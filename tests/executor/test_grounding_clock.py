@@ -45,3 +45,28 @@ def test_an_unknown_time_zone_is_refused():
     with pytest.raises(ValidationError, match="unknown IANA time zone"):
         JobCreate.model_validate({"messages": ASK, "tools": ["book"], "time_zone": "Mars/Olympus_Mons"})
     assert JobCreate.model_validate({"messages": ASK, "tools": ["book"], "time_zone": "Europe/Paris"}).time_zone
+
+
+CREDIT = ToolSpec(name="give_credit", side_effects=True, entrypoint="tests.nowhere:credit", parameters={
+    "type": "object", "additionalProperties": False, "required": ["customer", "amount"],
+    "properties": {"customer": {"type": "string", "pattern": "^C-[0-9]+$"}, "amount": {"type": "number"}}})
+
+
+@pytest.mark.parametrize(("said", "status", "required_by"), [("Give C-9 a credit of 12 euros", "awaiting_approval", "unclear"),
+                                                             ("Give C-9 a credit of 12", "pending", None)])
+def test_the_run_loop_holds_a_value_the_users_words_leave_unclear(said, status, required_by):
+    """A number said only with a currency, for a field that declares no unit: the call waits, the reason shown."""
+    from executor.runs.loop import _call_records
+
+    messages = [{"role": "user", "content": said}]
+    request = DecideRequest(request_id="r", messages=messages, tools=[CREDIT])
+    decision = decide_checked(None, request, first_output='[{"name": "give_credit", "arguments": '
+                                                          '{"customer": "C-9", "amount": 12}}]', max_reasks=0)
+    assert decision.status == "calls"  # stated, but unclearly: not a grounding finding
+    job = JobRecord(job_id="job_u", request_id="r", tenant="t", messages=messages)
+    (call,) = _call_records(SimpleNamespace(settings=Settings()), job, {"give_credit": CREDIT}, decision)
+    assert call.status == status
+    if required_by:
+        assert call.approval["required_by"] == required_by and call.approval["untrusted"] == ["/amount"]
+        (held,) = [e for e in call.approval["provenance"] if e["path"] == "/amount"]
+        assert "12 EUR" in held["unclear"] and held["sources"] == []
