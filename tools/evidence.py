@@ -282,9 +282,11 @@ class ConversationValues:
         amounts, used = find_amounts(text, words, multipliers)
         clocks = [float(n) for hour, minute in _CLOCK.findall(text) for n in (hour, minute)]
         day = today or reference_day()
+        in_amounts = bytearray(len(text))  # the characters of numbers an amount uses
+        for start, end in used:
+            in_amounts[start:end] = b"\x01" * (end - start)
         return cls(text=text, numbers=frozenset([value for _, _, value in spans] + clocks), months=frozenset(months),
-                   bare=frozenset([v for s, e, v in spans if not any(s < u_end and u_start < e for u_start, u_end in used)]
-                                  + clocks),
+                   bare=frozenset([v for s, e, v in spans if in_amounts.find(1, s, e) < 0] + clocks),
                    amounts=tuple(amounts), dates=frozenset(_relative_dates(text, day)), today=day)
 
     def find(self, value: str, start: int = 0) -> int:
