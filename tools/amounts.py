@@ -35,7 +35,7 @@ from babel.numbers import NumberFormatError, get_currency_name, get_currency_pre
 
 from tools.languages import languages
 
-__all__ = ["LOCALES", "FieldUnit", "StatedAmount", "currency_words", "field_unit", "find_amounts", "unit_errors"]
+__all__ = ["FieldUnit", "LOCALES", "StatedAmount", "currency_words", "field_unit", "find_amounts", "unit_errors"]
 
 #: Locales whose currency symbols and names are read, and whose decimal conventions a number may follow.
 LOCALES = ("en", "en_US", "en_GB", "en_CA", "en_AU", "en_IN", "zh", "zh_Hant", "ja", "de", "fr", "es", "es_MX",

@@ -36,7 +36,7 @@ from tools.amounts import field_unit
 from tools.evidence import ConversationValues
 from tools.languages import languages
 
-__all__ = ["ROLES", "Field", "Support", "confusable", "date_supported", "field_role", "judge", "role_at", "unit_candidates"]
+__all__ = ["Field", "ROLES", "Support", "confusable", "date_supported", "field_role", "judge", "role_at", "unit_candidates"]
 
 ROLES = ("source", "destination")
 _OPPOSITE = {"source": "destination", "destination": "source"}
