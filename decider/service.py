@@ -42,7 +42,7 @@ from decider.errors import (
     PromptTooLongError,
     StreamInterruptedError,
 )
-from decider.grammar import CompiledConstraint, GrammarCache, structural_tag_ebnf
+from decider.grammar import CompiledConstraint, GrammarCache
 from decider.candidates import narrow_tools
 from decider.normalize import normalize_arguments
 from decider.parser import OnCall, ParsedOutput, ToolCallDelta, ToolCallStreamParser
@@ -450,8 +450,8 @@ class BackendDecider:
 
     def _native_constraint(self, plan: DecisionPlan, grammar_params: list[tuple[str, Any]], calls_schema: dict[str, Any],
                            *, allow_text: bool, max_calls: int) -> DecisionPlan:
-        """Constrain a native format: its structural tag (compiled here for the embedded engine, as EBNF text once
-        per tag for servers whose guided decoding takes no structural tag)."""
+        """Constrain a native format: its structural tag (compiled here for the embedded engine), or for servers whose
+        guided decoding takes no structural tag the same constraint as portable EBNF, built once per tag."""
         calls_only = tool_calls_schema(grammar_params, max_calls=max_calls)
         tag = self.call_format.structural_tag(grammar_params, allow_text=allow_text, max_calls=max_calls,
                                               calls_schema=calls_only)
@@ -464,7 +464,8 @@ class BackendDecider:
             with self._prepared_lock:
                 plan.ebnf = self._ebnf.get(plan.structural_tag)
             if plan.ebnf is None:
-                plan.ebnf = structural_tag_ebnf(plan.structural_tag)
+                plan.ebnf = self.call_format.ebnf(grammar_params, allow_text=allow_text, max_calls=max_calls,
+                                                  calls_schema=calls_only)
                 with self._prepared_lock:
                     self._ebnf[plan.structural_tag] = plan.ebnf
         return self._finish_plan(plan, None)
