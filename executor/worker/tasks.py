@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import time
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -23,6 +24,7 @@ from executor.runs.webhooks import attempt_delivery
 from executor.runtime import Runtime
 from executor.store.records import CallRecord, JobRecord
 from executor.worker.celery import PREWARM_ENV, WARM_DECIDER_ENV, BoundaryTask, app
+from executor.worker import liveness
 from executor.worker.config import DECIDER_WARM_KEY, WEBHOOK_QUEUE
 from toolrail.context import CELERY_REQUEST_ID_HEADER, request_scope
 from toolrail.logging import get_logger
@@ -121,6 +123,14 @@ class CeleryQueues:
     def subscribe(self, queue: str) -> int:
         """Ask every running worker to consume ``queue`` (Celery's ``add_consumer`` broadcast); replies counted."""
         return len(app.control.add_consumer(queue, reply=True, timeout=1.0) or [])
+
+    def restore_dead_workers(self) -> int:
+        """The unacked messages of every worker that stopped beating, back in their queues (``worker.liveness``)."""
+        return liveness.restore_dead_workers(app.connection_for_write, self._broker_redis)
+
+    @cached_property
+    def _broker_redis(self) -> redis.Redis:
+        return redis.Redis.from_url(app.conf.broker_url, socket_timeout=5, socket_connect_timeout=5)
 
 
 QUEUES = CeleryQueues()
