@@ -19,7 +19,7 @@ from decider.protocol import DecideRequest
 from executor.errors import RetryableError
 from executor.runs import loop as jobs
 from executor.worker import tracing as worker_tracing
-from executor.runs.submit import end_stranded
+from executor.runs.submit import end_call, end_stranded
 from executor.runs.webhooks import attempt_delivery
 from executor.runtime import Runtime
 from executor.store.records import CallRecord, JobRecord
@@ -80,6 +80,9 @@ def run_call(self, job_id: str, call_id: str) -> str:
     try:
         call = jobs.run_call(runtime(), job_id, call_id, next_step=enqueue_decide)
     except RetryableError as exc:
+        if exc.max_retries is not None and self.request.retries >= exc.max_retries:
+            end_call(runtime(), job_id, call_id, exc, next_step=enqueue_decide)  # its own typed error, not a retry more
+            return "failed"
         retry_in = exc.details.get("retry_in_s")
         if retry_in is not None:
             raise self.retry(exc=exc, countdown=min(60.0, float(retry_in) + 0.5)) from exc
