@@ -128,8 +128,17 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def run_row(fn: Callable[[], bool], *, clients: int, seconds: float, server_pids: list[int]) -> dict:
-    """``fn`` from ``clients`` threads for ``seconds``: jobs/s, latency, CPU per job (server side, client side)."""
+def own_cpu_s(pid: int) -> float:
+    """CPU seconds of this one process (all its threads), not its children."""
+    import psutil  # noqa: PLC0415
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def run_row(fn: Callable[[], bool], *, clients: int, seconds: float, server_pids: list[int], api_pid: int) -> dict:
+    """``fn`` from ``clients`` threads for ``seconds``: jobs/s, latency, CPU per job (server side, the API process
+    alone, client side)."""
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
@@ -146,19 +155,21 @@ def run_row(fn: Callable[[], bool], *, clients: int, seconds: float, server_pids
                 else:
                     errors[0] += 1
 
-    server0, client0, busy0, wall0 = tree_cpu_s(server_pids), time.process_time(), machine_busy_s(), time.perf_counter()
+    api0, server0, client0 = own_cpu_s(api_pid), tree_cpu_s(server_pids), time.process_time()
+    busy0, wall0 = machine_busy_s(), time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - wall0
-    server_s, client_s = tree_cpu_s(server_pids) - server0, time.process_time() - client0
+    api_s, server_s, client_s = own_cpu_s(api_pid) - api0, tree_cpu_s(server_pids) - server0, time.process_time() - client0
     jobs = len(latencies)
     others = max(0.0, machine_busy_s() - busy0 - server_s - client_s)
     return {"jobs": jobs, "errors": errors[0], "seconds": round(wall, 2), "jobs_per_s": jobs / wall if wall else 0.0,
             "p50_ms": statistics.median(latencies) * 1000 if latencies else float("nan"),
             "p99_ms": percentile(latencies, 0.99) * 1000, "server_cpu_ms": server_s * 1000 / jobs if jobs else float("nan"),
+            "api_cpu_ms": api_s * 1000 / jobs if jobs else float("nan"),
             "client_cpu_ms": client_s * 1000 / jobs if jobs else float("nan"),
             "others_cores": others / wall if wall else 0.0}
 
@@ -191,7 +202,7 @@ def runners(base: str) -> dict[str, Callable[[], bool]]:
 
 
 def median_row(runs: list[dict]) -> dict:
-    keys = ("jobs_per_s", "p50_ms", "p99_ms", "server_cpu_ms", "client_cpu_ms", "others_cores")
+    keys = ("jobs_per_s", "p50_ms", "p99_ms", "server_cpu_ms", "api_cpu_ms", "client_cpu_ms", "others_cores")
     return {"jobs": sum(r["jobs"] for r in runs), "errors": sum(r["errors"] for r in runs), "runs": len(runs),
             **{k: statistics.median(r[k] for r in runs) for k in keys}}
 
@@ -204,11 +215,11 @@ def report(results: dict[str, dict], *, clients: int, seconds: float, repeat: in
              f"`toolrail serve` (worker pool of {concurrency}, decider {decider}) and a bare Celery pool of {concurrency} "
              f"on serve's Redis; {os.cpu_count()} cores; load average {load[0]:.2f} before, {load[1]:.2f} after; other "
              f"processes used {others:.2f} cores during the rows (median).", "",
-             "| path | jobs/s | p50 ms | p99 ms | server CPU ms/job | client CPU ms/job | jobs (errors) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| path | jobs/s | p50 ms | p99 ms | server CPU ms/job | of it the API process | client CPU ms/job | jobs (errors) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in results.items():
         lines.append(f"| {name} | {r['jobs_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                     f"{r['server_cpu_ms']:.2f} | {r['client_cpu_ms']:.2f} | {r['jobs']} ({r['errors']}) |")
+                     f"{r['server_cpu_ms']:.2f} | {r['api_cpu_ms']:.2f} | {r['client_cpu_ms']:.2f} | {r['jobs']} ({r['errors']}) |")
     validate, sandboxed = results["api-validate"], results["api-sandboxed"]
     lines += ["", "| ratio | throughput | server CPU per job (reference ÷ ours: higher is better) |", "| --- | ---: | ---: |",
               f"| api-validate ÷ celery-noop | {validate['jobs_per_s'] / noop_['jobs_per_s']:.2f}× | "
@@ -246,6 +257,16 @@ def plot(results: dict[str, dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def _py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen:
+    """py-spy sampling the API process (``toolrail serve``'s own: one API process) for most of a row; the samples
+    go to ``out`` as collapsed stacks, only the thread holding the GIL (CPU, not waits), and ``--nonblocking``:
+    the API is never paused to be read."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(max(1, int(seconds) - 1)),
+                             "--format", "raw", "--nonblocking", "--gil", "--rate", "200", "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=16)
@@ -254,6 +275,9 @@ def main() -> int:
     parser.add_argument("--decider", default="none", help="TOOLRAIL_DECIDER of serve (default none: no row decides)")
     parser.add_argument("--rows", default="celery-noop,celery-fork,api-validate,api-sandboxed")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="where client.md/.png go")
+    parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                        help="py-spy the API process during each run of --profile-row: collapsed stacks to FILE")
+    parser.add_argument("--profile-row", default="api-validate")
     args = parser.parse_args()
 
     from executor.stack import stop_process, wait_http_ok  # noqa: PLC0415
@@ -284,7 +308,12 @@ def main() -> int:
             runs: dict[str, list[dict]] = {name: [] for name in rows}
             for rep in range(args.repeat):
                 for name, fn in rows.items():
-                    runs[name].append(run_row(fn, clients=args.clients, seconds=args.seconds, server_pids=server_pids))
+                    spy = _py_spy(serve.proc.pid, args.profile, args.seconds) \
+                        if args.profile and name == args.profile_row else None
+                    runs[name].append(run_row(fn, clients=args.clients, seconds=args.seconds, server_pids=server_pids,
+                                               api_pid=serve.proc.pid))
+                    if spy is not None:
+                        spy.wait(timeout=60)
                     print(f"  [{rep + 1}/{args.repeat}] {name:14s} {runs[name][-1]}", file=sys.stderr)
         finally:
             if pool is not None:
