@@ -304,7 +304,7 @@ class LocalStack:
 
     def _start_api(self) -> None:
         from executor.api.app import create_app  # noqa: PLC0415
-        from executor.runs.runtime import Runtime  # noqa: PLC0415
+        from executor.runtime import Runtime  # noqa: PLC0415
         from toolrail.settings import get_settings  # noqa: PLC0415
 
         settings = get_settings()

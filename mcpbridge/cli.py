@@ -148,17 +148,17 @@ def _stdio(args: argparse.Namespace) -> int:
     if args.redis_url:  # the job store and the Celery app publishing its tasks: one Redis (the app reads REDIS_URL)
         os.environ["REDIS_URL"] = args.redis_url
         get_settings.cache_clear()
-    from executor.runs.runtime import Runtime  # noqa: PLC0415
-    from executor.worker.tasks import dispatch_call, enqueue_decide  # noqa: PLC0415
+    from executor.runtime import Runtime  # noqa: PLC0415
+    from executor.worker.tasks import QUEUES  # noqa: PLC0415
     from mcpbridge.server import McpService, build_server  # noqa: PLC0415
     from toolrail.redis_embed import redis_url  # noqa: PLC0415
 
     settings = get_settings()
     # REDIS_URL or --redis-url, never a guessed default port: nothing set is one line (RedisNotConfiguredError)
-    runtime = Runtime.from_settings(settings, redis_url=redis_url(settings))
+    runtime = Runtime.from_settings(settings, redis_url=redis_url(settings), queues=QUEUES)
     runtime.redis.ping()  # a missing Redis is one line (toolrail.cli.one_line_error), before the host waits on us
     runtime = dataclasses.replace(runtime, registry=_workers_registry(runtime.redis))
-    server = build_server(McpService(runtime, settings, enqueue_decide, dispatch_call),
+    server = build_server(McpService(runtime, settings, QUEUES.decide, QUEUES.dispatch),
                           tenant_of=lambda ctx: "default", request_id_of=lambda ctx: _request_id())
 
     async def serve() -> None:

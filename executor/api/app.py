@@ -57,13 +57,14 @@ from executor.errors import ExecutorError, JobNotFoundError
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector, PublicView
 from executor.api.ratelimit import install_load_control, rate_limited
 from executor.api.readiness import Readiness
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from executor.runs.submit import cancel, submit
 from executor.worker.config import worker_queues
 from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
 from executor.api.waiting import JobWaiter
 from executor.store.records import CallRecord, JobRecord
-from executor.runs.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
+from executor.api.tracing import instrument_api, trace_router
+from executor.worker.tracing import in_job_trace, message_age_s
 from toolrail import tracing
 from toolrail.extensions import API_GROUP, installed
 from toolrail.logging import get_logger
@@ -136,10 +137,14 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                ping_workers: Callable[[], int] | None = None, mount_openai: bool | None = None,
                rerun: Callable[[JobRecord, CallRecord], None] | None = None) -> FastAPI:
     """Build the API over a runtime. ``enqueue`` queues a job's decide step and ``rerun`` one call on its tool queue
-    (Celery by default; with ``enqueue`` given and no ``rerun``, approvals and the reconciler are off)."""
+    (the runtime's queues by default, Celery's where it has none; with ``enqueue`` given and no ``rerun``, approvals
+    and the reconciler are off). Webhooks go out on the runtime's queues."""
+    if runtime.queues is None:  # the deployment's Celery queues, unless the runtime brings its own
+        from executor.worker.tasks import QUEUES  # noqa: PLC0415 - the Celery app reads REDIS_URL at import
+
+        runtime.queues = QUEUES
     if enqueue is None:
-        from executor.worker.tasks import dispatch_call as rerun  # noqa: PLC0415
-        from executor.worker.tasks import enqueue_decide as enqueue  # noqa: PLC0415
+        enqueue, rerun = runtime.queues.decide, runtime.queues.dispatch
     if ping_workers is None:
         ping_workers = _celery_ping
     tenants = settings.tenants_by_key()

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import redis
 
 from executor.errors import ExecutorError
-from executor.runs.runtime import Runtime
+from executor.ports import Runtime
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
 from toolrail.logging import get_logger
 

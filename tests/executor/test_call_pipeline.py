@@ -24,7 +24,7 @@ from executor.calls import stages
 from executor.calls.pipeline import Invocation, Next, Outcome
 from executor.errors import SandboxError
 from executor.runs import loop
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from executor.runs.submit import cancel
 from executor.store.records import CallRecord, JobRecord
 from toolrail.settings import get_settings
