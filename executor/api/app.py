@@ -61,7 +61,7 @@ from executor.runtime import Runtime
 from executor.runs.submit import cancel, submit
 from executor.worker.config import worker_queues
 from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
-from executor.api.waiting import JobWaiter
+from executor.api.waiting import JobWaiter, RecordResponse
 from executor.store.records import CallRecord, JobRecord
 from executor.api.tracing import instrument_api, trace_router
 from executor.worker.tracing import in_job_trace, message_age_s
@@ -356,7 +356,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return {"jobs": runtime.store.list_jobs(tenant, limit=limit)}
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
-    async def get_job(job_id: str, tenant: Tenant, wait: Annotated[float, Query(ge=0)] = 0) -> dict[str, Any]:
+    async def get_job(job_id: str, tenant: Tenant, wait: Annotated[float, Query(ge=0)] = 0) -> RecordResponse:
         """The record: status, each step with its calls and results, the answer; webhook deliveries when it has any.
         ``wait=S``: answered the moment the job settles (ends or waits for a person), or after S (at most 60)."""
         job = await waiter.job(_checked_id(job_id), tenant=tenant, wait_s=wait)
@@ -365,7 +365,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
             from executor.runs.webhooks import deliveries  # noqa: PLC0415
 
             data["webhooks"] = await run_in_threadpool(deliveries, runtime, job.job_id)
-        return data
+        return RecordResponse(data)
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
     def cancel_job(job_id: str, tenant: Tenant) -> JSONResponse:
