@@ -261,15 +261,17 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         raise ApiError(404, "model_not_found", f"model {model_id!r} is not served here", model=model_id)
 
     @app.post("/v1/jobs", status_code=202, tags=["jobs"])
-    async def create_job(body: JobCreate, request: Request, tenant: Tenant,
+    async def create_job(body: JobCreate, request: Request, tenant: Annotated[str, Depends(tenant_of)],
                          idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
                          prefer: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
         """202 with the job's id; with ``Prefer: wait=S``, 200 with the record once it settles within S
-        (``executor.api.waiting``)."""
+        (``executor.api.waiting``). The tenant is charged its token in the same thread as the job's own Redis work:
+        one hand-off to the thread pool per submit, not one for the rate limit and one for the job."""
         job, created = await run_in_threadpool(_create_job, body, request.state.request_id, tenant, idempotency_key)
         return await waiter.submitted(job, created=created, prefer=prefer)
 
     def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None) -> tuple[JobRecord, bool]:
+        app.state.rate_limiter.check(tenant)
         names, inline = _resolve_tools(runtime, body, settings, tenant=tenant)
         if not body.messages and body.tool_calls is None and body.raw_output is None:
             raise ApiError(422, "validation_error", "give messages to decide on, or tool_calls / raw_output to validate")
