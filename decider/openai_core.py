@@ -343,7 +343,7 @@ async def complete(decider: BackendDecider, planned: Planned) -> Outcome:
         if plan.mode == "json":
             _, decision = await decider.agenerate_json(ask.json_schema, ask.messages, request_id=ask.request_id,
                                                        max_tokens=plan.max_tokens, max_reasks=max_reasks, seed=ask.seed,
-                                                       temperature=ask.temperature, top_p=ask.top_p)
+                                                       temperature=ask.temperature, top_p=ask.top_p, cut_is_final=True)
         else:
             decision = await decider.arun(plan)
     except GenerationBoundError as exc:  # cut (a loop, or JSON cut at max_tokens): the text so far, as a length stop

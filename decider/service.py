@@ -689,8 +689,9 @@ class BackendDecider:
 
     async def agenerate_json(self, schema: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], *,
                              request_id: str, max_tokens: int = 256, max_reasks: int = 2, seed: int | None = 0,
-                             temperature: float = 0.0, top_p: float = 1.0) -> tuple[Any, Decision]:
-        """Structured output: JSON valid against ``schema`` (post-decoding checks re-asked, bounded)."""
+                             temperature: float = 0.0, top_p: float = 1.0, cut_is_final: bool = False) -> tuple[Any, Decision]:
+        """Structured output: JSON valid against ``schema`` (post-decoding checks re-asked, bounded). With
+        ``cut_is_final``, JSON cut at ``max_tokens`` raises ``GenerationBoundError`` instead of being re-asked."""
         current = list(messages)
         errors: list[str] = []
         decision: Decision | None = None
@@ -698,7 +699,7 @@ class BackendDecider:
             plan = await asyncio.to_thread(self.plan_json, request_id, current, schema, max_tokens=max_tokens,
                                            attempt=attempt, seed=seed, temperature=temperature, top_p=top_p)
             decision = await self.arun(plan)
-            if decision.finish_reason == "length":  # cut JSON: no re-ask makes it whole within the same bound
+            if cut_is_final and decision.finish_reason == "length":  # the caller answers a cut as cut (OpenAI's length)
                 raise GenerationBoundError("max_tokens", f"decoding of {request_id} reached max_tokens={plan.max_tokens} "
                                            "before the JSON closed", output=decision.raw_output,
                                            tokens=int(decision.usage.get("completion_tokens", 0)))

@@ -123,8 +123,11 @@ def test_tool_choice_none_answers_in_text_within_the_bound(client):
     completion = client.chat.completions.create(model="toolrail", messages=ASK, tools=[NOTE], tool_choice="none",
                                                 max_tokens=6)
     choice = completion.choices[0]
-    assert not choice.message.tool_calls and choice.finish_reason in ("stop", "length")
-    assert completion.usage.completion_tokens <= 6
+    assert not choice.message.tool_calls and 0 < completion.usage.completion_tokens <= 6
+    assert choice.finish_reason == ("length" if completion.usage.completion_tokens == 6 else "stop")
+    for chunk in client.chat.completions.create(model="toolrail", messages=ASK, tools=[NOTE], tool_choice="none",
+                                                max_tokens=6, stream=True):
+        assert all(not c.delta.tool_calls for c in chunk.choices)
 
 
 @chat("text streamed token by token when tools are offered")
