@@ -13,7 +13,7 @@ Two measurements, each alternating the trees round by round so that machine nois
   not the sandbox's processes, which are the fork server's children), the API, redis-server and
   the bench client. Then Redis commands and round trips per job (``redis_work``, one client).
 - **in-process**: ``--calls`` calls, one after another, of what the ``run_call`` task does (the
-  queue's concurrency slot around ``executor.runs.loop.run_call``) against an embedded Redis and a real
+  call pipeline of ``executor.runs.loop.run_call``, concurrency slot included) against an embedded Redis and a real
   sandbox, timed with ``time.process_time`` in that process: the worker's own CPU per call without
   Celery, and nothing else on the machine counted.
 
@@ -49,9 +49,8 @@ sys.path.insert(0, sys.argv[1])
 os.environ.setdefault("TOOLRAIL_DECIDER", "none")
 os.environ.setdefault("TOOLRAIL_LOG_LEVEL", "WARNING")
 from toolrail.redis_embed import EmbeddedRedis
-from executor.runs import concurrency
 from executor.runs import loop as jobs
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from executor.store.records import CallRecord, JobRecord
 from toolrail.settings import get_settings
 
@@ -69,8 +68,7 @@ with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(data_dir=Path(tmp)) as 
         return job.job_id
 
     def one(job_id):
-        with concurrency.slot(rt, "tool.get_weather", lease_s=600):
-            assert jobs.run_call(rt, job_id, "c0").status == "succeeded"
+        assert jobs.run_call(rt, job_id, "c0").status == "succeeded"  # its concurrency slot included
 
     for _ in range(20):
         one(new_job())

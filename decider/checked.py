@@ -12,7 +12,13 @@ declared grounding), re-asks the decider with the exact errors, and returns a
 
 Contract findings — a grounded value the conversation does not state, or a side-effecting call
 identical to one the conversation already made — are re-asked once; if the model insists, the
-decision ends ``needs_review``: such a call never runs unreviewed. A text answer that is a tool
+decision ends ``needs_review``: such a call never runs unreviewed.
+
+**The client's output is the client's** (the one rule, here): an output the client brought (its
+``tool_calls``, its ``raw_output``, the unanswered calls of the conversation's last assistant turn,
+a call through MCP) is checked as attempt 0 and is final — it passes, or the decision ends
+``needs_review`` carrying the client's calls and the findings. The platform's model is never asked
+to replace it; a re-ask happens only where the decider made the decision. A text answer that is a tool
 call written as text (an offered tool's call in JSON, or ``tool(...)``) is not an answer: it is a
 ``call_as_text`` finding, re-asked once with calls required, then review. A decoder that
 hits a bound (``GenerationBoundError``) ends the decision at once as ``failed`` — a re-ask would
@@ -39,6 +45,7 @@ from decider.errors import GenerationBoundError, InvalidRequestError
 from decider.parser import parse_output
 from decider.prompt import reask_messages
 from decider.protocol import DecideRequest, Decider, Decision
+from decider.tool_formats import read_native_calls
 from tools.calls import ToolCall, call_id
 from tools.check import (
     CONTRACT_VALIDATORS,
@@ -52,10 +59,11 @@ from tools.check import (
     flag_repeated_side_effects,
     prior_calls,
 )
-from tools.evidence import ConversationValues
+from tools.evidence import ConversationValues, reference_day
 from toolrail import tracing
 
-__all__ = ["CheckedAttempt", "CheckedDecision", "ClientOutput", "DEFAULT_MAX_REASKS", "OnCheckedCall", "decide_checked"]
+__all__ = ["CheckedAttempt", "CheckedDecision", "ClientOutput", "DEFAULT_MAX_REASKS", "OnCheckedCall", "client_turn",
+           "decide_checked"]
 
 logger = structlog.get_logger(__name__)
 
@@ -120,9 +128,23 @@ class CheckedDecision:
                 "blocked_calls": [{"index": c.index, "name": c.name, "errors": c.errors} for c in self.blocked]}
 
 
+def client_turn(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """``(conversation before it, its calls)`` when the conversation ends in an assistant turn whose tool calls no
+    message answers yet — the client's own decision, brought to be checked and run — else None."""
+    if not messages:
+        return None
+    last = messages[-1]
+    if last.get("role") != "assistant" or not last.get("tool_calls"):
+        return None
+    return [dict(m) for m in messages[:-1]], [dict(c) for c in last["tool_calls"]]
+
+
 def _check_client(output: ClientOutput, specs: Mapping[str, Any],
                   evidence: ConversationValues | None) -> tuple[str, OutputCheck]:
     if isinstance(output, str):
+        native = read_native_calls(output)  # a client's own model writing its family's syntax
+        if native is not None:
+            return output, check_tool_calls(native[1], specs, evidence=evidence)
         return output, check_output(output, specs, evidence=evidence)
     calls = [dict(c) for c in output]
     return json.dumps(calls, ensure_ascii=False, default=str), check_tool_calls(calls, specs, evidence=evidence)
@@ -214,6 +236,23 @@ def _review_error(check: OutputCheck, attempts: int) -> dict[str, Any]:
             "details": {"errors": errors}}
 
 
+def _as_sent(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _client_review_error(error: dict[str, Any], check: OutputCheck) -> dict[str, Any]:
+    """The review error of a client's own output: the findings, the client's calls as it sent them, and why no
+    model was asked instead."""
+    calls = [{"index": c.index, "name": c.name, "arguments": c.arguments if c.arguments is not None else
+              _as_sent(c.raw_arguments), "errors": c.errors} for c in check.calls]
+    message = (f"{error['message']}; the client's own output is never replaced by the platform's model: a person "
+               "decides (POST /v1/jobs/{id}/review)")
+    return {**error, "message": message, "details": {**error.get("details", {}), "client_calls": calls}}
+
+
 #: ``on_call(attempt, call)``: a call of a decider attempt, checked on its own, the moment the decoder closed it.
 OnCheckedCall = Callable[[int, CallCheck], None]
 
@@ -275,28 +314,26 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
                    on_call: OnCheckedCall | None = None) -> CheckedDecision:
     """Decide (or take ``first_output``), check, re-ask with the errors; see the module docstring.
 
-    ``decider`` may be None when the client brings its own output and no decider is configured:
-    a failing output then goes to review without a re-ask; a zero-argument callable is asked for
-    the decider only when one is needed (a client's valid output never loads a model).
+    ``first_output``: the client's own output, final (see the module docstring): ``decider`` is then never
+    asked, nor loaded — it may be None, or a zero-argument callable that is called only when the decider
+    decides.
     ``on_attempt`` sees each attempt as it is recorded (logs are written here). ``on_call(attempt,
     call)`` is told, while a decider attempt is still decoding, of each call whose JSON just closed and
     that passes its check on its own (same check path, same conversation evidence); the call's id is
     ``call_id(request_id, call.index, attempt=attempt)``. The returned decision is the whole truth: a
     call told early may be missing from it (a later re-ask, a cut repeat, review) — the caller reconciles.
     """
-    if callable(decider) and not isinstance(decider, Decider):
-        if first_output is None:
-            decider = decider()
-        else:
-            factory, decider = decider, None
-    else:
-        factory = None
+    if first_output is not None:
+        decider = None  # the client's output is final: its model is the client's, never ours
+    elif callable(decider) and not isinstance(decider, Decider):
+        decider = decider()
     if decider is None and first_output is None:
         raise InvalidRequestError("no decider is configured and the request brings no output to check")
     specs = {spec.name: spec for spec in request.tools}
     # Grounding checks model output against the conversation (never the re-ask feedback). Calls a
     # client sends with no conversation are the client's own values: nothing to ground them in.
-    evidence = ConversationValues.from_messages(request.messages) if request.messages else None
+    evidence = ConversationValues.from_messages(request.messages, today=reference_day(request.now, request.time_zone)) \
+        if request.messages else None
     require = request.tool_choice == "required" or isinstance(request.tool_choice, Mapping)
     prior = prior_calls(list(request.messages))
     answered = answered_calls(list(request.messages))
@@ -331,8 +368,6 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
         if check is not None:
             errors = check.all_errors()
             grounding_only = all(e.get("validator") in CONTRACT_VALIDATORS for e in errors)
-            if decider is None and factory is not None:
-                decider, factory = factory(), None
             exhausted = len(attempts) > max_reasks or decider is None
             if grounding_only and not exhausted:
                 exhausted = grounding_reasks >= MAX_GROUNDING_REASKS
@@ -343,9 +378,12 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
             exhausted = exhausted or (written and (calls_required or text_only))
             if exhausted:
                 logger.warning("decider.needs_review", request_id=request.request_id, attempts=len(attempts))
+                error = _review_error(check, len(attempts))
+                if first_output is not None:
+                    error = _client_review_error(error, check)
                 return CheckedDecision(request.request_id, "needs_review", attempts,
                                        calls=[c for c in check.calls if c.ok], blocked=[c for c in check.calls if not c.ok],
-                                       content=check.content, error=_review_error(check, len(attempts)))
+                                       content=check.content, error=error)
             messages = reask_messages(messages, output=raw, errors=errors)
             # every call repeats one already answered: the re-ask offers the answer only (recorded on the attempt)
             text_only = bool(errors) and all(e.get("validator") == "repeated_call" for e in errors)

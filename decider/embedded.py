@@ -454,6 +454,9 @@ class EmbeddedEngine:
             return self._fast_tokenizer.decode(ids, skip_special_tokens=True)
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def _decode_with_special(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
     def encode(self, text: str) -> list[int]:
         """Token ids of an already rendered prompt (the chat template supplies special tokens)."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -511,7 +514,13 @@ class EmbeddedEngine:
         if compiled is None and request.json_schema is not None:
             compiled = self.compile_json_schema(request.json_schema)
             json_tokens = self._json_strict_tokens  # compiled without free whitespace: no control byte is legal
-        elif compiled is not None and request.json_schema is not None:
+        elif compiled is None and request.ebnf_grammar is not None:
+            try:
+                compiled = self.compiler.compile_grammar(request.ebnf_grammar)
+            except (RuntimeError, ValueError) as exc:
+                raise InvalidRequestError(f"EBNF grammar does not compile: {exc}") from exc
+        if json_tokens is None and compiled is not None and (request.json_schema or request.ebnf_grammar
+                                                             or request.keep_special_tokens):
             json_tokens = self._json_safe_tokens  # the caller may allow \t \n \r as whitespace
         if compiled is not None:
             info = getattr(compiled, "tokenizer_info", None)
@@ -533,7 +542,8 @@ class EmbeddedEngine:
             matcher=matcher,
             json_tokens=json_tokens,
             generator=generator,
-            detokenizer=_IncrementalDetokenizer(self._decode_ids, prompt_ids[-DETOKENIZER_CONTEXT:]),
+            detokenizer=_IncrementalDetokenizer(self._decode_with_special if request.keep_special_tokens else self._decode_ids,
+                                                prompt_ids[-DETOKENIZER_CONTEXT:]),
             sink=sink,
             prompt_tokens=frozenset(prompt_ids) if request.repetition_penalty != 1.0 else frozenset(),
         )

@@ -13,7 +13,10 @@ in the completion id ``chatcmpl-<request_id>``; tool-call ids are ``call_<reques
 call sends ``id``, ``type`` and ``function.name`` in its first delta only. Errors are
 ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status for anything the caller can fix,
 raised before any decoding: an unknown ``model`` is a 404 ``model_not_found``, a ``tool`` message that
-answers no earlier call a 400 naming it in ``param``. A generation bound (``max_tokens``, a cut repetition
+answers no earlier call a 400 naming it in ``param``. A conversation that ends in an assistant turn with tool
+calls no message answers yet brings the client's own decision: those calls are checked and answered as they
+are (same ids), or held back with the findings (``toolrail.status: "needs_review"``) — the model is never asked
+to replace them. A generation bound (``max_tokens``, a cut repetition
 loop) is not an error: as OpenAI answers it, a 200 with ``finish_reason: "length"``, whatever complete (and
 checked) calls the output holds, and its ``usage`` counted. The bound itself is :mod:`decider.openai_core`'s.
 """
@@ -32,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from decider import openai_core as core
 from decider.errors import DeciderError, InvalidRequestError
+from decider.protocol import Decision
 from decider.model import DEFAULT_MODEL_NAME
 from decider.openai_core import Limits, error_response
 from decider.service import BackendDecider
@@ -147,6 +151,25 @@ def _extension(record: dict[str, Any] | None, clamp: dict[str, int] | None) -> d
     return {**(record or {}), **({"max_tokens": clamp} if clamp else {})}
 
 
+async def _replayed(payload: dict[str, Any], *, include_usage: bool) -> AsyncIterator[str]:
+    """A finished completion as the chunks of a stream: the whole message in one delta, then its finish."""
+    base = {key: payload[key] for key in ("id", "created", "model", "system_fingerprint")}
+    base["object"] = "chat.completion.chunk"
+    choice = payload["choices"][0]
+    delta = dict(choice["message"])
+    if delta.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
+    for part, finish in ((delta, None), ({}, choice["finish_reason"])):
+        chunk = {**base, "choices": [{"index": 0, "delta": part, "finish_reason": finish, "logprobs": None}]}
+        if include_usage:
+            chunk["usage"] = None
+        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+    if include_usage:
+        yield f"data: {json.dumps({**base, 'choices': [], 'usage': payload['usage']})}\n\n"
+    yield f"data: {json.dumps({**base, 'choices': [], 'toolrail': payload['toolrail']}, ensure_ascii=False)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
 class _ChatCompletions:
     """The endpoint's logic, holding how to get the decider."""
 
@@ -179,6 +202,9 @@ class _ChatCompletions:
                 core.check_model(body.model, self.models)
                 ask = _ask(body, request_id)
                 core.check_bound(ask, self.limits.context_tokens)  # before the model loads: what no model here holds
+                client = core.client_calls(ask)
+                if client is not None:  # the client's own calls: checked and answered as they are, no model asked
+                    return self._client_calls(body, ask, *client)
                 await asyncio.to_thread(self.get_decider)  # the first call loads the model: never on the event loop
                 return await core.unless_disconnected(request, self._complete(body, ask), on_disconnect=lambda: (
                     core.cancel_decoding(self.get_decider(), request_id, attempts=(body.max_reasks or 0) + 2)))
@@ -188,6 +214,26 @@ class _ChatCompletions:
                 return exc.response(request_id)
             except DeciderError as exc:
                 return core.error_for(exc, request_id)
+
+    def _client_calls(self, body: ChatCompletionRequest, ask: core.Ask, decision: Decision, record: dict[str, Any],
+                      ids: list[str | None]) -> Any:
+        """The client's own unanswered calls, answered as they are with their ids (or held back with the findings:
+        ``toolrail.status: needs_review``, ``blocked_calls``)."""
+        tool_calls = [{"id": ids[c.index] if c.index < len(ids) and ids[c.index] else c.id, "type": "function",
+                       "function": {"name": c.name, "arguments": _arguments_text(c)}} for c in decision.tool_calls]
+        message = ({"role": "assistant", "content": None, "tool_calls": tool_calls} if tool_calls
+                   else {"role": "assistant", "content": decision.content or ""})
+        payload = {"id": _completion_id(ask.request_id), "object": "chat.completion", "created": int(time.time()),
+                   "model": body.model or self.models[0], "system_fingerprint": "toolrail-client",
+                   "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop",
+                                "logprobs": None}],
+                   "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}, "toolrail": record}
+        headers = {REQUEST_ID_HEADER: ask.request_id}
+        if not body.stream:
+            return JSONResponse(payload, headers=headers)
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(_replayed(payload, include_usage=include_usage), media_type="text/event-stream",
+                                 headers={**headers, "Cache-Control": "no-cache"})
 
     async def _complete(self, body: ChatCompletionRequest, ask: core.Ask) -> Any:
         decider = self.get_decider()

@@ -17,13 +17,13 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from decider.checked import DEFAULT_MAX_REASKS, decide_checked
+from decider.checked import DEFAULT_MAX_REASKS, client_turn, decide_checked
 from decider.errors import (
     BackendUnavailableError,
     DeciderError,
@@ -258,13 +258,18 @@ class Planned:
     max_tokens: dict[str, int] | None
 
 
+def decide_request(ask: Ask, max_tokens: int = DEFAULT_MAX_TOKENS) -> DecideRequest:
+    """``ask`` as the decider's request (what the checked loop re-plans from)."""
+    return DecideRequest(
+        request_id=ask.request_id, messages=ask.messages, tools=ask.tools, tool_choice=ask.tool_choice,
+        parallel_tool_calls=ask.parallel_tool_calls, max_calls=ask.max_calls, min_calls=ask.min_calls,
+        max_tokens=max_tokens, seed=ask.seed, temperature=ask.temperature, top_p=ask.top_p)
+
+
 def plan(decider: BackendDecider, ask: Ask, limits: Limits) -> Planned:
     """Check ``ask`` and plan it (blocking: grammar compilation; run it in a thread)."""
     bound = _bounded(ask, decider, limits)
-    decide = DecideRequest(
-        request_id=ask.request_id, messages=ask.messages, tools=ask.tools, tool_choice=ask.tool_choice,
-        parallel_tool_calls=ask.parallel_tool_calls, max_calls=ask.max_calls, min_calls=ask.min_calls,
-        max_tokens=bound, seed=ask.seed, temperature=ask.temperature, top_p=ask.top_p)
+    decide = decide_request(ask, bound)
     if ask.json_schema is not None and (ask.tool_choice == "none" or not ask.tools):
         planned = decider.plan_json(ask.request_id, ask.messages, ask.json_schema, max_tokens=bound, seed=ask.seed,
                                     temperature=ask.temperature, top_p=ask.top_p)
@@ -305,7 +310,7 @@ def _cut_text_answer(raw: str) -> str:
     return ""
 
 
-def _checked_outcome(decider: BackendDecider, planned: Planned, checked: Any) -> Outcome:
+def checked_decision(checked: Any) -> Decision:
     """The answer of the checked loop: the calls that passed every check, or a text answer.
 
     When the check held calls back for review and nothing else remains, the answer is a text saying so
@@ -320,12 +325,28 @@ def _checked_outcome(decider: BackendDecider, planned: Planned, checked: Any) ->
         content = f"No call was made: {(checked.error or {}).get('message', 'the proposed calls failed their checks')}."
     if cut and not checked.calls:
         content = _cut_text_answer(last.raw_output)
-    decision = Decision(request_id=checked.request_id, raw_output=last.raw_output, tool_calls=checked.tool_calls,
-                        content=None if checked.calls else content, usage=usage, platform=last.platform,
-                        finish_reason="length" if cut else "stop")
-    reason = "length" if cut else "tool_calls" if checked.calls else "stop"
-    return Outcome(decision, reason, _usage(decider, planned.plan, usage, last.raw_output), checked.record(),
-                   planned.max_tokens)
+    return Decision(request_id=checked.request_id, raw_output=last.raw_output, tool_calls=checked.tool_calls,
+                    content=None if checked.calls else content, usage=usage, platform=last.platform,
+                    finish_reason="length" if cut else "stop")
+
+
+def _checked_outcome(decider: BackendDecider, planned: Planned, checked: Any) -> Outcome:
+    decision = checked_decision(checked)
+    reason = "length" if decision.finish_reason == "length" else "tool_calls" if decision.tool_calls else "stop"
+    return Outcome(decision, reason, _usage(decider, planned.plan, decision.usage, decision.raw_output),
+                   checked.record(), planned.max_tokens)
+
+
+def client_calls(ask: Ask) -> tuple[Decision, dict[str, Any], list[str | None]] | None:
+    """When the conversation ends in the client's own unanswered calls: the decision they make once checked (the
+    client's output is final: answered as they are, or held back with the findings), the check's record and the
+    calls' own ids; else None. The model is never asked in the client's place."""
+    turn = client_turn(ask.messages)
+    if turn is None:
+        return None
+    messages, calls = turn
+    checked = decide_checked(None, decide_request(replace(ask, messages=messages)), first_output=calls)
+    return checked_decision(checked), checked.record(), [call.get("id") for call in calls]
 
 
 async def complete(decider: BackendDecider, planned: Planned) -> Outcome:

@@ -32,6 +32,10 @@ class DecideRequest(BaseModel):
     #: A caller's own lower bound on the number of calls (the OpenAI endpoint's ``min_tool_calls``).
     min_calls: int | None = None
     max_tokens: int = 256
+    #: The request's clock (epoch seconds; None: now) and the user's IANA time zone (None: UTC): the day that
+    #: relative dates ("tomorrow") are read against when a call's dates are checked.
+    now: float | None = None
+    time_zone: str | None = None
     seed: int | None = 0
     temperature: float = 0.0
     top_p: float = 1.0

@@ -24,6 +24,7 @@ NEXT_STEPS = (
     f"  export TOOLRAIL_DEMO_TOOLS={DEMO_TOOLS}   # the demo's tool (no demo tool is registered by default)",
     f'  toolrail run "{DEMO_PROMPT}" --tools get_weather   # one job of your own on a local stack (--json, --trace)',
     "  toolrail serve        # the API on 127.0.0.1:8000, a worker pool and its own Redis (prints its REDIS_URL)",
+    "  then open http://127.0.0.1:8000/console/   # the console: jobs live, traces, approvals and review",
     "  toolrail tools list   # the tools a worker loads; your own: README.md, 'Write your own tool'",
 )
 
@@ -76,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="most decide → run steps (default: TOOLRAIL_MAX_STEPS for a prompt, 1 with --tool-calls)")
     run.add_argument("--require-approval", default=None, metavar="TOOLS",
                      help="comma-separated tools whose calls wait for your approval, or 'side_effects'")
+    run.add_argument("--no-wait", action="store_true",
+                     help="with --require-approval: exit 3 as soon as the job waits for a decision, instead of printing "
+                          "its console URL and waiting for the decision there (or on this terminal)")
     run.add_argument("--webhook-url", default=None, help="POST job.* events here (Standard Webhooks signatures)")
     run.add_argument("--url", default=os.environ.get("TOOLRAIL_URL"), help="a running API (default: start a local stack)")
     run.add_argument("--api-key", default=os.environ.get("TOOLRAIL_API_KEY"))
@@ -177,6 +181,7 @@ def _announce_when_ready(host: str, port: int, redis_url: str, *, ready_path: st
             time.sleep(0.2)
         print(f"toolrail serve: ready at {origin(host)}", flush=True)
         print(f"export REDIS_URL={shown}{masked}", flush=True)
+        print(f"console: {origin(probe_host)}/console/", flush=True)
 
     threading.Thread(target=announce, name="toolrail-serve-ready", daemon=True).start()
 
@@ -260,13 +265,20 @@ def _repair(args: argparse.Namespace) -> int:
     return 2
 
 
-def _submit_and_wait(client: Any, body: dict[str, Any], *, deadline: float, show: bool) -> dict[str, Any]:
+def _submit_and_wait(client: Any, body: dict[str, Any], *, deadline: float, show: bool,
+                     wait: bool = True) -> dict[str, Any]:
     """Submit ``body`` and wait for its end until ``deadline`` (``time.monotonic()``): one deadline for the event
-    stream and the polling after it, not a timeout each."""
-    response = client.post("/v1/jobs", json=body)
+    stream and the wait after it, not a timeout each. Without the event display, the submit itself waits
+    (``Prefer: wait``: the finished job in the answer)."""
+    wait_s = 0.0 if show else round(max(0.0, min(deadline - time.monotonic(), 60.0)), 3)
+    response = client.post("/v1/jobs", json=body, headers={"Prefer": f"wait={wait_s:g}"} if wait_s else None,
+                           timeout=wait_s + 30)
     if response.status_code >= 400:
         raise SystemExit(f"the API refused the job ({response.status_code}): {response.text}")
     job_id = response.json()["job_id"]
+    if response.status_code == 200 and "Preference-Applied" in response.headers \
+            and response.json()["status"] != "awaiting_approval":
+        return response.json()  # settled within the wait: the whole record
     if show:
         print(f"job {job_id}  request_id={response.json()['request_id']}", file=sys.stderr)
         try:
@@ -283,7 +295,7 @@ def _submit_and_wait(client: Any, body: dict[str, Any], *, deadline: float, show
                             break
         except Exception as exc:  # noqa: BLE001 - progress display only; polling below decides
             print(f"  (event stream ended: {type(exc).__name__})", file=sys.stderr)
-    return _wait_or_approve(client, job_id, deadline=deadline, show=show)
+    return _wait_or_approve(client, job_id, deadline=deadline, show=show, wait=wait)
 
 
 def _show_event(event: dict[str, Any]) -> None:
@@ -300,11 +312,10 @@ def _show_event(event: dict[str, Any]) -> None:
               f"{event.get('message') or ''}".rstrip(), file=sys.stderr)
 
 
-def _wait_or_approve(client: Any, job_id: str, *, deadline: float, show: bool) -> dict[str, Any]:
-    """Wait for the job's end until ``deadline``; when it waits for approval, ask on a terminal (else say how, and
-    return it)."""
+def _wait_or_approve(client: Any, job_id: str, *, deadline: float, show: bool, wait: bool = True) -> dict[str, Any]:
+    """Wait for the job's end until ``deadline``. While it waits for approval: print the console URL of the job and
+    wait for the decision there (also asked on a terminal); with ``wait`` false, say how to decide and return it."""
     from executor.stack import wait_for_job  # noqa: PLC0415
-    from executor.store.records import TERMINAL_JOB  # noqa: PLC0415
 
     while True:
         job = wait_for_job(client, job_id, timeout_s=max(0.0, deadline - time.monotonic()), poll_s=0.2,
@@ -312,20 +323,50 @@ def _wait_or_approve(client: Any, job_id: str, *, deadline: float, show: bool) -
         if job.get("status") != "awaiting_approval" or time.monotonic() > deadline:
             return job
         waiting = [c for c in job.get("calls", []) if (c.get("approval") or {}).get("state") == "pending"]
-        if not (show and sys.stdin.isatty()):
-            for call in waiting:
-                print(f"awaiting approval: {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})  "
-                      f"POST /v1/jobs/{job_id}/calls/{call['id']}/approve (or /reject)", file=sys.stderr)
-            return job
         for call in waiting:
-            answer = input(f"approve {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})? [y/N/reason] ")
-            if answer.strip().lower() in {"y", "yes"}:
+            print(f"awaiting approval: {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})"
+                  + ("" if wait else f"  POST /v1/jobs/{job_id}/calls/{call['id']}/approve (or /reject)"), file=sys.stderr)
+        print(f"decide in the console: {str(client.base_url).rstrip('/')}/console/#/jobs/{job_id}", file=sys.stderr,
+              flush=True)
+        if not wait:
+            return job
+        _await_decision(client, job_id, waiting, deadline=deadline, ask=show and sys.stdin.isatty())
+
+
+def _await_decision(client: Any, job_id: str, waiting: list[dict[str, Any]], *, deadline: float, ask: bool) -> None:
+    """Until the job no longer waits (a decision in the console, here, or by any API client) or ``deadline``; with
+    ``ask``, each waiting call is also asked about on this terminal."""
+    import select  # noqa: PLC0415
+
+    def prompt(call: dict[str, Any]) -> None:
+        print(f"approve {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})? [y/N/reason] ",
+              end="", flush=True)
+
+    if ask and waiting:
+        prompt(waiting[0])
+    while time.monotonic() < deadline:
+        if ask and waiting and select.select([sys.stdin], [], [], 0.2)[0]:
+            answer, call = sys.stdin.readline().strip(), waiting.pop(0)
+            if answer.lower() in {"y", "yes"}:
                 client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve")
             else:
-                reason = answer.strip() if answer.strip().lower() not in {"", "n", "no"} else "rejected by the operator"
+                reason = answer if answer.lower() not in {"", "n", "no"} else "rejected by the operator"
                 client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/reject", json={"reason": reason})
-        if job.get("status") in TERMINAL_JOB:
-            return job
+            if waiting:
+                prompt(waiting[0])
+        elif not ask:
+            time.sleep(0.2)
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job.get("status") != "awaiting_approval":
+            if ask and waiting:
+                print("(decided elsewhere)", flush=True)
+            return
+        still = {c["id"] for c in job.get("calls", []) if (c.get("approval") or {}).get("state") == "pending"}
+        if ask and waiting and waiting[0]["id"] not in still:  # answered in the console meanwhile
+            waiting[:] = [c for c in waiting if c["id"] in still]
+            print("(decided elsewhere)", flush=True)
+            if waiting:
+                prompt(waiting[0])
 
 
 def _print_job(job: dict[str, Any]) -> None:
@@ -405,7 +446,7 @@ def _run(args: argparse.Namespace) -> int:
         os.environ["TOOLRAIL_TRACE_STORE"] = "redis"  # the local stack's API and workers write their spans there
     if args.url:
         with _client(args.url, args.api_key) as client:
-            job = _submit_and_wait(client, body, deadline=deadline, show=not args.json)
+            job = _submit_and_wait(client, body, deadline=deadline, show=not args.json, wait=not args.no_wait)
             trace = _trace(client, job) if args.trace else None
     else:
         from executor.stack import LocalStack  # noqa: PLC0415
@@ -427,7 +468,7 @@ def _run(args: argparse.Namespace) -> int:
             return TIMEOUT_EXIT
         try:
             with _client(stack.url, None) as client:
-                job = _submit_and_wait(client, body, deadline=deadline, show=not args.json)
+                job = _submit_and_wait(client, body, deadline=deadline, show=not args.json, wait=not args.no_wait)
                 trace = _trace(client, job) if args.trace else None
                 if job["status"] not in TERMINAL_JOB:  # past the deadline: the stack goes with the command, at once
                     stack.stop_grace_s = 0

@@ -17,6 +17,7 @@
             ├── ToolCpuLimitError
             ├── ToolCrashedError
             ├── ToolRaisedError     the tool raised; ``details`` carries its own error
+            ├── CallCancelledError  the job was cancelled while the call ran: its process was killed
             └── ToolOutputError     the tool's result was not JSON or too large
 
 ``to_dict()`` gives the ``{type, message, details}`` shape used in API bodies and job records. Each class
@@ -32,6 +33,7 @@ from tools.errors import CleaningError  # the check path lives in tools/; re-exp
 
 __all__ = [
     "ApprovalConflictError",
+    "CallCancelledError",
     "CallInProgressError",
     "CleaningError",
     "ExecutorError",
@@ -153,6 +155,13 @@ class ToolCrashedError(SandboxError):
 
 class ToolRaisedError(SandboxError):
     type = "tool_error"
+
+
+class CallCancelledError(SandboxError):
+    """The call's job was cancelled while it ran: the tool process was killed. Not the tool's failure (a breaker
+    never counts it); whatever the tool changed before the kill may stand (its idempotency record says so)."""
+
+    type = "call_cancelled"
 
 
 class ToolOutputError(SandboxError):

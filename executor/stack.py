@@ -109,16 +109,20 @@ def serve_in_thread(app: object, *, host: str = "127.0.0.1", port: int = 0,
 
 def wait_for_job(client: object, job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.1,
                  headers: dict[str, str] | None = None, until: set[str] | frozenset[str] = frozenset()) -> dict:
-    """Poll ``GET /v1/jobs/{id}`` until the job is terminal (or in a status of ``until``); at the deadline, the
-    last record seen."""
+    """Wait until the job is terminal (or in a status of ``until``) with ``GET /v1/jobs/{id}?wait=``: the API answers
+    the moment the job settles, no polling. At the deadline, the last record seen. ``poll_s``: the pause before
+    asking again while the job waits for approval and ``until`` does not name it (the API answers such a wait at once)."""
     from executor.store.records import TERMINAL_JOB  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout_s
     while True:
-        job = client.get(f"/v1/jobs/{job_id}", headers=headers).json()  # type: ignore[attr-defined]
+        wait_s = round(max(0.0, min(deadline - time.monotonic(), 20.0)), 3)
+        job = client.get(f"/v1/jobs/{job_id}", params={"wait": wait_s}, headers=headers,  # type: ignore[attr-defined]
+                         timeout=wait_s + 30).json()
         if job.get("status") in TERMINAL_JOB or job.get("status") in until or time.monotonic() > deadline:
             return job
-        time.sleep(poll_s)
+        if job.get("status") == "awaiting_approval":
+            time.sleep(poll_s)
 
 
 def stop_process(proc: subprocess.Popen | None, *, grace_s: float = 10.0) -> None:
@@ -300,7 +304,7 @@ class LocalStack:
 
     def _start_api(self) -> None:
         from executor.api.app import create_app  # noqa: PLC0415
-        from executor.runs.runtime import Runtime  # noqa: PLC0415
+        from executor.runtime import Runtime  # noqa: PLC0415
         from toolrail.settings import get_settings  # noqa: PLC0415
 
         settings = get_settings()

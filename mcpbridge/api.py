@@ -146,12 +146,14 @@ class McpBridge:
 
 def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., None],
           dispatch: Callable[..., None] | None = None,
-          subscribe: Callable[[str], int] = providers.subscribe_workers) -> McpBridge:
+          subscribe: Callable[[str], int] | None = None) -> McpBridge:
     """Add ``/mcp`` and ``/v1/mcp-servers`` to ``app``; enter the returned bridge's ``running()`` in the lifespan.
 
     ``enqueue`` queues a job's decide task, ``dispatch`` one call on its tool queue (None: every job goes through
     the decide task), as for ``POST /v1/jobs``.
     """
+    if subscribe is None:
+        subscribe = lambda queue: providers.subscribe_workers(runtime, queue)  # noqa: E731
     tenants = settings.tenants_by_key()
     service = McpService(runtime, settings, enqueue, dispatch)
     endpoint = McpEndpoint(build_server(service), tenants=tenants, rate_limiter=getattr(app.state, "rate_limiter", None),

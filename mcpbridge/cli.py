@@ -1,7 +1,9 @@
 """``toolrail mcp stdio`` and ``toolrail tools add-mcp | list-mcp | remove-mcp``.
 
 ``mcp stdio`` serves toolrail's tools over MCP on stdin/stdout for a local host (tenant ``default``):
-the same handlers as ``/mcp``, over this process's Redis (``REDIS_URL``) and the running workers.
+the same handlers as ``/mcp``, over this process's Redis (``REDIS_URL``) and the running workers, with the
+tools the workers load (as they published them: ``executor.store.worker_tools``), never the ones this process's
+own environment would name; it refuses to start, naming them, when it cannot load one of theirs.
 Logs go to stderr; stdout carries nothing but the protocol.
 
 ``tools add-mcp NAME (--url URL | --command ARGV...)`` registers an MCP server with a running API
@@ -13,6 +15,7 @@ refused it (one line on stderr: the error type and message), 2 on bad usage.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -145,16 +148,17 @@ def _stdio(args: argparse.Namespace) -> int:
     if args.redis_url:  # the job store and the Celery app publishing its tasks: one Redis (the app reads REDIS_URL)
         os.environ["REDIS_URL"] = args.redis_url
         get_settings.cache_clear()
-    from executor.runs.runtime import Runtime  # noqa: PLC0415
-    from executor.worker.tasks import dispatch_call, enqueue_decide  # noqa: PLC0415
+    from executor.runtime import Runtime  # noqa: PLC0415
+    from executor.worker.tasks import QUEUES  # noqa: PLC0415
     from mcpbridge.server import McpService, build_server  # noqa: PLC0415
     from toolrail.redis_embed import redis_url  # noqa: PLC0415
 
     settings = get_settings()
     # REDIS_URL or --redis-url, never a guessed default port: nothing set is one line (RedisNotConfiguredError)
-    runtime = Runtime.from_settings(settings, redis_url=redis_url(settings))
+    runtime = Runtime.from_settings(settings, redis_url=redis_url(settings), queues=QUEUES)
     runtime.redis.ping()  # a missing Redis is one line (toolrail.cli.one_line_error), before the host waits on us
-    server = build_server(McpService(runtime, settings, enqueue_decide, dispatch_call),
+    runtime = dataclasses.replace(runtime, registry=_workers_registry(runtime.redis))
+    server = build_server(McpService(runtime, settings, QUEUES.decide, QUEUES.dispatch),
                           tenant_of=lambda ctx: "default", request_id_of=lambda ctx: _request_id())
 
     async def serve() -> None:
@@ -163,6 +167,29 @@ def _stdio(args: argparse.Namespace) -> int:
 
     anyio.run(serve)
     return 0
+
+
+def _workers_registry(client: Any) -> Any:
+    """The registry the workers load (their demo tools and tool modules, as they published them at start), loaded
+    here; a tool they serve that this process cannot load stops the command with one line naming it and why."""
+    from executor.store.worker_tools import published  # noqa: PLC0415
+    from tools.registry import load_registry  # noqa: PLC0415
+
+    workers = published(client)
+    if not workers:
+        raise SystemExit("toolrail mcp stdio: no worker has published its tools on this Redis (each does at its "
+                         "start): start the workers first (toolrail serve)")
+    modules = list(dict.fromkeys(module for worker in workers for module in worker.modules))
+    registry = load_registry(modules=modules, demo_tools={name for worker in workers for name in worker.demo_tools})
+    served = {name: worker.worker for worker in reversed(workers) for name in worker.tools}
+    missing = sorted(set(served) - set(registry.names()))
+    if missing:
+        why = "; ".join(problem.message() for problem in registry.problems) or \
+            f"its modules ({', '.join(modules) or 'none'}) did not register them here"
+        raise SystemExit(f"toolrail mcp stdio: the workers serve {', '.join(missing)} (worker "
+                         f"{served[missing[0]]}), which this process cannot load: {why}. Run it in the workers' "
+                         "Python environment")
+    return registry
 
 
 def _request_id() -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from executor.errors import SandboxError
-from executor.runs.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
+from executor.calls.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
 from executor.sandbox.boundary import CallRun, SandboxResult
 from mcpbridge import providers
 from mcpbridge.pool import pool
@@ -106,7 +106,7 @@ def _run(rt: Any, spec: Any, call: CallRun, *, timeout_s: float, idle_timeout_s:
             except Exception:  # noqa: BLE001
                 pass
 
-    async def one_call(client: Any, trouble: Trouble) -> tuple[dict[str, Any], bool]:
+    async def one_call(client: Any, trouble: Trouble) -> tuple[dict[str, Any] | str, bool]:
         result = await invoke(client, trouble, endpoint, spec.remote_name, call.arguments, names=names,
                               timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, meta=meta,
                               on_progress=on_progress, started=time.monotonic())

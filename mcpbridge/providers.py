@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 import redis
 
+from executor.ports import Runtime
 from mcpbridge.errors import McpServerRejectedError, McpToolRejectedError
 from mcpbridge.session import Endpoint, list_tools
 from mcpbridge.spec import SERVER_NAME, McpToolSpec, check_listed_tool
@@ -198,16 +199,13 @@ def known_queues(client: redis.Redis) -> list[str]:
     return sorted(q.decode() if isinstance(q, bytes) else q for q in client.smembers(QUEUES_KEY))
 
 
-def subscribe_workers(queue: str) -> int:
-    """Ask every running worker to consume ``queue`` (Celery's ``add_consumer`` broadcast); replies counted."""
-    from executor.worker.celery import app as celery_app  # noqa: PLC0415 - the broker only where workers are told
-
+def subscribe_workers(rt: Runtime, queue: str) -> int:
+    """Ask every running worker to consume ``queue`` (through the runtime's queues); replies counted."""
     try:
-        replies = celery_app.control.add_consumer(queue, reply=True, timeout=1.0) or []
+        return rt.queues.subscribe(queue) if rt.queues is not None else 0
     except Exception as exc:  # noqa: BLE001 - no broker: workers started later pick the queue up from Redis
         log.warning("mcp.subscribe_failed", queue=queue, error=str(exc))
         return 0
-    return len(replies)
 
 
 def taken_names(client: redis.Redis, tenant: str, server: str) -> dict[str, str]:

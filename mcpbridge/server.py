@@ -5,9 +5,10 @@
     tools/call ──▶ a job with ``tool_calls`` (the store and enqueue of ``POST /v1/jobs``) ──▶ decide task:
         validate → clean → contracts ──▶ the tool's queue: sandbox (or its MCP server), breakers apply
         ◀── the job's event stream: ``progress`` events → ``notifications/progress``; terminal status
-    ◀── CallToolResult: ``structuredContent`` (the result), or ``isError: true`` with the typed error
-        (validation errors included: the model reads them and tries again); ``_meta`` carries the job id
-        and the request id.
+    ◀── CallToolResult: ``structuredContent`` (the result; a plain-text result as text content only), or
+        ``isError: true`` with the typed error (validation errors included: the model reads them and tries
+        again); ``_meta`` carries the job id and the request id. An unknown tool is the JSON-RPC error
+        -32602 (invalid params), as the spec has it; ``GET /mcp`` is 405 (stateless: no server stream).
 
 A client's cancellation cancels the job (``set_status(..., "cancelled")``: calls not started never
 run): the client closing the call's response stream, or its ``notifications/cancelled`` — which, the
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -33,14 +33,17 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from mcp.shared.exceptions import MCPError
 from mcp.server import Server
+from mcp_types import INVALID_PARAMS
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from executor.runs.submit import cancel, submit
 from executor.api.middleware import LOOPBACK_NAMES
 from executor.api.sse import AsyncRedisFactory
-from executor.store.records import TERMINAL_JOB, JobRecord
+from executor.api.waiting import settled
+from executor.store.records import JobRecord
 from mcpbridge.session import META_PREFIX
 from toolrail import tracing
 from toolrail.context import sanitize_request_id
@@ -55,8 +58,6 @@ log = get_logger("toolrail.mcp.server")
 #: Where the authenticated tenant and the request id travel in the ASGI scope (set by ``McpEndpoint``).
 TENANT_SCOPE_KEY = "toolrail.tenant"
 REQUEST_ID_SCOPE_KEY = "toolrail.request_id"
-#: Statuses after which a ``tools/call`` stops waiting although the job is not terminal.
-_PAUSED = frozenset({"awaiting_approval"})
 
 
 class McpService:
@@ -94,9 +95,8 @@ class McpService:
         ``rpc_id``: the JSON-RPC id of the client's request, which its ``notifications/cancelled`` names.
         """
         known = {spec.name for spec in await asyncio.to_thread(self.specs, tenant)}
-        if name not in known:
-            return _error_result({"type": "unknown_tool", "message": f"unknown tool {name!r}",
-                                  "details": {"tool": name, "known": sorted(known)[:50]}}, request_id=request_id)
+        if name not in known:  # a protocol error, not a tool's (MCP spec, server/tools "Error Handling")
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {name}", data={"type": "unknown_tool", "tool": name})
         # the tenant as baggage and the trace id's owner checked, as POST /v1/jobs does (a thread: the claim is Redis)
         trace_context = await asyncio.to_thread(tracing.new_job_context, request_id, tenant=tenant,
                                                 claim=self._trace_claims)
@@ -158,26 +158,19 @@ class McpService:
         submit(self.runtime, job, enqueue=self.enqueue, dispatch=self.dispatch)
 
     async def _wait(self, job_id: str, *, report: Callable[..., Any] | None) -> str | None:
-        """Read the job's event stream until a terminal (or paused) status; progress events are reported."""
-        client = self._events.client()
-        key = self.runtime.store.events_key(job_id)
-        deadline = time.monotonic() + float(self.settings.mcp_call_timeout_s)
-        last = "0"
-        while (left := deadline - time.monotonic()) > 0:
-            chunk = await client.xread({key: last}, count=100, block=max(1, int(min(left, 1.0) * 1000)))
-            for _stream, entries in chunk or []:
-                for entry_id, fields in entries:
-                    last = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                    event = json.loads(fields[b"data"])
-                    if event.get("type") == "progress" and report is not None:
-                        try:
-                            await report(float(event.get("progress") or 0), event.get("total"), event.get("message"))
-                        except Exception:  # noqa: BLE001 - a client gone away does not stop the job
-                            report = None
-                    elif event.get("type") == "status" and (event.get("status") in TERMINAL_JOB
-                                                             or event.get("status") in _PAUSED):
-                        return event["status"]
-        return None
+        """Wait on the job's event stream until it settles (ends, or waits for approval), as ``GET /v1/jobs/{id}?wait``
+        does; its progress events are reported."""
+
+        async def progress(event: dict[str, Any]) -> None:
+            nonlocal report
+            if event.get("type") == "progress" and report is not None:
+                try:
+                    await report(float(event.get("progress") or 0), event.get("total"), event.get("message"))
+                except Exception:  # noqa: BLE001 - a client gone away does not stop the job
+                    report = None
+
+        return await settled(self._events.client(), self.runtime.store.events_key(job_id),
+                             wait_s=float(self.settings.mcp_call_timeout_s), block_s=1.0, on_event=progress)
 
 
 def _meta(job_id: str | None, request_id: str) -> dict[str, Any]:
@@ -199,6 +192,8 @@ def _error_result(error: dict[str, Any], *, request_id: str, job_id: str | None 
 def _result_of(job: JobRecord, *, request_id: str) -> types.CallToolResult:
     """A finished (or paused) job → the MCP result of its one call."""
     call = job.calls[-1] if job.calls else None
+    if job.status == "succeeded" and call is not None and call.status == "succeeded" and isinstance(call.result, str):
+        return types.CallToolResult(content=[types.TextContent(text=call.result)], _meta=_meta(job.job_id, request_id))
     if job.status == "succeeded" and call is not None and call.status == "succeeded":
         value = call.result if isinstance(call.result, dict) else {"result": call.result}
         return types.CallToolResult(content=[types.TextContent(text=json.dumps(value, ensure_ascii=False, default=str))],
@@ -243,7 +238,8 @@ def build_server(service: McpService, *, tenant_of: Callable[[Any], str] | None 
             return await service.call_tool(tenant(ctx), request_id(ctx), params.name, params.arguments, report=report,
                                            rpc_id=getattr(ctx, "request_id", None))
         except UnknownToolError as exc:  # a server-provided tool gone between listing and call
-            return _error_result(exc.to_dict(), request_id=request_id(ctx))
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}",
+                           data={"type": "unknown_tool", "tool": params.name, "message": str(exc)}) from None
 
     async def on_cancelled(ctx: Any, params: types.CancelledNotificationParams) -> None:
         if params.request_id is not None:
@@ -318,6 +314,10 @@ class McpEndpoint:
                 await _reply(send, 429, "rate_limited", f"rate limit exceeded; retry in {decision.retry_after_s:.2f} s",
                              extra=[(b"retry-after", str(max(1, int(decision.retry_after_s + 0.999))).encode())])
                 return
+        if scope.get("method") == "GET":  # stateless: no server-initiated stream (the spec's 405, not an idle stream)
+            await _reply(send, 405, "method_not_allowed", "/mcp takes POST (stateless streamable HTTP: no GET stream)",
+                         extra=[(b"allow", b"POST")])
+            return
         if self._asgi is None:  # the app's lifespan has not started it (or has ended)
             await _reply(send, 503, "unavailable", "the MCP endpoint is not running")
             return

@@ -128,7 +128,8 @@ def check_listed_tool(server: str, index: int, tool: dict[str, Any], *, registry
     """One tool of a ``tools/list`` answer, checked: the stored form, or ``McpToolRejectedError``.
 
     ``side_effects`` and ``approval`` are the operator's flags (remote names); a tool whose
-    annotations say ``destructiveHint: true`` (and not ``readOnlyHint``) is side-effecting too.
+    annotations do not say ``readOnlyHint: true`` is side-effecting too (the MCP spec's defaults:
+    ``readOnlyHint`` false, ``destructiveHint`` true), so every string and number of its calls is covered.
     """
     base = f"/tools/{index}"
     remote = tool.get("name")
@@ -153,7 +154,8 @@ def check_listed_tool(server: str, index: int, tool: dict[str, Any], *, registry
     if output is not None:
         output = _schema(server, remote, output, f"{base}/outputSchema", **limits)
     annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
-    destructive = annotations.get("destructiveHint") is True and annotations.get("readOnlyHint") is not True
+    # MCP's defaults: readOnlyHint false, destructiveHint true: a tool that does not say it only reads may change things
+    destructive = annotations.get("readOnlyHint") is not True
     strict = strict_schema(params)
     strict.setdefault("type", "object")
     try:  # the spec's own checks (x-grounded declarations) on the strict form

@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     connections)."""
     sse_max_streams_per_tenant: int = Field(default=16, ge=1)
     """Open `/v1/jobs/{id}/events` streams one tenant may hold per API process (429 beyond)."""
+    wait_max_per_tenant: int = Field(default=256, ge=1)
+    """Requests one tenant may have waiting for a job per API process (`GET /v1/jobs/{id}?wait=`: 429 beyond;
+    `POST /v1/jobs` with `Prefer: wait=`: answered 202 at once beyond). Each is a coroutine, not a thread."""
     metrics_key: str = ""
     """Bearer key of the `/metrics` scrape with per-tenant series. Without it (or when no key is set) the scrape
     answers to anyone, with the tenant label left out (series summed over tenants) whenever API keys are set."""

@@ -79,7 +79,8 @@ class TransferArgs(BaseModel):
 
     from_account: str = Field(min_length=1, max_length=64, description="Payer account", json_schema_extra={"x-grounded": True})
     to: str = Field(min_length=1, max_length=64, description="Payee account", json_schema_extra={"x-grounded": True})
-    amount: float = Field(gt=0, le=1_000_000, description="Amount, up to two decimals", json_schema_extra={"x-grounded": True})
+    amount: float = Field(gt=0, le=1_000_000, description="Amount, up to two decimals",
+                          json_schema_extra={"x-grounded": True, "x-unit": {"currency_field": "currency"}})
     currency: Literal["CNY", "USD", "EUR"] = Field(description="ISO currency code",
                                                    json_schema_extra={"x-aliases": CURRENCY_ALIASES})
 

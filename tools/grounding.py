@@ -4,37 +4,39 @@ A tool author marks a field ``"x-grounded": true`` when its value must be stated
 conversation or returned by an earlier tool (account numbers, order ids, amounts, recipients),
 or lists field names in ``"x-grounded": [...]`` on the parameters object. For tools with
 ``side_effects``, numbers and strings that declare a ``pattern``, ``format`` or ``enum`` are
-grounded by default; free-text strings are not; ``"x-grounded": false`` opts a field out.
+grounded by default; ``"x-grounded": false`` opts a field out. Every other string of a
+side-effecting tool (free text, nested objects and arrays included) is *covered*: not a finding
+when no one states it, but a person sees it before it runs unless the user stated it.
 
 The check runs after decoding, for every backend, and never changes a call: it reports each
-grounded value the conversation does not support (:func:`check_grounding`). The caller decides
-what happens (the decider's re-ask loop re-asks once with the reason, then sends the job to
-review). A value is supported when it occurs in the evidence after normalization
-(:mod:`tools.evidence`): the text itself, a declared alias of it (``x-aliases``), the number in
-digits or words, a date whose parts are all stated, or the field's own default.
+grounded value the conversation does not state *for that field* (:func:`check_grounding`; what
+"for that field" means — units, roles, dates, look-alike characters — is :mod:`tools.field_support`).
+The caller decides what happens (the decider's re-ask loop re-asks once with the reason, then
+sends the job to review).
 
-Provenance (:func:`provenance`): each grounded value with every source that states it (the user,
-a tool's result — which tool, whether an MCP tool —, the platform). Tool output is untrusted
-input: a value only tool results state does not authorize a side effect by itself
-(:func:`untrusted`), unless the tool's author (``ToolSpec.trusted_output``) or the tenant trusts that
-tool; the run loop then holds the call for a person, showing them this record.
+Provenance (:func:`provenance`): each covered value with every source that states it for its field
+(the user, a tool's result — which tool, whether an MCP tool —, the platform) and, where the user's
+words leave it unclear, why. Tool output is untrusted input: a value only tool results state does
+not authorize a side effect by itself (:func:`untrusted`), unless the tool's author
+(``ToolSpec.trusted_output``) or the tenant trusts that tool; nor does a value the user's words leave
+unclear (a unit the field does not declare, a role no word gives, free text nobody stated). The run
+loop then holds the call for a person, showing them this record.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from tools.amounts import unit_errors
 from tools.evidence import PLATFORM, ConversationValues, Source
+from tools.field_support import ROLES, Field, judge
 from tools.schema_walk import declared_types, pointer, subschemas
 
-__all__ = ["Finding", "check_grounding", "declaration_errors", "grounded_paths", "provenance", "untrusted"]
+__all__ = ["Finding", "check_grounding", "covered_fields", "declaration_errors", "grounded_paths", "provenance",
+           "untrusted"]
 
 Finding = dict[str, Any]
-
-_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?)?")
-_TIME = re.compile(r"^(\d{2}):(\d{2})(?::(\d{2}))?")
 
 
 def _resolve(node: Any, root: Mapping[str, Any]) -> Any:
@@ -56,7 +58,7 @@ def _default_grounded(node: Mapping[str, Any]) -> bool:
 
 
 def _leaves(node: Any, root: Mapping[str, Any], path: str, listed: frozenset[str], side_effects: bool,
-            inherited: bool | None) -> Iterator[tuple[str, Mapping[str, Any]]]:
+            inherited: bool | None, siblings: Mapping[str, Any]) -> Iterator[Field]:
     node = _resolve(node, root)
     if not isinstance(node, Mapping):
         return
@@ -65,29 +67,39 @@ def _leaves(node: Any, root: Mapping[str, Any], path: str, listed: frozenset[str
     types = declared_types(node, inferred=True)
     if "object" in types or "properties" in node:
         local = frozenset(own) if isinstance(own, list) else frozenset()
-        for name, sub in (node.get("properties") or {}).items():
+        properties = node.get("properties") or {}
+        resolved = {name: _resolve(sub, root) for name, sub in properties.items()}
+        for name, sub in properties.items():
             flag = True if name in listed | local else marked
-            yield from _leaves(sub, root, f"{path}/{name}", frozenset(), side_effects, flag)
+            yield from _leaves(sub, root, f"{path}/{name}", frozenset(), side_effects, flag, resolved)
         return
     if "array" in types:
-        yield from _leaves(node.get("items", {}), root, f"{path}/*", frozenset(), side_effects, marked)
+        yield from _leaves(node.get("items", {}), root, f"{path}/*", frozenset(), side_effects, marked, siblings)
         return
     for key in ("anyOf", "oneOf"):
         branches = node.get(key)
         if isinstance(branches, list) and any("object" in declared_types(_resolve(b, root), inferred=True)
                                                for b in branches):
             for branch in branches:
-                yield from _leaves(branch, root, path, frozenset(), side_effects, marked)
+                yield from _leaves(branch, root, path, frozenset(), side_effects, marked, siblings)
             return
-    if marked is True or (marked is None and side_effects and _default_grounded(node)):
-        yield path, node
+    name = path.replace("/*", "").rsplit("/", 1)[-1]
+    grounded = marked is True or (marked is None and side_effects and _default_grounded(node))
+    if grounded or (marked is None and side_effects and types & {"string", "number", "integer"}):
+        yield Field(pattern=path, name=name, leaf=node, siblings=siblings, grounded=grounded)
+
+
+def covered_fields(parameters: Mapping[str, Any], *, side_effects: bool) -> list[Field]:
+    """Every field whose values are checked: the grounded ones, and (side effects) every other string and number
+    not opted out with ``x-grounded: false`` — nested objects and array items included."""
+    listed = parameters.get("x-grounded")
+    listed = frozenset(listed) if isinstance(listed, list) else frozenset()
+    return list(_leaves(parameters, parameters, "", listed, side_effects, None, {}))
 
 
 def grounded_paths(parameters: Mapping[str, Any], *, side_effects: bool) -> dict[str, Mapping[str, Any]]:
     """``{path: leaf schema}`` of every grounded field; array items appear as ``*`` (``/items/*/sku``)."""
-    listed = parameters.get("x-grounded")
-    listed = frozenset(listed) if isinstance(listed, list) else frozenset()
-    return dict(_leaves(parameters, parameters, "", listed, side_effects, None))
+    return {f.pattern: f.leaf for f in covered_fields(parameters, side_effects=side_effects) if f.grounded}
 
 
 def declaration_errors(parameters: Mapping[str, Any]) -> list[str]:
@@ -102,40 +114,26 @@ def declaration_errors(parameters: Mapping[str, Any]) -> list[str]:
         elif isinstance(flag, list):
             errors += [f"{pointer(path, name)}: x-grounded names a field that does not exist"
                        for name in flag if name not in props]
+        for name, sub in props.items():
+            if isinstance(sub, Mapping):
+                errors += unit_errors(pointer(path, name), sub, props)
+                if "x-role" in sub and sub["x-role"] not in ROLES:
+                    errors.append(f"{pointer(path, name)}: x-role must be one of {', '.join(ROLES)}")
     return errors
 
 
-def _values_at(value: Any, parts: list[str], path: str = "") -> Iterator[tuple[str, Any]]:
+def _values_at(value: Any, parts: list[str], path: str = "", parent: Any = None) -> Iterator[tuple[str, Any, Any]]:
+    """``(path, value, the object holding it)`` of every value at a pattern path."""
     if not parts:
-        yield path or "/", value
+        yield path or "/", value, parent
         return
     head, rest = parts[0], parts[1:]
     if head == "*":
         if isinstance(value, list):
             for index, item in enumerate(value):
-                yield from _values_at(item, rest, f"{path}/{index}")
+                yield from _values_at(item, rest, f"{path}/{index}", parent)
     elif isinstance(value, Mapping) and head in value:
-        yield from _values_at(value[head], rest, f"{path}/{head}")
-
-
-def _date_supported(value: str, evidence: ConversationValues) -> bool:
-    """Every part of an ISO date/time is stated: written the same way, or as numbers and month names."""
-    date = _DATE.match(value)
-    clock = _TIME.match(value[11:] if date else value)
-    if date is None and clock is None:
-        return False
-    if date is not None and value[:10] not in evidence.text:
-        year, month, day = (int(p) for p in date.groups()[:3])
-        if not (evidence.has_number(year) or str(year) in evidence.text):
-            return False
-        if not (evidence.has_number(month) or month in evidence.months) or not evidence.has_number(day):
-            return False
-    if clock is None or clock.group(0)[:5] in evidence.text:
-        return True
-    hour, minute = int(clock.group(1)), int(clock.group(2))
-    if hour and not (evidence.has_number(hour) or hour > 12 and evidence.has_number(hour - 12)):
-        return False
-    return minute == 0 or evidence.has_number(minute)
+        yield from _values_at(value[head], rest, f"{path}/{head}", value)
 
 
 def _needs_no_evidence(value: Any, leaf: Mapping[str, Any]) -> bool:
@@ -143,74 +141,62 @@ def _needs_no_evidence(value: Any, leaf: Mapping[str, Any]) -> bool:
     return ("default" in leaf and leaf["default"] == value) or value is False
 
 
-def _supported(value: Any, leaf: Mapping[str, Any], name: str, evidence: ConversationValues) -> bool:
-    return _needs_no_evidence(value, leaf) or _stated(value, leaf, name, evidence)
-
-
-def _stated(value: Any, leaf: Mapping[str, Any], name: str, evidence: ConversationValues) -> bool:
-    if isinstance(value, bool):
-        words = [w for w in re.split(r"[_\W]+", name.casefold()) if len(w) >= 3]
-        return any(evidence.has_text(w) for w in words)
-    if isinstance(value, (int, float)):
-        return evidence.has_number(float(value))
-    if not isinstance(value, str):
-        return False
-    if evidence.has_text(value):
-        return True
-    aliases = leaf.get("x-aliases")
-    if isinstance(aliases, Mapping) and any(canonical == value and evidence.has_text(alias)
-                                             for alias, canonical in aliases.items()):
-        return True
-    return leaf.get("format") in ("date", "date-time", "time") and _date_supported(value, evidence)
+def _covered_values(parameters: Mapping[str, Any], arguments: Mapping[str, Any], *,
+                    side_effects: bool) -> Iterator[tuple[str, Any, Field, Mapping[str, Any]]]:
+    """``(path, value, field, the object holding it)`` of every covered value in ``arguments``."""
+    for fld in covered_fields(parameters, side_effects=side_effects):
+        for path, value, parent in _values_at(arguments, [p for p in fld.pattern.split("/") if p]):
+            for item in value if isinstance(value, list) else [value]:
+                if item is not None and not isinstance(item, (Mapping, list)):
+                    yield path, item, fld, parent if isinstance(parent, Mapping) else {}
 
 
 def check_grounding(parameters: Mapping[str, Any], arguments: Mapping[str, Any], evidence: ConversationValues, *,
                     side_effects: bool) -> list[Finding]:
-    """Every grounded value of ``arguments`` the evidence does not support, as findings.
+    """Every grounded value of ``arguments`` the evidence does not state for its field, as findings.
 
     A finding is ``{path, value, message, validator: "grounded"}``; an empty list means every
-    grounded value is supported (or the tool grounds nothing).
+    grounded value is stated, or unclear (left to a person: :func:`provenance`), or the tool grounds nothing.
     """
     findings = []
-    for pattern, leaf in grounded_paths(parameters, side_effects=side_effects).items():
-        name = pattern.rstrip("/*").rsplit("/", 1)[-1]
-        for path, value in _values_at(arguments, [p for p in pattern.split("/") if p]):
-            items = value if isinstance(value, list) else [value]
-            for item in items:
-                if item is None or _supported(item, leaf, name, evidence):
-                    continue
-                findings.append({"path": path, "value": item, "validator": "grounded",
-                                 "message": f"{item!r} is not stated in the conversation or an earlier tool result "
-                                            f"({name} must come from there; ask the user for it instead of guessing)"})
+    for path, value, fld, parent in _covered_values(parameters, arguments, side_effects=side_effects):
+        if not fld.grounded or _needs_no_evidence(value, fld.leaf):
+            continue
+        support = judge(value, fld, evidence, parent)
+        if support.state == "absent":
+            why = f"{support.reason}; " if support.reason else f"{value!r} is not stated in the conversation or an " \
+                                                               f"earlier tool result ("
+            tail = f"ask the user for {fld.name} instead of guessing" if support.reason else \
+                f"{fld.name} must come from there; ask the user for it instead of guessing)"
+            findings.append({"path": path, "value": value, "validator": "grounded", "message": why + tail})
     return findings
-
-
-def _grounded_values(parameters: Mapping[str, Any], arguments: Mapping[str, Any], *,
-                     side_effects: bool) -> Iterator[tuple[str, Any, Mapping[str, Any], str]]:
-    """``(path, value, leaf schema, field name)`` of every grounded value in ``arguments``."""
-    for pattern, leaf in grounded_paths(parameters, side_effects=side_effects).items():
-        name = pattern.rstrip("/*").rsplit("/", 1)[-1]
-        for path, value in _values_at(arguments, [p for p in pattern.split("/") if p]):
-            for item in value if isinstance(value, list) else [value]:
-                if item is not None:
-                    yield path, item, leaf, name
 
 
 def provenance(parameters: Mapping[str, Any], arguments: Mapping[str, Any],
                sources: Sequence[tuple[Source, ConversationValues]], *, side_effects: bool) -> list[dict[str, Any]]:
-    """Every grounded value of ``arguments`` with the sources that state it, as recorded on a call:
-    ``{path, value, sources: [Source.public()...], trusted}``; ``trusted``: a trusted source states it (the user,
-    the platform, a tool whose results are trusted). A value no source states has ``sources: []``."""
+    """Every covered value of ``arguments`` with the sources that state it for its field, as recorded on a call:
+    ``{path, value, sources: [Source.public()...], trusted}`` and ``unclear`` (why) where the user's words leave
+    it unclear. ``trusted``: a trusted source states it (the user, the platform, a tool whose results are
+    trusted). A value no source states has ``sources: []``."""
     entries = []
-    for path, value, leaf, name in _grounded_values(parameters, arguments, side_effects=side_effects):
-        found = [PLATFORM] if _needs_no_evidence(value, leaf) else []
-        found += [source for source, values in sources if _stated(value, leaf, name, values)]
-        entries.append({"path": path, "value": value, "sources": [source.public() for source in found],
-                        "trusted": any(source.trusted for source in found)})
+    for path, value, fld, parent in _covered_values(parameters, arguments, side_effects=side_effects):
+        found = [PLATFORM] if _needs_no_evidence(value, fld.leaf) else []
+        unclear = []
+        for source, values in sources:
+            support = judge(value, fld, values, parent)
+            if support.state == "stated":
+                found.append(source)
+            elif support.state == "unclear" and source.trusted:
+                unclear.append(support.reason)
+        entry = {"path": path, "value": value, "sources": [source.public() for source in found],
+                 "trusted": any(source.trusted for source in found)}
+        if not entry["trusted"] and (unclear or not found):
+            entry["unclear"] = unclear[0] if unclear else f"no one stated {value!r} for {fld.name}: the model wrote it"
+        entries.append(entry)
     return entries
 
 
 def untrusted(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The entries of :func:`provenance` that only untrusted tool results state: they cannot authorize a side
-    effect by themselves (values stated nowhere are grounding findings, re-asked before this)."""
-    return [dict(entry) for entry in entries if entry["sources"] and not entry["trusted"]]
+    """The entries of :func:`provenance` that nothing trusted states: only untrusted tool results, or the user's
+    words but unclearly (``unclear`` says why), or no one. They cannot authorize a side effect by themselves."""
+    return [dict(entry) for entry in entries if not entry["trusted"]]

@@ -105,6 +105,12 @@ class ToolSpec(BaseModel):
         return self.queue or f"tool.{self.name}"
 
     @property
+    def breaker_name(self) -> str:
+        """Whose health a failed call speaks of: the circuit breaker's key (the tool; a source may share one among
+        the tools of one server)."""
+        return self.name
+
+    @property
     def schema_hash(self) -> str:
         """A stable hash of the parameter schema (cache keys)."""
         return hashlib.sha256(json.dumps(self.parameters, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]

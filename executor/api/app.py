@@ -1,8 +1,9 @@
 """The job API (FastAPI).
 
     POST /v1/jobs               submit a job (an agent run) → 202 {job_id, request_id, status}
+                                (Prefer: wait=S → 200 with the record once it settles within S)
     GET  /v1/jobs               the tenant's recent jobs
-    GET  /v1/jobs/{id}          status, each step with its calls and results, the final content
+    GET  /v1/jobs/{id}          status, each step with its calls and results, the final content (?wait=S: long-poll)
     POST /v1/jobs/{id}/calls/{call_id}/approve|reject   a person's answer to a call awaiting approval
     POST /v1/jobs/{id}/review   a person resolves needs_review: calls to run, a text answer, or a rejection
     GET  /v1/jobs/{id}/events   Server-Sent Events of each state change
@@ -35,15 +36,18 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import redis
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from jsonschema.exceptions import SchemaError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from decider.checked import client_turn
+from executor.api.console import console_router
 from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody, ReviewBody
 from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
@@ -54,12 +58,14 @@ from executor.errors import ExecutorError, JobNotFoundError
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector, PublicView
 from executor.api.ratelimit import install_load_control, rate_limited
 from executor.api.readiness import Readiness
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from executor.runs.submit import cancel, submit
 from executor.worker.config import worker_queues
 from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
+from executor.api.waiting import JobWaiter
 from executor.store.records import CallRecord, JobRecord
-from executor.runs.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
+from executor.api.tracing import instrument_api, trace_router
+from executor.worker.tracing import in_job_trace, message_age_s
 from toolrail import tracing
 from toolrail.extensions import API_GROUP, installed
 from toolrail.logging import get_logger
@@ -132,10 +138,14 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                ping_workers: Callable[[], int] | None = None, mount_openai: bool | None = None,
                rerun: Callable[[JobRecord, CallRecord], None] | None = None) -> FastAPI:
     """Build the API over a runtime. ``enqueue`` queues a job's decide step and ``rerun`` one call on its tool queue
-    (Celery by default; with ``enqueue`` given and no ``rerun``, approvals and the reconciler are off)."""
+    (the runtime's queues by default, Celery's where it has none; with ``enqueue`` given and no ``rerun``, approvals
+    and the reconciler are off). Webhooks go out on the runtime's queues."""
+    if runtime.queues is None:  # the deployment's Celery queues, unless the runtime brings its own
+        from executor.worker.tasks import QUEUES  # noqa: PLC0415 - the Celery app reads REDIS_URL at import
+
+        runtime.queues = QUEUES
     if enqueue is None:
-        from executor.worker.tasks import dispatch_call as rerun  # noqa: PLC0415
-        from executor.worker.tasks import enqueue_decide as enqueue  # noqa: PLC0415
+        enqueue, rerun = runtime.queues.decide, runtime.queues.dispatch
     if ping_workers is None:
         ping_workers = _celery_ping
     tenants = settings.tenants_by_key()
@@ -211,6 +221,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     stream_slots = app.state.stream_slots = StreamSlots(settings.sse_max_streams_per_tenant)
     metrics.register(stream_slots)
     events_redis = AsyncRedisFactory(runtime.redis, block_s=settings.sse_heartbeat_s)
+    waiter = JobWaiter(runtime.store, runtime.redis, limit=settings.wait_max_per_tenant)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:
@@ -251,9 +262,15 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         raise ApiError(404, "model_not_found", f"model {model_id!r} is not served here", model=model_id)
 
     @app.post("/v1/jobs", status_code=202, tags=["jobs"])
-    def create_job(body: JobCreate, request: Request, tenant: Tenant,
-                   idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
-        request_id = request.state.request_id
+    async def create_job(body: JobCreate, request: Request, tenant: Tenant,
+                         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+                         prefer: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
+        """202 with the job's id; with ``Prefer: wait=S``, 200 with the record once it settles within S
+        (``executor.api.waiting``)."""
+        job, created = await run_in_threadpool(_create_job, body, request.state.request_id, tenant, idempotency_key)
+        return await waiter.submitted(job, created=created, prefer=prefer)
+
+    def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None) -> tuple[JobRecord, bool]:
         names, inline = _resolve_tools(runtime, body, settings, tenant=tenant)
         if not body.messages and body.tool_calls is None and body.raw_output is None:
             raise ApiError(422, "validation_error", "give messages to decide on, or tool_calls / raw_output to validate")
@@ -267,16 +284,20 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         if body.tool_choice == "required" and not names and not inline:
             raise ApiError(400, "invalid_request", "tool_choice=required with an empty tool list")
         _check_conversation(body.messages)
+        messages = [m.normalized() for m in body.messages]
         client_output = None
         if body.tool_calls is not None:
             client_output = {"tool_calls": [c.flat() for c in body.tool_calls]}
         elif body.raw_output is not None:
             client_output = {"raw_output": body.raw_output}
+        elif (turn := client_turn(messages)) is not None:  # a last assistant turn's unanswered calls: the client's
+            messages, calls = turn
+            client_output = {"tool_calls": calls}
         max_reasks = settings.default_max_reasks if body.max_reasks is None else body.max_reasks
         if max_reasks > settings.max_reasks_limit:
             raise ApiError(422, "validation_error", f"max_reasks may be at most {settings.max_reasks_limit}")
         job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
-                        messages=[m.normalized() for m in body.messages], tools=names,
+                        messages=messages, tools=names,
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
                         max_reasks=max_reasks, client_output=client_output,
@@ -292,8 +313,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         if created:
             jobs_created.labels(tenant).inc()
             log.info("job.created", job_id=job.job_id, tenant=tenant, tools=len(names) + len(inline))
-        return JSONResponse({"job_id": job.job_id, "request_id": job.request_id, "status": job.status},
-                            status_code=202 if created else 200, headers={"Location": f"/v1/jobs/{job.job_id}"})
+        return job, created
 
     @app.post("/v1/jobs/{job_id}/calls/{call_id}/approve", tags=["jobs"])
     def approve_call(job_id: str, call_id: str, tenant: Tenant, body: ApprovalBody | None = None) -> dict[str, Any]:
@@ -337,14 +357,15 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return {"jobs": runtime.store.list_jobs(tenant, limit=limit)}
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
-    def get_job(job_id: str, tenant: Tenant) -> dict[str, Any]:
-        """The record: status, each step with its calls and results, the answer; webhook deliveries when it has any."""
-        job = runtime.store.get(_checked_id(job_id), tenant=tenant)
+    async def get_job(job_id: str, tenant: Tenant, wait: Annotated[float, Query(ge=0)] = 0) -> dict[str, Any]:
+        """The record: status, each step with its calls and results, the answer; webhook deliveries when it has any.
+        ``wait=S``: answered the moment the job settles (ends or waits for a person), or after S (at most 60)."""
+        job = await waiter.job(_checked_id(job_id), tenant=tenant, wait_s=wait)
         data = job.public()
         if job.webhook_url or settings.webhook_urls:
             from executor.runs.webhooks import deliveries  # noqa: PLC0415
 
-            data["webhooks"] = deliveries(runtime, job.job_id)
+            data["webhooks"] = await run_in_threadpool(deliveries, runtime, job.job_id)
         return data
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
@@ -376,6 +397,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     app.include_router(trace_router(runtime, Tenant))
+    app.include_router(console_router(runtime, settings, Tenant, stream_slots=stream_slots))  # /console, /v1/console/*
     if mount_openai is None:
         mount_openai = settings.decider in {"embedded", "triton"}
     if mount_openai:

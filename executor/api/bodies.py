@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from executor.errors import ExecutorError
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from toolrail.settings import Settings
 
 __all__ = ["AnyToolCall", "ApiError", "ApprovalBody", "JobCreate", "Message", "NamedChoice", "RejectionBody", "check_conversation",
@@ -203,6 +204,18 @@ class JobCreate(BaseModel):
                                     "(Standard Webhooks signatures)")
     approval_timeout_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600,
                                              description="seconds a step may wait for approval before the job expires")
+    time_zone: str | None = Field(default=None, max_length=64, description="the user's IANA time zone "
+                                  "(Asia/Shanghai): \"tomorrow\" is read against the request's day there (default UTC)")
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                ZoneInfo(value)
+            except (ValueError, ZoneInfoNotFoundError):
+                raise ValueError(f"unknown IANA time zone: {value!r}") from None
+        return value
 
     @field_validator("tools")
     @classmethod
@@ -315,5 +328,5 @@ def run_fields(runtime: Runtime, body: JobCreate, settings: Settings, *, client_
         except ExecutorError as exc:
             raise ApiError(422, exc.type, str(exc), **exc.details) from None
     return {"max_steps": body.max_steps or default_steps, "require_approval": body.require_approval,
-            "approval_timeout_s": body.approval_timeout_s,
+            "approval_timeout_s": body.approval_timeout_s, "time_zone": body.time_zone,
             "webhook_url": webhook_url}  # the deadline: executor.runs.submit, for every entry point

@@ -131,44 +131,59 @@ def _json_depth_exceeds(body: bytes, limit: int) -> bool:
 
 
 class BodyGuard:
-    """ASGI middleware: JSON content type, size and nesting limits before any parsing."""
+    """ASGI middleware, before routing and auth: a request's framing, JSON content type, size and nesting checked
+    before any byte of its body is parsed.
+
+    - ``Content-Length`` beside ``Transfer-Encoding`` is a request smuggler's framing (RFC 9112 §6.3): 400
+      ``conflicting_framing``, and the connection closed (h11 would read the chunked body that ``Content-Length:
+      0`` claimed was not there);
+    - a body is counted as it streams, chunked or not: 413 ``body_too_large`` the moment it passes the limit, the
+      rest never read (the connection is closed), so memory stays flat whatever a client sends, key or no key;
+    - nesting deeper than the limit: 400 ``too_deep``, before a JSON parser recurses into it.
+    """
 
     def __init__(self, app: Any, *, max_bytes: int, max_depth: int) -> None:
         self.app, self.max_bytes, self.max_depth = app, max_bytes, max_depth
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or scope["method"] not in {"POST", "PUT", "PATCH"}:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode().lower(): v.decode(errors="replace") for k, v in scope.get("headers", [])}
-        if headers.get("content-length", "0" if "transfer-encoding" not in headers else "") == "0":
-            await self.app(scope, receive, send)  # no body (e.g. POST …/cancel): nothing to check
+        lengths, encodings, ctype = [], [], ""
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                lengths.append(value)
+            elif key == b"transfer-encoding":
+                encodings.append(value)
+            elif key == b"content-type":
+                ctype = value.decode("latin-1").split(";")[0].strip().lower()
+        if lengths and encodings:
+            await _refuse(send, 400, "conflicting_framing", "a request may carry Content-Length or Transfer-Encoding, "
+                          "not both (RFC 9112 section 6.3): the connection is closed")
             return
-        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+        if not encodings and all(length.strip() == b"0" for length in lengths):
+            await self.app(scope, receive, send)  # no body (e.g. POST …/cancel, a GET): nothing to check
+            return
+        if scope["method"] not in {"POST", "PUT", "PATCH"}:
+            await self.app(scope, _bodiless(receive), send)  # no route here reads a body: none is handed on
+            return
         if ctype != "application/json":
-            await _send_json(send, 415, _error_body("unsupported_media_type", "send the body as application/json",
-                                                    {"content_type": ctype or None}))
+            await _refuse(send, 415, "unsupported_media_type", "send the body as application/json",
+                          {"content_type": ctype or None})
             return
-        declared = headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_bytes:
-            await _send_json(send, 413, _error_body("body_too_large", f"body exceeds {self.max_bytes} bytes"))
+        declared = lengths[0] if lengths else b""
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await _refuse(send, 413, "body_too_large", f"body exceeds {self.max_bytes} bytes", {"limit": self.max_bytes})
             return
-        chunks, size = [], 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await _send_json(send, 413, _error_body("body_too_large", f"body exceeds {self.max_bytes} bytes"))
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        body = await _read_at_most(receive, self.max_bytes)
+        if body is None:  # the client went away
+            return
+        if len(body) > self.max_bytes:
+            await _refuse(send, 413, "body_too_large", f"body exceeds {self.max_bytes} bytes", {"limit": self.max_bytes})
+            return
         if _json_depth_exceeds(body, self.max_depth):
-            await _send_json(send, 400, _error_body("too_deep", f"JSON nested deeper than {self.max_depth} levels"))
+            await _send_json(send, 400, _error_body("too_deep", f"JSON nested deeper than {self.max_depth} levels",
+                                                    {"limit": self.max_depth}))
             return
         sent = False
 
@@ -180,6 +195,41 @@ class BodyGuard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+async def _read_at_most(receive: Callable, limit: int) -> bytes | None:
+    """The body as it streams, up to ``limit`` bytes and one chunk past it (then the rest is never read); None when
+    the client disconnected."""
+    chunks, size, more = [], 0, True
+    while more and size <= limit:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def _bodiless(receive: Callable) -> Callable:
+    """``receive`` for a route that takes no body: an empty one, whatever the client streams (never read)."""
+    sent = False
+
+    async def empty() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        return await receive()
+
+    return empty
+
+
+async def _refuse(send: Callable, status: int, kind: str, message: str, details: dict[str, Any] | None = None) -> None:
+    """A refusal before the body was read: the error, and ``Connection: close`` (the unread body is never read)."""
+    log.warning("http.refused", reason=kind, status=status)
+    await _send_json(send, status, _error_body(kind, message, details), close=True)
 
 
 _REQUEST_ID_KEY = REQUEST_ID_HEADER.lower().encode()
@@ -230,10 +280,11 @@ class Correlate:
             log.info("http.request", method=scope["method"], path=path, status=status[0], duration_ms=round(elapsed * 1000, 2))
 
 
-async def _send_json(send: Callable, status: int, body: dict[str, Any]) -> None:
+async def _send_json(send: Callable, status: int, body: dict[str, Any], *, close: bool = False) -> None:
     payload = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+                "headers": [*headers, (b"connection", b"close")] if close else headers})
     await send({"type": "http.response.body", "body": payload})
 
 def route_template(request: Request) -> str:

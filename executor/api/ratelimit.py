@@ -5,8 +5,8 @@ A request over the limit is answered at once with 429, ``Retry-After`` and the s
 error body: shedding costs one Redis round trip, so the API keeps its latency for the
 requests it accepts instead of queueing everything until it times out.
 
-``install_load_control`` wires this module, the circuit breakers (``executor.runs.breaker``)
-and the concurrency limiters (``executor.runs.concurrency``) into the app's ``/metrics``.
+``install_load_control`` wires this module, the circuit breakers (``executor.calls.breaker``)
+and the concurrency limiters (``executor.calls.concurrency``) into the app's ``/metrics``.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def install_load_control(app: FastAPI, *, settings: Any, runtime: Any, metrics: 
                          counters: CollectorRegistry | None) -> RateLimiter:
     """Rate limiter on ``app.state``, its 429 handler, and the load-control metrics (the 429 counter in
     ``counters``: ``None`` when several API processes share their counters through prometheus_client's files)."""
-    from executor.runs.breaker import BreakerCollector  # noqa: PLC0415 - sibling modules, imported where wired
-    from executor.runs.concurrency import ConcurrencyCollector  # noqa: PLC0415
+    from executor.calls.breaker import BreakerCollector  # noqa: PLC0415 - sibling modules, imported where wired
+    from executor.calls.concurrency import ConcurrencyCollector  # noqa: PLC0415
 
     limiter = RateLimiter(runtime.redis, rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst)
     app.state.rate_limiter = limiter

@@ -28,7 +28,7 @@ from toolrail.logging import get_logger
 from tools.validator import validate
 
 if TYPE_CHECKING:
-    from executor.runs.runtime import Runtime
+    from executor.ports import Runtime
 
 __all__ = ["Resolution", "expire_due", "resolve"]
 

@@ -20,19 +20,17 @@ from tools.check import CallCheck
 from decider.protocol import DecideRequest
 from executor import metrics
 from executor.runs import policy as runs
-from executor.runs.breaker import guarded_run
-from executor.errors import SandboxError
-from executor.store.idempotency import payload_hash
+from executor.runs import webhooks
 from executor.runs.progress_events import progress_recorder
-from executor.runs.runtime import Runtime
+from executor.ports import Runtime
+from executor.calls.pipeline import Invocation
 from executor.sandbox.boundary import CallRun
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord, StoredJob
-from executor.runs.tracing_hooks import execute_tool
 from toolrail import tracing
 from toolrail.logging import get_logger
 from tools.calls import call_id
 from tools.errors import UnknownToolError
-from tools.evidence import Source, sourced_values
+from tools.evidence import Source, reference_day, sourced_values
 from tools.grounding import provenance, untrusted
 from tools.spec import ToolSpec
 
@@ -40,9 +38,6 @@ __all__ = ["Dispatch", "NextStep", "advance", "check_client_output", "decide_job
            "run_call", "set_status", "start_checked"]
 
 log = get_logger("toolrail.executor")
-
-#: The idempotency lock outlives the tool's wall-clock limit by this much (bookkeeping after the kill).
-LOCK_GRACE_S = 10.0
 
 #: ``dispatch(job, call)`` enqueues one call on its tool queue.
 Dispatch = Callable[[JobRecord, CallRecord], None]
@@ -90,8 +85,6 @@ def set_status(rt: Runtime, job_id: str, status: str, *, mutate: Callable[[JobRe
 def notify(rt: Runtime, job: JobRecord) -> None:
     """Queue the webhook of the job's new status, if it has one (``notify_status`` never raises, never waits on
     the receiver)."""
-    from executor.runs import webhooks  # noqa: PLC0415 - webhooks defines a Celery task; the app loads with the first use
-
     webhooks.notify_status(rt, job)
 
 
@@ -107,15 +100,6 @@ def _client_output(job: JobRecord) -> ClientOutput | None:
 def _decider_configured(rt: Runtime) -> bool:
     """Whether this deployment decides at all (read from settings: a tool worker never loads the model to ask)."""
     return rt.settings.decider != "none"
-
-
-def _why_no_reask(rt: Runtime, job: JobRecord) -> str:
-    """Why a failing output went to review without a re-ask: never "no decider" where one is configured."""
-    if not _decider_configured(rt):
-        return "no decider is configured to re-ask"
-    if not job.messages:
-        return "the job brings no conversation to re-ask a model with (send messages to have it re-asked)"
-    return "the decider could not be loaded to re-ask"
 
 
 def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextStep | None = None) -> JobRecord:
@@ -138,7 +122,8 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
         return _stop(rt, job, runs.deadline_trip(job))
     specs = job_specs(rt, job)
     first = _client_output(job)
-    decider = rt.decider if job.messages else None  # asked for only when a decision or re-ask is needed
+    # the client's own output is final (decider.checked): the decider is asked for only when it decides
+    decider = rt.decider if job.messages and first is None else None
     if first is None and (decider is None or decider() is None):
         return set_status(rt, job_id, "failed", error={"type": "decider_unavailable", "message":
                           "no decider is configured and the job brought no tool calls", "details": {}})
@@ -150,7 +135,8 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
         return job
     job.calls = calls  # the record as updated carries no calls; the earlier steps' calls are the journal
     request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
-                            tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls)
+                            tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls,
+                            now=job.created_at, time_zone=job.time_zone)
     early = _EarlyDispatch(rt, job, specs, dispatch)
     try:
         decision = decide_checked(decider, request, first_output=first, max_reasks=job.max_reasks, on_call=early)
@@ -164,8 +150,6 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
     attempts = [a.to_dict() for a in decision.attempts]
     if decision.status == "needs_review":
         error = dict(decision.error or {})
-        if decider is None or decider() is None:
-            error["message"] = f"{error.get('message')}; {_why_no_reask(rt, job)}"
         log.warning("job.needs_review", job_id=job_id, step=job.step, attempts=len(attempts), error_type=error.get("type"))
         return _end_step(rt, job, "needs_review", attempts=attempts, error=error)
     if decision.status == "failed":
@@ -259,7 +243,8 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
     no decider) and returns the record as that step would leave it — status, journal, attempts,
     calls — for the store to write in one go (``JobStore.create``); the caller dispatches its
     ``pending`` calls. Returns None when the job still needs the decide task: no client output, a
-    deadline already passed, or an output that fails its check while a decider could be re-asked.
+    deadline already passed, or calls a guard stops. An output that fails its check ends ``needs_review``
+    here: the client's output is never re-asked (``decider.checked``).
     """
     first = _client_output(job)
     if first is None or job.step > 0 or runs.deadline_passed(job):
@@ -270,17 +255,13 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
     job = job.model_copy(deep=True)
     runs.open_step(job, tool_choice=tool_choice)
     request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
-                            tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls)
+                            tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls,
+                            now=job.created_at, time_zone=job.time_zone)
     decision = decide_checked(None, request, first_output=first, max_reasks=job.max_reasks)
     ended = time.time()
     attempts = [a.to_dict() for a in decision.attempts]
-    if decision.status == "needs_review" and job.messages and _decider_configured(rt):
-        return None  # the decider re-asks: that is the decide task's work
     status, error, calls = decision.status, decision.error, []
-    if decision.status == "needs_review":
-        error = {**(decision.error or {})}
-        error["message"] = f"{error.get('message')}; {_why_no_reask(rt, job)}"
-    elif decision.status == "calls":
+    if decision.status == "calls":
         trip = runs.guard_new_calls(job, [(c.name, c.arguments) for c in decision.calls], rt.settings)
         if trip is not None:
             return None  # guards stop runs from the decide task (one place that records the trip)
@@ -291,7 +272,7 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
             job.approval_deadline_at = time.time() + (job.approval_timeout_s or rt.settings.approval_timeout_s)
         for call in calls:
             call.dispatched_at = ended if call.status == "pending" and not waiting else None  # queued once stored
-    else:  # a text answer ends the run
+    elif decision.status == "text":  # a text answer ends the run
         status = "succeeded"
     job.status, job.attempts, job.error = status, attempts, error  # type: ignore[assignment]
     job.content = decision.content if decision.status == "calls" else (decision.content or "") if status == "succeeded" else None
@@ -331,9 +312,10 @@ def _call_records(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decis
         if runnable and spec.side_effects and job.messages:  # tool output is untrusted input (tools.grounding)
             sources = _evidence_sources(rt, job, specs) if sources is None else sources
             shown["provenance"] = provenance(spec.parameters, checked.arguments or {}, sources, side_effects=True)
-            held = untrusted(shown["provenance"])
+            held = untrusted(shown["provenance"])  # stated only by tool results, or unclearly: a person decides
             if held:
-                reason, shown["untrusted"] = reason or "provenance", [entry["path"] for entry in held]
+                why = "unclear" if all("unclear" in entry for entry in held) else "provenance"
+                reason, shown["untrusted"] = reason or why, [entry["path"] for entry in held]
         status = "validated" if not runnable else "awaiting_approval" if reason else "pending"
         calls.append(CallRecord(id=call_id(job.request_id, checked.index, attempt=decision.attempt, step=job.step),
                                 index=checked.index, step=job.step, name=checked.name, arguments=checked.arguments,
@@ -353,7 +335,8 @@ def _evidence_sources(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec]) -
         return Source("tool", tool=name, mcp=mcp,
                       trusted=spec is not None and (spec.trusted_output or name in trusted_here))
 
-    return sourced_values(runs.conversation(job, max_chars=rt.settings.tool_result_max_chars), tool_source=tool_source)
+    return sourced_values(runs.conversation(job, max_chars=rt.settings.tool_result_max_chars), tool_source=tool_source,
+                          today=reference_day(job.created_at, job.time_zone))
 
 
 def _record_decision(job: JobRecord, attempts: list[dict[str, Any]], content: str | None, status: str) -> None:
@@ -438,8 +421,8 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
 
 
 def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | None = None) -> CallRecord:
-    """Run one call in the sandbox (once, for side effects), record its outcome, and advance the run when the
-    step's last call ends."""
+    """Run one call through the call pipeline (``rt.calls``: slot, admission, idempotency, span, breaker, sandbox),
+    record its outcome, and advance the run when the step's last call ends."""
     job = rt.store.get(job_id)
     call = next((c for c in job.calls if c.id == call_id_), None)
     if call is None:
@@ -455,39 +438,25 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
         log.warning("call.not_approved", job_id=job_id, call_id=call.id)  # never runs before a person approves it
         return call
     spec = job_specs(rt, job)[call.name]
-    arguments = call.arguments or {}
-    digest = payload_hash(call.name, arguments) if spec.side_effects else ""  # the ledger's key: side effects only
-    with rt.admission(spec):  # e.g. the MCP tenant's call slot: taken before the idempotency lock
-        outcome: dict[str, Any] | None = None
-        if spec.side_effects:
-            begin = rt.idempotency.begin(job_id, call.id, digest, lock_s=spec.timeout_s + LOCK_GRACE_S)  # may raise retryable
-            if begin.replay is not None:
-                outcome = {**begin.replay, "replayed": True}
-                log.info("call.replayed", job_id=job_id, call_id=call.id)
-        call.status, call.attempts, call.started_at = "running", call.attempts + 1, time.time()
-        rt.store.put_call(job_id, call)
-        if outcome is None:
-            log.info("call.start", job_id=job_id, call_id=call.id, tool=call.name)
-            try:
-                result = execute_tool(guarded_run, rt, spec, CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id,
-                                                       idempotency_key=f"{job_id}:{call.id}", arguments=arguments,
-                                                       env=rt.tool_env(spec), on_progress=progress_recorder(rt, job_id, call)),
-                                     tenant=job.tenant)
-                for line in result.logs:
-                    log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
-                             tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))
-                outcome = {"ok": True, "result": result.result, "duration_s": result.duration_s}
-            except SandboxError as exc:
-                outcome = {"ok": False, "error": exc.to_dict()}
-                log.warning("call.failed", job_id=job_id, call_id=call.id, error_type=exc.type, message=str(exc))
-            if spec.side_effects:
-                rt.idempotency.complete(job_id, call.id, digest, outcome)
+    run = CallRun(request_id=job.request_id, job_id=job_id, call_id=call.id, idempotency_key=f"{job_id}:{call.id}",
+                  arguments=call.arguments or {}, env=rt.tool_env(spec), on_progress=progress_recorder(rt, job_id, call))
+    outcome = rt.calls(Invocation(job_id=job_id, tenant=job.tenant, call=call, spec=spec, run=run,
+                                  queue=call.queue or spec.queue_name))
+    if outcome.replayed:  # answered from its idempotency record: this delivery is one more attempt all the same
+        call.attempts, call.started_at = call.attempts + 1, time.time()
+    elif not outcome.ok:
+        error = outcome.error or {}
+        log.warning("call.failed", job_id=job_id, call_id=call.id, error_type=error.get("type"), message=error.get("message"))
+    for line in outcome.ran.logs if outcome.ran is not None else ():
+        log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
+                 tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))
     call.finished_at = time.time()
-    call.duration_s = outcome.get("duration_s", round(call.finished_at - call.started_at, 6))
-    if outcome["ok"]:
-        call.status, call.result, call.error = "succeeded", outcome.get("result"), None
+    took = round(call.finished_at - (call.started_at or call.finished_at), 6)
+    call.duration_s = outcome.duration_s if outcome.duration_s is not None else took
+    if outcome.ok:
+        call.status, call.result, call.error = "succeeded", outcome.result, None
     else:
-        call.status, call.error = "failed", outcome.get("error")
+        call.status, call.error = "failed", outcome.error
     remaining, read = rt.store.finish_call_and_read(job_id, call)  # the last call of its step: the job as it ended
     log.info("call.end", job_id=job_id, call_id=call.id, status=call.status, remaining=remaining)
     if remaining == 0:

@@ -28,7 +28,7 @@ from tools.calls import call_id
 from tools.validator import validate
 
 if TYPE_CHECKING:
-    from executor.runs.runtime import Runtime
+    from executor.ports import Runtime
 
 __all__ = ["review"]
 

@@ -31,6 +31,9 @@ class CallRun:
     on_progress: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False, repr=False)
     #: W3C context of the call's ``execute_tool`` span: the child records its span under it and returns it.
     trace_context: dict[str, str] = field(default_factory=dict)
+    #: Whether the call's job was cancelled (cheap; a runner polls it a few times a second and, when true, stops the
+    #: call and raises ``CallCancelledError``). None: nothing watches.
+    cancelled: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -103,11 +103,11 @@ SANDBOX_REPORTED_TYPES = frozenset({"tool_memory_limit", "tool_output_invalid", 
 RESERVED_TYPE_PREFIXES = ("tool_", "sandbox_", "mcp_", "toolrail_", "executor_")
 #: The platform's other error types (the job API's, the run loop's, the check path's): never a tool's own type.
 RESERVED_TYPES = frozenset({
-    "ambiguous_output", "approval_conflict", "approval_expired", "call_as_text", "call_in_progress", "circuit_open",
-    "concurrency_limited", "decider_unavailable", "generation_bound", "idempotency_conflict", "invalid_arguments",
-    "invalid_output", "invalid_tool_calls", "not_found", "permanent", "rate_limited", "rejected", "repeated_call",
-    "repeated_side_effect", "retryable", "schema_rejected", "store_unavailable", "timeout", "ungrounded_values",
-    "unknown_tool", "unsupported_pattern", "validation_error", "webhook_url_not_allowed"})
+    "ambiguous_output", "approval_conflict", "approval_expired", "call_as_text", "call_cancelled", "call_in_progress",
+    "circuit_open", "concurrency_limited", "decider_unavailable", "generation_bound", "idempotency_conflict",
+    "invalid_arguments", "invalid_output", "invalid_tool_calls", "not_found", "permanent", "rate_limited", "rejected",
+    "repeated_call", "repeated_side_effect", "retryable", "schema_rejected", "store_unavailable", "timeout",
+    "ungrounded_values", "unknown_tool", "unsupported_pattern", "validation_error", "webhook_url_not_allowed"})
 
 
 def tool_error_type(claimed: Any, *, from_sandbox: bool = False) -> str | None:

@@ -11,9 +11,11 @@ import os
 import selectors
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from executor.errors import CallCancelledError
 from executor.sandbox.boundary import CallRun
 from executor.sandbox.child import MAX_RESULT_BYTES
 from executor.sandbox.progress import ProgressReader
@@ -33,6 +35,8 @@ MAX_OUTPUT_LINES = 200
 MAX_LINE_CHARS = 1000
 #: How long stdout/stderr are still drained after the result arrived (a leftover may hold them).
 _DRAIN_S = 0.2
+#: How often a running call asks whether its job was cancelled.
+CANCEL_POLL_S = 0.25
 
 
 @dataclass
@@ -57,16 +61,20 @@ class Captured:
 _CAPS = {"stdout": MAX_STREAM_BYTES, "stderr": MAX_STREAM_BYTES, "result": MAX_RESULT_BYTES + 65536}
 
 
-def collect(fds: dict[str, int], request: bytes, *, timeout: float,
-             progress: ProgressReader | None = None) -> dict[str, Captured]:
+def collect(fds: dict[str, int], request: bytes, *, timeout: float, progress: ProgressReader | None = None,
+            cancelled: Callable[[], bool] | None = None) -> dict[str, Captured]:
     """Write the request, read stdout, stderr and the result pipe with caps, until the result is complete.
 
     Memory stays bounded whatever the tool prints: each stream keeps at most its cap.
     The result pipe has one writer, the call parent: its EOF ends the call (stdout and stderr
     are drained briefly after, since a leftover process may hold them open). Progress reports
     (tool-written JSON lines) go to ``progress`` as they come; their pipe's EOF is never waited for.
+    ``cancelled`` is asked every ``CANCEL_POLL_S`` until the result comes: true raises ``CallCancelledError``
+    (the caller kills the call).
     """
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
+    next_poll = started + CANCEL_POLL_S
     captured = {name: Captured(_CAPS[name]) for name in ("stdout", "stderr", "result")}
     pending = memoryview(request)
     by_fd = {fd: name for name, fd in fds.items() if name != "stdin"}
@@ -87,6 +95,14 @@ def collect(fds: dict[str, int], request: bytes, *, timeout: float,
             if remaining <= 0:
                 raise subprocess.TimeoutExpired("sandbox child", timeout)
             wait = remaining if drain_until is None else min(remaining, drain_until - now)
+            if cancelled is not None and drain_until is None:
+                if now >= next_poll:
+                    next_poll = now + CANCEL_POLL_S
+                    if cancelled():
+                        raise CallCancelledError(f"the job was cancelled: the call was stopped after "
+                                                 f"{now - started:.1f} s (its process killed); what it changed "
+                                                 "before may stand", stopped_after_s=round(now - started, 3))
+                wait = min(wait, max(0.0, next_poll - now))
             for key, _ in selector.select(wait):
                 if key.fd == stdin:
                     try:

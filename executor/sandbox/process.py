@@ -453,8 +453,8 @@ class ProcessSandbox:
             warm, pending = self._take(json.dumps(request, ensure_ascii=False).encode() + b"\n")
             proc = warm.proc
             try:
-                streams = collect(warm.fds, pending, timeout=spec.timeout_s,
-                                   progress=ProgressReader.for_call(call, tool=spec.name))
+                streams = collect(warm.fds, pending, timeout=spec.timeout_s, cancelled=call.cancelled,
+                                  progress=ProgressReader.for_call(call, tool=spec.name))
             except subprocess.TimeoutExpired:
                 _end_call(proc, kill=True)
                 raise ToolTimeoutError(f"{spec.name} ran past its {spec.timeout_s:g} s limit and was killed",

@@ -8,6 +8,7 @@ every job has its own record, keyed by job id, owned by a tenant, carrying the
     tr:job:<id>:calls      hash call_id → JSON of the call
     tr:job:<id>:pending    calls not yet terminal
     tr:job:<id>:events     stream of state changes (Server-Sent Events read it)
+    tr:job:<id>:cancelled  set in the write that cancels the job: what a running call's watch reads
     tr:tenant:<t>:jobs     sorted set of job ids by creation time
     tr:idemkey:<t>:<key>   Idempotency-Key of the API → {job_id, body_hash}
 """
@@ -88,6 +89,8 @@ class JobRecord(BaseModel):
     #: Seconds a step may wait for approval (None: ``TOOLRAIL_APPROVAL_TIMEOUT_S``), and when the wait ends.
     approval_timeout_s: float | None = None
     approval_deadline_at: float | None = None
+    #: The user's IANA time zone: relative days ("tomorrow") are read against ``created_at`` there (None: UTC).
+    time_zone: str | None = None
     #: When the whole run must have ended (epoch seconds); None: no deadline.
     deadline_at: float | None = None
     #: Where ``job.*`` events are POSTed (Standard Webhooks); None: the tenant default, if any.
@@ -419,12 +422,18 @@ class RedisJobStore:
             for item in events:
                 pipe.command("XADD", self._k(job_id, ":events"), "MAXLEN", "~", 1000, "*", "data",
                              json.dumps(item, ensure_ascii=False, default=str))
+            if job.status == "cancelled" and before != "cancelled":  # running calls watch for it (cheap to poll)
+                pipe.command("SET", self._k(job_id, ":cancelled"), "1", "EX", self._ttl)
             if job.status in TERMINAL_JOB:
                 pipe.command("ZREM", self._active, job_id)
             elif job.status != before:
                 pipe.command("ZADD", self._active, repr(job.updated_at), job_id)
             if int(self._cas(keys=[key], args=[raw, *pipe.args])):
                 return job
+
+    def cancelled(self, job_id: str) -> bool:
+        """Whether the job was cancelled (one EXISTS: what a running call polls)."""
+        return bool(self.redis.exists(self._k(job_id, ":cancelled")))
 
     @_guard
     def set_calls(self, job_id: str, calls: list[CallRecord], *, step: int = 0) -> None:

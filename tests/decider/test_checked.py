@@ -64,10 +64,14 @@ def test_reasks_are_bounded(max_reasks: int) -> None:
     assert not result.calls and result.blocked
 
 
-def test_client_output_counts_as_the_first_attempt() -> None:
-    decider = ScriptedDecider([BAD, GOOD])
+def test_a_clients_failing_output_goes_to_review_and_the_model_is_never_asked() -> None:
+    decider = ScriptedDecider([GOOD])  # before: asked, its call replaced the client's (issue 32)
     result = decide_checked(decider, _request(), max_reasks=2, first_output=BAD)
-    assert result.status == "calls" and [a.source for a in result.attempts] == ["client", "decider", "decider"]
+    assert result.status == "needs_review" and [a.source for a in result.attempts] == ["client"]
+    assert decider.requests == [] and not result.calls
+    (sent,) = result.error["details"]["client_calls"]
+    assert sent["arguments"] == {"city": "北京", "date": "后天"} and sent["errors"][0]["path"] == "/date"
+    assert "never replaced" in result.error["message"]
 
 
 def test_a_valid_client_output_never_asks_for_the_decider() -> None:
@@ -101,8 +105,8 @@ def test_reask_message_is_a_new_list() -> None:
 # ------------------------------------------------------------------ text answers and bare objects
 
 def test_a_text_answer_is_a_text_answer_in_a_reask_too() -> None:
-    decider = ScriptedDecider(['{"content": "Which city do you mean?"}'])
-    result = decide_checked(decider, _request(), first_output=BAD)
+    decider = ScriptedDecider([BAD, '{"content": "Which city do you mean?"}'])
+    result = decide_checked(decider, _request())
     assert result.status == "text" and result.content == "Which city do you mean?"
     assert not result.attempts[-1].errors
 

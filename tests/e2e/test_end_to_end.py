@@ -64,14 +64,16 @@ def test_agent_run_reads_the_result_and_answers(stack: LocalStack) -> None:
     assert str(first[0]["result"]["temperature"]) in job["content"], job["content"]
 
 
-def test_invalid_client_output_is_reasked_to_the_model(stack: LocalStack) -> None:
-    """The client's 后天 is not a valid date; the model is re-asked with the exact error."""
+def test_invalid_client_output_goes_to_review_never_to_the_model(stack: LocalStack) -> None:
+    """The client's 后天 is not a valid date: its output is the client's, so it waits for a person with the exact
+    error — the real model configured here is never asked to write a call in its place (issue 32)."""
     with httpx.Client(base_url=stack.url, timeout=30) as client:
         created = client.post("/v1/jobs", json={
             "messages": [{"role": "user", "content": "北京明天天气怎么样"}], "tools": ["get_weather"],
             "raw_output": '{"name": "get_weather", "arguments": {"city": "北京", "date": "后天"}}'}).json()
         job = _wait(client, created["job_id"])
-    assert job["status"] == "succeeded", job
-    assert [a["source"] for a in job["attempts"]][:1] == ["client"] and len(job["attempts"]) >= 2
+    assert job["status"] == "needs_review", job
+    assert [a["source"] for a in job["attempts"]] == ["client"] and job["calls"] == []
     assert "后天" in json.dumps(job["attempts"][0]["errors"], ensure_ascii=False)
-    assert job["calls"][0]["arguments"]["date"] == "tomorrow"
+    (sent,) = job["error"]["details"]["client_calls"]
+    assert sent["name"] == "get_weather" and sent["errors"][0]["path"] == "/date"

@@ -1,8 +1,8 @@
 """A client's own calls at ``POST /v1/jobs``: malformed ones are a 422 with JSON paths, and nothing is stored.
 
-As the OpenAI API answers a malformed request. Model text (``raw_output``) is not the client's
-request: with a conversation and a decider it keeps the re-ask path, and without one the review
-message says why there was no re-ask, never "no decider is configured" where one is.
+As the OpenAI API answers a malformed request. Model text (``raw_output``) that fails its check is the
+client's output too: it goes to review with the client's calls and the findings, never to the platform's
+model (issue 32).
 No worker here: the API over the session Redis, its queueing captured.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from executor.api.app import create_app
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from toolrail.settings import get_settings
 
 TRANSFER = {"from_account": "alice", "to": "bob", "amount": 5, "currency": "CNY"}
@@ -81,26 +81,17 @@ def test_required_call_with_no_calls_is_422(api) -> None:
     assert response.status_code == 422 and response.json()["error"]["details"]["errors"][0]["path"] == "/tool_calls"
 
 
-@pytest.mark.parametrize("api", ["embedded"], indirect=True)
-def test_raw_output_with_a_conversation_keeps_the_reask_path(api) -> None:
+@pytest.mark.parametrize("api", ["embedded", "none"], indirect=True)
+def test_raw_output_that_fails_its_check_goes_to_review_and_never_to_the_model(api) -> None:
     client, runtime, queued = api
-    response = client.post("/v1/jobs", json={"messages": [{"role": "user", "content": "北京明天天气怎么样"}],
-                                             "tools": ["get_weather"],
-                                             "raw_output": '{"name": "get_weather", "arguments": {"city": "北京", "date": "后天"}}'})
-    assert response.status_code == 202, response.text
-    assert response.json()["status"] == "queued"  # for the decide task, which re-asks the model
-    assert [getattr(q, "job_id", None) for q in queued] == [response.json()["job_id"]]
-
-
-@pytest.mark.parametrize(("api", "says"), [("embedded", "no conversation to re-ask"),
-                                           ("none", "no decider is configured to re-ask")], indirect=["api"])
-def test_raw_output_without_a_conversation_says_why_it_was_not_reasked(api, says: str) -> None:
-    client, runtime, _ = api
-    response = client.post("/v1/jobs", json={"tools": ["get_weather"],
-                                             "raw_output": '{"name": "get_weather", "arguments": {"city": "北京", "date": "后天"}}'})
-    assert response.status_code == 202, response.text
-    job = client.get(f"/v1/jobs/{response.json()['job_id']}").json()
-    assert job["status"] == "needs_review", job
-    assert says in job["error"]["message"], job["error"]
-    if says != "no decider is configured to re-ask":
-        assert "no decider" not in job["error"]["message"]
+    for body in ({"messages": [{"role": "user", "content": "北京明天天气怎么样"}]}, {}):  # with a conversation and without
+        response = client.post("/v1/jobs", json={**body, "tools": ["get_weather"],
+                                                 "raw_output": '{"name": "get_weather", "arguments": {"city": "北京", "date": "后天"}}'})
+        assert response.status_code == 202, response.text
+        assert response.json()["status"] == "needs_review"  # decided in the API: no decide task to re-ask a model
+        job = client.get(f"/v1/jobs/{response.json()['job_id']}").json()
+        assert [a["source"] for a in job["attempts"]] == ["client"]
+        assert "never replaced by the platform's model" in job["error"]["message"], job["error"]
+        (sent,) = job["error"]["details"]["client_calls"]
+        assert sent["arguments"] == {"city": "北京", "date": "后天"} and sent["errors"][0]["path"] == "/date"
+    assert queued == []

@@ -79,7 +79,7 @@ def _platform_types() -> set[str]:
     """Every ``type`` an error class of the platform declares (the executor, tools, the sandbox, MCP, limits)."""
     names: set[str] = set()
     for module_name in ("executor.errors", "tools.errors", "tools.registry", "executor.sandbox.process",
-                        "executor.runs.breaker", "executor.runs.concurrency", "executor.api.ratelimit",
+                        "executor.calls.breaker", "executor.calls.concurrency", "executor.api.ratelimit",
                         "mcpbridge.errors"):
         module = importlib.import_module(module_name)
         for value in vars(module).values():

@@ -214,7 +214,7 @@ def test_a_tenants_calls_past_its_limit_hold_no_worker(redis_client, http_server
     """With alpha's one slot taken (its hanging call elsewhere), alpha's next call goes back to its queue within about
     a second, without connecting; beta's call of the same server runs meanwhile; once the slot frees, alpha's runs."""
     from executor.errors import RetryableError
-    from executor.runs.concurrency import ConcurrencyLimitedError
+    from executor.calls.concurrency import ConcurrencyLimitedError
     from executor.sandbox.boundary import CallRun
     from mcpbridge.client import run_call, tenant_slot, tenant_slots
     from toolrail.settings import Settings

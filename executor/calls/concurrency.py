@@ -21,7 +21,6 @@ import random
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,7 @@ from prometheus_client.core import GaugeMetricFamily
 from executor.errors import RetryableError
 from toolrail.logging import get_logger
 
-__all__ = ["ConcurrencyCollector", "ConcurrencyLimitedError", "ConcurrencyLimiter", "Slot", "slot"]
+__all__ = ["ConcurrencyCollector", "ConcurrencyLimitedError", "ConcurrencyLimiter", "Slot"]
 
 log = get_logger("toolrail.concurrency")
 
@@ -150,22 +149,6 @@ class ConcurrencyLimiter:
 
     def reset(self, queue: str) -> None:
         self._redis.delete(*self.keys(queue))
-
-
-@contextmanager
-def slot(rt: Any, queue: str, *, lease_s: float) -> Iterator[Slot]:
-    """Hold one of the queue's slots for the body; its duration is the latency sample."""
-    limiter = rt.concurrency
-    held = limiter.acquire(queue, lease_s=lease_s, wait_s=rt.settings.concurrency_wait_s)
-    ok = False
-    try:
-        yield held
-        ok = True
-    finally:
-        try:
-            limiter.release(held, rtt_s=time.monotonic() - held.started if ok else None)
-        except redis.RedisError:
-            pass  # the lease expires on its own
 
 
 class ConcurrencyCollector:

@@ -31,12 +31,10 @@ import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from executor.errors import SandboxError, ToolRaisedError
-from executor.sandbox.boundary import CallRun, SandboxResult
 from toolrail.logging import get_logger
-from tools.spec import ToolSpec
 
 __all__ = ["DEFAULT_TENANT", "STATES", "BreakerCollector", "CircuitBreaker", "CircuitOpenError",
-           "guarded_run", "is_health_failure"]
+           "is_health_failure"]
 
 log = get_logger("toolrail.breaker")
 
@@ -149,25 +147,6 @@ class CircuitBreaker:
             return
         tenants = [t.decode() for t in self._redis.smembers(self.tenants_key(tool))]
         self._redis.delete(self.tenants_key(tool), *(self.key(tool, t) for t in {*tenants, DEFAULT_TENANT}))
-
-
-def guarded_run(rt: Any, spec: ToolSpec, call: CallRun, *, tenant: str = DEFAULT_TENANT) -> SandboxResult:
-    """``rt.sandbox.run`` behind the circuit breaker of (``tenant``, tool)."""
-    breaker = rt.breaker
-    key = getattr(spec, "breaker_name", spec.name)  # an MCP-provided tool: one breaker per (tenant, server)
-    admission = breaker.admit(key, tenant=tenant, probe_ttl_s=spec.timeout_s + 5)
-    if admission.state == "open":
-        raise CircuitOpenError(f"{key} failed {breaker.failures} times in a row for this tenant; its circuit is "
-                               f"open, retry in {admission.retry_in_s:.1f} s", tool=spec.name,
-                               retry_in_s=round(admission.retry_in_s, 2))
-    run = rt.runner_for(spec)  # the process sandbox, or an MCP tool's server client
-    try:
-        result = run(spec, call)
-    except SandboxError as exc:
-        breaker.record(key, tenant=tenant, ok=not is_health_failure(exc))
-        raise
-    breaker.record(key, tenant=tenant, ok=True)
-    return result
 
 
 class BreakerCollector:
