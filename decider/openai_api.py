@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from decider import openai_core as core
 from decider.errors import DeciderError, InvalidRequestError
 from decider.protocol import Decision
+from decider.responses_api import create_router as responses_router
 from decider.model import DEFAULT_MODEL_NAME
 from decider.openai_core import Limits, error_response
 from decider.service import BackendDecider
@@ -292,24 +293,16 @@ class _ChatCompletions:
         yield "data: [DONE]\n\n"
 
 
-def default_decider() -> BackendDecider:
-    """The process's decider (:func:`decider.service.get_default_decider` with the process settings)."""
-    from decider.service import get_default_decider  # noqa: PLC0415
-    from toolrail.settings import get_settings  # noqa: PLC0415
-
-    return get_default_decider(get_settings())
-
-
 def create_router(get_decider: DeciderFactory | None = None, *, limits: Limits | None = None,
                   dependencies: Sequence[Any] = (), models: Sequence[str] = (DEFAULT_MODEL_NAME,)) -> APIRouter:
     """A router with ``POST /chat/completions`` (mount it under ``/v1``).
 
     ``get_decider`` returns the decider to use (called per request; make it cheap); by default
-    :func:`default_decider`. ``limits`` caps what one request may ask for; ``dependencies`` (FastAPI
+    :func:`decider.openai_core.default_decider`. ``limits`` caps what one request may ask for; ``dependencies`` (FastAPI
     ``Depends``) run before the endpoint: the job API passes its tenant authentication and rate limit.
     ``models`` are the ids a request may name (``toolrail`` always answers too).
     """
-    endpoint = _ChatCompletions(get_decider or default_decider, limits, models)
+    endpoint = _ChatCompletions(get_decider or core.default_decider, limits, models)
     router = APIRouter()
     router.add_api_route("/chat/completions", endpoint.handle, methods=["POST"], name="chat_completions",
                          dependencies=list(dependencies))
@@ -318,8 +311,6 @@ def create_router(get_decider: DeciderFactory | None = None, *, limits: Limits |
 
 def create_app(get_decider: DeciderFactory | None = None, *, models: Sequence[str] = (DEFAULT_MODEL_NAME,)) -> FastAPI:
     """A standalone app serving Chat Completions and the Responses API under ``/v1`` (responses kept in memory)."""
-    from decider.responses_api import create_router as responses_router  # noqa: PLC0415 - the module builds on this one
-
     app = FastAPI(title="toolrail decider", version="0.1.0")
     app.include_router(create_router(get_decider, models=models), prefix="/v1")
     app.include_router(responses_router(get_decider, models=models), prefix="/v1")

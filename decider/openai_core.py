@@ -35,7 +35,7 @@ from decider.errors import (
     UnsupportedSchemaError,
 )
 from decider.protocol import DecideRequest, Decision
-from decider.service import BackendDecider, DecisionPlan
+from decider.service import BackendDecider, DecisionPlan, get_default_decider
 from tools.check import check_tool_calls
 from tools.errors import SchemaRejectedError
 from tools.evidence import ConversationValues
@@ -226,6 +226,13 @@ def check_tool_answers(messages: Sequence[Mapping[str, Any]], *, param: Callable
 
 
 # ----------------------------------------------------------------- decoding
+
+
+def default_decider() -> BackendDecider:
+    """The process's decider (:func:`decider.service.get_default_decider` with the process settings)."""
+    from toolrail.settings import get_settings  # noqa: PLC0415 - read when first asked, not at import
+
+    return get_default_decider(get_settings())
 
 
 def context_length(decider: Any) -> int | None:

@@ -450,9 +450,7 @@ def create_router(get_decider: Callable[[], BackendDecider] | None = None, *, st
     ``store`` keeps responses (default: in memory); ``tenant_of`` is a FastAPI dependency naming the caller's
     tenant (the job API's authentication and rate limit), default one tenant for everyone.
     """
-    from decider.openai_api import default_decider  # noqa: PLC0415 - one default for both surfaces
-
-    endpoint = _Responses(get_decider or default_decider, store or MemoryResponseStore(), limits or Limits(), models)
+    endpoint = _Responses(get_decider or core.default_decider, store or MemoryResponseStore(), limits or Limits(), models)
     tenant_dependency = Depends(tenant_of or _default_tenant)
 
     async def create_response(request: Request, tenant: str = tenant_dependency) -> Any:
