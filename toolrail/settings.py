@@ -312,6 +312,13 @@ class Settings(BaseSettings):
                 raise ValueError("a webhook secret is whsec_ followed by the base64 of a key") from None
         return value
 
+    @field_validator("redis_url", mode="after")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        from toolrail.redis_embed import check_redis_url  # noqa: PLC0415 - the one check, also for serve --redis-url
+
+        return None if value is None else check_redis_url(value)
+
     @field_validator("log_level", mode="after")
     @classmethod
     def _known_level(cls, value: str) -> str:

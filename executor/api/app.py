@@ -48,6 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from decider.checked import client_turn
 from executor.api.console import console_router
+from executor.api.context import ApiSurface, JobDesk
 from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody, ReviewBody
 from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
@@ -418,8 +419,10 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     app.state.lifespans = []  # an extension's background work, run for as long as the app serves
+    surface = ApiSurface(settings, JobDesk(runtime, enqueue, rerun), Depends(rate_limited(tenant_of)),
+                         rate_limiter=getattr(app.state, "rate_limiter", None))
     for mount in installed(API_GROUP):  # mcpbridge: /mcp, /v1/mcp-servers
-        mount(app, settings=settings, runtime=runtime, enqueue=enqueue, dispatch=rerun)
+        mount(app, surface)
     return app
 
 
