@@ -111,6 +111,37 @@ class ToolFormat:
 
     #: The family writes all its calls in one block (stop after it).
     one_block: ClassVar[bool] = False
+    #: What stands between two calls the family writes in a row.
+    separator: ClassVar[str] = "\n"
+
+    def ebnf(self, tools: Sequence[tuple[str, Mapping[str, Any]]], *, allow_text: bool, max_calls: int | None,
+             calls_schema: Mapping[str, Any]) -> str:
+        """The same constraint as :meth:`structural_tag`, as plain EBNF for a server's guided decoding: text free
+        until a trigger through one ``TagDispatch`` root rule (``allow_text``), else the calls alone, one after
+        another. Written in the syntax the xgrammar of TensorRT-LLM 1.0 (0.1.21) parses too, which takes a
+        ``TagDispatch`` only as the root rule and no ``{n, -1}``: what the newer xgrammar prints from the tag
+        itself is refused there."""
+        from decider.grammar import schema_rules  # noqa: PLC0415 - grammar imports xgrammar; formats stay light
+
+        triggers, tags = self.tags(tools, max_calls=max_calls, calls_schema=calls_schema)
+        rules, whole, rest = [], [], {trigger: [] for trigger in triggers}
+        for index, tag in enumerate(tags):
+            text, root = schema_rules(json.dumps(tag["content"]["json_schema"]), f"t{index}_")
+            rules.append(text)
+            begin, end = tag["begin"], _literal(tag["end"])
+            whole.append(f"{_literal(begin)} {root} {end}")
+            trigger = next(t for t in triggers if begin.startswith(t))
+            rest[trigger].append(f"{_literal(begin[len(trigger):])} {root} {end}")
+        single = self.one_block or max_calls == 1
+        if allow_text:
+            groups = [f"call_after_{i} ::= {' | '.join(f'({alt})' for alt in alts)}" for i, alts in enumerate(rest.values())]
+            dispatch = ", ".join(f"({_literal(trigger)}, call_after_{i})" for i, trigger in enumerate(rest))
+            head = [f"root ::= TagDispatch({dispatch}, "
+                    f"loop_after_dispatch={'false' if single else 'true'})", *groups]
+        else:
+            more = "" if single else f" ({_literal(self.separator)} call){{0,{max(0, (max_calls or 64) - 1)}}}"
+            head = [f"root ::= call{more}", f"call ::= {' | '.join(f'({alt})' for alt in whole)}"]
+        return "\n".join([*head, *rules]) + "\n"
 
     def template_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Copies of ``messages`` as this family's template takes them: calls with their arguments as
@@ -129,6 +160,11 @@ class ToolFormat:
     def parser(self, request_id: str, *, attempt: int = 0, on_call: OnCall | None = None) -> NativeCallParser:
         """A fresh per-request parser (never shared between requests or choices)."""
         return NativeCallParser(self, request_id, attempt=attempt, on_call=on_call)
+
+
+def _literal(text: str) -> str:
+    """An EBNF string literal of ``text``."""
+    return json.dumps(text)
 
 
 def _json_content(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -233,6 +269,7 @@ class Llama3JsonFormat(ToolFormat):
 
     name = "llama3_json"
     TRIGGER = '{"name": "'
+    separator = "; "
     PYTHON_TAG = "<|python_tag|>"
     marker_tokens = (PYTHON_TAG,)
 

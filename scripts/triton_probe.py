@@ -47,7 +47,6 @@ from tritonclient.grpc import service_pb2_grpc  # noqa: E402
 
 from decider.backend import GenerationRequest  # noqa: E402
 from decider.triton import TritonBackend  # noqa: E402
-from decider.grammar import structural_tag_ebnf  # noqa: E402
 from decider.tool_formats import get_tool_format  # noqa: E402
 from decider.triton_wire import ENABLE_EMPTY_FINAL, FINAL_RESPONSE  # noqa: E402
 
@@ -171,9 +170,9 @@ async def _raw_final(backend: TritonBackend, *, opt_in: bool, timeout: float) ->
 
 async def _qwen_format(backend: TritonBackend, tokenizer: Any, marker: str = "q07x") -> dict[str, Any]:
     hermes = get_tool_format("hermes")
-    tag = hermes.structural_tag([("echo_marker", marker_schema(marker))], allow_text=False, max_calls=1, calls_schema={})
+    ebnf = hermes.ebnf([("echo_marker", marker_schema(marker))], allow_text=False, max_calls=1, calls_schema={})
     request = GenerationRequest(request_id="probe-qwen", prompt=render(tokenizer, f"Call echo_marker. marker={marker}"),
-                                ebnf_grammar=structural_tag_ebnf(json.dumps(tag)), max_tokens=64)
+                                ebnf_grammar=ebnf, max_tokens=64)
     try:
         text, reason = await _generate(backend, request)
     except Exception as exc:  # noqa: BLE001 - recorded

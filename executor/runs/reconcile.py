@@ -15,7 +15,9 @@ job ends ``failed`` with ``internal_error`` (the request id in it), so its clien
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import Callable
 
 import redis
@@ -25,10 +27,12 @@ from executor.ports import Runtime
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
 from toolrail.logging import get_logger
 
-__all__ = ["MAX_REQUEUES", "Reconciler", "reconcile_once"]
+__all__ = ["LAST_SWEEP_KEY", "MAX_REQUEUES", "Reconciler", "reconcile_once"]
 
 log = get_logger("toolrail.reconcile")
 
+#: The last sweep of any API process: ``{at, requeued}`` (``GET /v1/console/ops`` shows it).
+LAST_SWEEP_KEY = "tr:reconcile:last"
 #: Re-queues of one job at one step and status before it is ended as lost.
 MAX_REQUEUES = 3
 
@@ -115,6 +119,9 @@ class Reconciler:
             try:
                 # one reconciler per interval across API replicas
                 if self._rt.redis.set("tr:reconcile-lock", "1", nx=True, ex=max(1, int(self._interval * 0.9))):
-                    reconcile_once(self._rt, stale_after_s=self._stale, redecide=self._redecide, rerun=self._rerun)
+                    requeued = reconcile_once(self._rt, stale_after_s=self._stale, redecide=self._redecide,
+                                              rerun=self._rerun)
+                    self._rt.redis.set(LAST_SWEEP_KEY, json.dumps({"at": time.time(), "requeued": requeued}),
+                                       ex=max(60, int(self._interval * 10)))  # the console's workers view shows it
             except (redis.RedisError, ExecutorError) as exc:
                 log.warning("reconcile.skipped", error=type(exc).__name__)

@@ -204,7 +204,7 @@ def test_triton_path_sends_the_native_constraint_as_ebnf_and_parses_the_family_s
     request = DecideRequest(request_id=f"tri-{name}", messages=[{"role": "user", "content": "Time in CET?"}],
                             tools=[WEATHER, TIME], tool_choice="required", max_tokens=120, max_calls=1)
     plan = decider.plan(request)
-    assert plan.compiled is None and plan.ebnf.rstrip().endswith("root ::= ((triggered_tags))")  # sent as EBNF text
+    assert plan.compiled is None and plan.ebnf.startswith("root ::= call\n")  # the calls alone, as EBNF text
     decision = decider.decide(request)
     assert double.stats.rejected == []
     assert decision.backend == "triton" and decision.platform["tool_format"] == FAMILIES[name].tool_format
@@ -224,3 +224,39 @@ def test_a_clients_native_raw_output_is_checked_with_its_familys_parser(name):
     assert [c.name for c in check.calls] == ["get_weather", "get_time"]
     assert all(c.ok for c in check.calls), [c.errors for c in check.calls]
     assert check.calls[0].arguments == {"city": "Rome", "days": 1}
+
+
+# ----------------------------------------------------------------------------- the EBNF a server gets
+
+PORTABLE_CASES = {
+    ("hermes", False): '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>\n'
+                       '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n</tool_call>',
+    ("hermes", True): 'Checking. <tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call> ok',
+    ("llama3_json", False): '{"name": "get_time", "parameters": {"zone": "CET"}}; '
+                            '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}',
+    ("llama3_json", True): 'Sure {"name": "get_time", "parameters": {"zone": "CET"}}',
+    ("mistral", False): '[TOOL_CALLS] [{"name": "get_time", "arguments": {"zone": "CET"}}]',
+    ("mistral", True): 'One moment.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}]',
+}
+
+
+@pytest.mark.parametrize(("name", "allow_text"), sorted(PORTABLE_CASES))
+def test_the_ebnf_sent_to_a_server_is_the_formats_constraint_in_portable_syntax(name, allow_text):
+    """What the Triton path sends: it accepts the format's calls and refuses a value outside a tool's schema, and
+    keeps to what TensorRT-LLM 1.0's xgrammar (0.1.21) parses — a TagDispatch only as the root rule, no
+    ``{n, -1}`` (checked by hand with 0.1.21: the text the newer xgrammar prints from the tag fails there)."""
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from decider.schema import prepare_tool, tool_calls_schema
+
+    tools = [(t.name, prepare_tool(t).grammar_schema) for t in (WEATHER, TIME)]
+    fmt = get_tool_format(name)
+    ebnf = fmt.ebnf(tools, allow_text=allow_text, max_calls=4, calls_schema=tool_calls_schema(tools, max_calls=4))
+    assert ", -1}" not in ebnf
+    assert [line for line in ebnf.splitlines() if "TagDispatch" in line] == (
+        [line for line in ebnf.splitlines() if line.startswith("root ::= TagDispatch(")] if allow_text else [])
+    grammar = xgr.Grammar.from_ebnf(ebnf)
+    text = PORTABLE_CASES[(name, allow_text)]
+    assert accepts(grammar, text)
+    assert not accepts(grammar, text.replace('"CET"', '"PST"').replace('"Rome"', '"Oslo"').replace('"UTC"', '"PST"').replace('"Paris"', '"Oslo"'))

@@ -32,7 +32,7 @@ def api(db_url: str, tmp_path_factory) -> Iterator[str]:  # noqa: ANN001 - pytes
     from celery import Celery
 
     from executor.api.app import create_app
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from toolrail.settings import Settings
 
     env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": "tests.executor.injection_obeying_decider:make"}
