@@ -403,12 +403,19 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         mount_openai = settings.decider in {"embedded", "triton"}
     if mount_openai:
         try:
-            from decider.openai_api import ChatLimits, create_router  # noqa: PLC0415 - heavy (torch); the model loads on first use
+            from decider.embedded import DEFAULT_MAX_SEQ_LEN  # noqa: PLC0415 - heavy (torch); the model loads on first use
+            from decider.openai_api import ChatLimits, create_router  # noqa: PLC0415
+            from decider.responses_api import create_router as responses_router  # noqa: PLC0415
+            from executor.api.responses import JobResponses  # noqa: PLC0415 - only with the decider's modules
 
-            app.include_router(create_router(limits=ChatLimits(max_tokens=settings.max_tokens_cap,
-                                                               max_schema_bytes=settings.max_schema_bytes,
-                                                               max_schema_depth=settings.max_schema_depth),
+            limits = ChatLimits(max_tokens=settings.max_tokens_cap, max_schema_bytes=settings.max_schema_bytes,
+                                max_schema_depth=settings.max_schema_depth,
+                                context_tokens=None if settings.decider == "triton" else DEFAULT_MAX_SEQ_LEN)
+            models = [m["id"] for m in _served_models(settings, created=started_at)]
+            app.include_router(create_router(limits=limits, models=models,
                                              dependencies=[Depends(rate_limited(tenant_of))]), prefix="/v1")
+            app.include_router(responses_router(store=JobResponses(runtime.store), tenant_of=rate_limited(tenant_of),
+                                                limits=limits, models=models), prefix="/v1")
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     app.state.lifespans = []  # an extension's background work, run for as long as the app serves
