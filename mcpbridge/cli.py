@@ -15,7 +15,6 @@ refused it (one line on stderr: the error type and message), 2 on bad usage.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -27,15 +26,6 @@ DEFAULT_API = "http://127.0.0.1:8000"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    mcp = subparsers.add_parser("mcp", help="serve toolrail's tools over MCP (stdio)",
-                                description="toolrail as an MCP server. Over HTTP the API serves /mcp; this command "
-                                            "serves the same tools on stdin/stdout for a local MCP host.")
-    commands = mcp.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND")
-    stdio = commands.add_parser("stdio", help="MCP over stdin/stdout (tenant 'default'; needs Redis and workers)")
-    stdio.add_argument("--redis-url", default=None, metavar="URL", help="default: REDIS_URL")
-    stdio.set_defaults(handler=_stdio)
-    mcp.set_defaults(handler=lambda args: (mcp.print_help(), 2)[1])
-
     tools = subparsers.choices.get("tools")  # executor.tools_cli's group: add the MCP subcommands to it
     if tools is None:
         return
@@ -52,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add.add_argument("--network", action="store_true", help="stdio: the server may use the network")
     add.add_argument("--side-effects", action="append", default=[], metavar="TOOL",
                      help="treat this remote tool as side-effecting (repeatable)")
+    add.add_argument("--read-only", action="append", default=[], metavar="TOOL",
+                     help="this remote tool only reads, whatever its annotations say (MCP's default for a tool "
+                          "without readOnlyHint: it may change things) (repeatable)")
     add.add_argument("--requires-approval", action="append", default=[], metavar="TOOL",
                      help="a person approves each call of this remote tool (repeatable)")
     add.add_argument("--timeout", type=float, default=None, help="hard cap of one call, seconds")
@@ -86,7 +79,7 @@ def _refused(prog: str, response: Any) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"name": args.name, "side_effects": args.side_effects,
+    body: dict[str, Any] = {"name": args.name, "side_effects": args.side_effects, "read_only": args.read_only,
                             "requires_approval": args.requires_approval}
     if args.url:
         body["url"] = args.url
@@ -137,62 +130,3 @@ def _remove(args: argparse.Namespace) -> int:
         return _refused("remove-mcp", response)
     print(f"removed {args.name}")
     return 0
-
-
-def _stdio(args: argparse.Namespace) -> int:
-    import anyio  # noqa: PLC0415
-    from mcp.server.stdio import stdio_server  # noqa: PLC0415
-
-    from toolrail.settings import get_settings  # noqa: PLC0415
-
-    if args.redis_url:  # the job store and the Celery app publishing its tasks: one Redis (the app reads REDIS_URL)
-        os.environ["REDIS_URL"] = args.redis_url
-        get_settings.cache_clear()
-    from executor.runtime import Runtime  # noqa: PLC0415
-    from executor.worker.tasks import QUEUES  # noqa: PLC0415
-    from mcpbridge.server import McpService, build_server  # noqa: PLC0415
-    from toolrail.redis_embed import redis_url  # noqa: PLC0415
-
-    settings = get_settings()
-    # REDIS_URL or --redis-url, never a guessed default port: nothing set is one line (RedisNotConfiguredError)
-    runtime = Runtime.from_settings(settings, redis_url=redis_url(settings), queues=QUEUES)
-    runtime.redis.ping()  # a missing Redis is one line (toolrail.cli.one_line_error), before the host waits on us
-    runtime = dataclasses.replace(runtime, registry=_workers_registry(runtime.redis))
-    server = build_server(McpService(runtime, settings, QUEUES.decide, QUEUES.dispatch),
-                          tenant_of=lambda ctx: "default", request_id_of=lambda ctx: _request_id())
-
-    async def serve() -> None:
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
-
-    anyio.run(serve)
-    return 0
-
-
-def _workers_registry(client: Any) -> Any:
-    """The registry the workers load (their demo tools and tool modules, as they published them at start), loaded
-    here; a tool they serve that this process cannot load stops the command with one line naming it and why."""
-    from executor.store.worker_tools import published  # noqa: PLC0415
-    from tools.registry import load_registry  # noqa: PLC0415
-
-    workers = published(client)
-    if not workers:
-        raise SystemExit("toolrail mcp stdio: no worker has published its tools on this Redis (each does at its "
-                         "start): start the workers first (toolrail serve)")
-    modules = list(dict.fromkeys(module for worker in workers for module in worker.modules))
-    registry = load_registry(modules=modules, demo_tools={name for worker in workers for name in worker.demo_tools})
-    served = {name: worker.worker for worker in reversed(workers) for name in worker.tools}
-    missing = sorted(set(served) - set(registry.names()))
-    if missing:
-        why = "; ".join(problem.message() for problem in registry.problems) or \
-            f"its modules ({', '.join(modules) or 'none'}) did not register them here"
-        raise SystemExit(f"toolrail mcp stdio: the workers serve {', '.join(missing)} (worker "
-                         f"{served[missing[0]]}), which this process cannot load: {why}. Run it in the workers' "
-                         "Python environment")
-    return registry
-
-
-def _request_id() -> str:
-    from toolrail.context import new_request_id  # noqa: PLC0415
-
-    return new_request_id()

@@ -35,23 +35,20 @@ import anyio
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp.server import Server
+from mcp.server.stdio import stdio_server
 from mcp_types import INVALID_PARAMS
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
-from executor.runs.submit import cancel, submit
-from executor.api.middleware import LOOPBACK_NAMES
-from executor.api.sse import AsyncRedisFactory
-from executor.api.waiting import settled
-from executor.store.records import JobRecord
+from executor.ports import JobRecord, Jobs
 from mcpbridge.session import META_PREFIX
 from toolrail import tracing
-from toolrail.context import sanitize_request_id
+from toolrail.context import new_request_id, sanitize_request_id
 from toolrail.logging import get_logger
 from toolrail.trace_sinks import TraceClaims
 from tools.errors import UnknownToolError
 
-__all__ = ["McpEndpoint", "McpService", "TENANT_SCOPE_KEY", "build_server"]
+__all__ = ["McpEndpoint", "McpService", "TENANT_SCOPE_KEY", "build_server", "serve_stdio"]
 
 log = get_logger("toolrail.mcp.server")
 
@@ -63,12 +60,10 @@ REQUEST_ID_SCOPE_KEY = "toolrail.request_id"
 class McpService:
     """The MCP face of one API process: tool listing and calls for a tenant, over the job store and queue."""
 
-    def __init__(self, runtime: Any, settings: Any, enqueue: Callable[[JobRecord], None],
-                 dispatch: Callable[..., None] | None = None) -> None:
-        self.runtime, self.settings, self.enqueue, self.dispatch = runtime, settings, enqueue, dispatch
-        self._events = AsyncRedisFactory(runtime.redis, block_s=1.0)
+    def __init__(self, jobs: Jobs, settings: Any) -> None:
+        self.jobs, self.runtime, self.settings = jobs, jobs.runtime, settings
         #: Whose a client's trace id is (as ``POST /v1/jobs`` asks): a foreign one starts a new trace, linked to it.
-        self._trace_claims = TraceClaims(runtime.redis, ttl_s=int(getattr(settings, "trace_store_ttl_s", 86400)))
+        self._trace_claims = TraceClaims(self.runtime.redis, ttl_s=int(getattr(settings, "trace_store_ttl_s", 86400)))
 
     def specs(self, tenant: str) -> list[Any]:
         """The tools a tenant sees: the registry's, then its MCP servers' (``mcp__<server>__<tool>``)."""
@@ -113,8 +108,8 @@ class McpService:
         log.info("mcp.call", job_id=job.job_id, tool=name, tenant=tenant)
         rpc_key = self._rpc_key(tenant, rpc_id)
         if rpc_key is not None:
-            await self._events.client().sadd(rpc_key, job.job_id)
-            await self._events.client().expire(rpc_key, int(self.settings.mcp_call_timeout_s) + 60)
+            await self.jobs.async_redis().sadd(rpc_key, job.job_id)
+            await self.jobs.async_redis().expire(rpc_key, int(self.settings.mcp_call_timeout_s) + 60)
         try:
             status = await self._wait(job.job_id, report=report)
         except anyio.get_cancelled_exc_class():  # the client went away or gave up: so does its job
@@ -124,7 +119,7 @@ class McpService:
         finally:
             if rpc_key is not None:
                 with anyio.CancelScope(shield=True):
-                    await self._events.client().srem(rpc_key, job.job_id)
+                    await self.jobs.async_redis().srem(rpc_key, job.job_id)
         record = await asyncio.to_thread(store.get, job.job_id)
         if status is None:
             return _error_result({"type": "timeout", "message": f"the call did not finish within "
@@ -138,13 +133,13 @@ class McpService:
 
     def cancel_job(self, job_id: str, why: str) -> None:
         """Cancel a job the MCP client gave up on (nothing if it has ended)."""
-        job, _ = cancel(self.runtime, job_id, why)
+        job, _ = self.jobs.cancel(job_id, why)
         log.info("mcp.call_cancelled", job_id=job_id, status=job.status)
 
     async def cancelled(self, tenant: str, rpc_id: Any) -> str | None:
         """A ``notifications/cancelled`` for ``rpc_id``: cancel the one job of ``tenant`` it names; its id, or None."""
         rpc_key = self._rpc_key(tenant, rpc_id)
-        members = await self._events.client().smembers(rpc_key) if rpc_key else set()
+        members = await self.jobs.async_redis().smembers(rpc_key) if rpc_key else set()
         if len(members) != 1:
             return None  # unknown, finished, or ambiguous (two of the tenant's calls share the id): cancel nothing
         job_id = next(iter(members))
@@ -153,9 +148,9 @@ class McpService:
         return job_id
 
     def _submit(self, job: JobRecord) -> None:
-        """``POST /v1/jobs``'s one path (``executor.runs.submit.submit``): its deadline, the client's calls checked and
-        queued straight to their tool queues, a queueing failure ending the job failed."""
-        submit(self.runtime, job, enqueue=self.enqueue, dispatch=self.dispatch)
+        """``POST /v1/jobs``'s one path (``Jobs.submit``): its deadline, the client's calls checked and queued straight
+        to their tool queues, a queueing failure ending the job failed."""
+        self.jobs.submit(job)
 
     async def _wait(self, job_id: str, *, report: Callable[..., Any] | None) -> str | None:
         """Wait on the job's event stream until it settles (ends, or waits for approval), as ``GET /v1/jobs/{id}?wait``
@@ -169,8 +164,7 @@ class McpService:
                 except Exception:  # noqa: BLE001 - a client gone away does not stop the job
                     report = None
 
-        return await settled(self._events.client(), self.runtime.store.events_key(job_id),
-                             wait_s=float(self.settings.mcp_call_timeout_s), block_s=1.0, on_event=progress)
+        return await self.jobs.settled(job_id, wait_s=float(self.settings.mcp_call_timeout_s), on_event=progress)
 
 
 def _meta(job_id: str | None, request_id: str) -> dict[str, Any]:
@@ -254,13 +248,25 @@ def build_server(service: McpService, *, tenant_of: Callable[[Any], str] | None 
     return server
 
 
+def serve_stdio(jobs: Jobs, settings: Any) -> None:
+    """MCP on this process's stdin/stdout for a local host (tenant ``default``), until the host closes it."""
+    server = build_server(McpService(jobs, settings), tenant_of=lambda ctx: "default",
+                          request_id_of=lambda ctx: new_request_id())
+
+    async def serve() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(serve)
+
+
 class McpEndpoint:
     """The ASGI app at ``/mcp``: authentication, the tenant's rate limit, then the SDK's session manager."""
 
-    def __init__(self, server: Server, *, tenants: dict[str, str], rate_limiter: Any = None, allowed_hosts: str = "",
-                 allowed_origins: str = "") -> None:
+    def __init__(self, server: Server, *, tenants: dict[str, str], loopback_names: tuple[str, ...],
+                 rate_limiter: Any = None, allowed_hosts: str = "", allowed_origins: str = "") -> None:
         self._server, self._tenants, self._limiter = server, tenants, rate_limiter
-        self._hosts = [*LOOPBACK_NAMES, *(h.strip().lower() for h in allowed_hosts.split(",") if h.strip())]
+        self._hosts = [*loopback_names, *(h.strip().lower() for h in allowed_hosts.split(",") if h.strip())]
         self._origins = [o.strip().lower().rstrip("/") for o in allowed_origins.split(",") if o.strip()]
         self._asgi: StreamableHTTPASGIApp | None = None
 

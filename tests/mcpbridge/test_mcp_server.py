@@ -143,9 +143,12 @@ def test_rate_limit_and_loopback_rule(runtime) -> None:  # noqa: ANN001 - the se
         server.should_exit = True
         thread.join(timeout=10)
     # without keys, a client that is not on loopback is refused before any MCP handling
+    from executor.api.context import JobDesk
+    from executor.api.middleware import LOOPBACK_NAMES
     from mcpbridge.server import McpEndpoint, McpService, build_server
 
-    endpoint = McpEndpoint(build_server(McpService(runtime, Settings(), lambda job: None)), tenants={})
+    endpoint = McpEndpoint(build_server(McpService(JobDesk(runtime, lambda job: None, None), Settings())), tenants={},
+                           loopback_names=tuple(LOOPBACK_NAMES))
     sent: list[dict] = []
 
     async def send(message: dict) -> None:
@@ -201,10 +204,13 @@ def test_dns_rebinding_is_refused_without_keys(keyless_api: str, runtime) -> Non
     from starlette.routing import Route
 
     from executor.stack import serve_in_thread
+    from executor.api.context import JobDesk
+    from executor.api.middleware import LOOPBACK_NAMES
     from mcpbridge.server import McpEndpoint, McpService, build_server
     from toolrail.settings import Settings
 
-    endpoint = McpEndpoint(build_server(McpService(runtime, Settings(), _no_queue)), tenants={})
+    endpoint = McpEndpoint(build_server(McpService(JobDesk(runtime, _no_queue, None), Settings())), tenants={},
+                           loopback_names=tuple(LOOPBACK_NAMES))
 
     @asynccontextmanager
     async def lifespan(app):  # noqa: ANN001, ANN202
