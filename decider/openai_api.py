@@ -52,6 +52,7 @@ from tools.grounding import grounded_paths
 from tools.errors import SchemaRejectedError
 from tools.schema_guard import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, check_client_schema
 from tools.spec import ToolSpec
+from toolrail.settings import get_settings
 
 __all__ = ["ChatCompletionRequest", "create_app", "create_router", "error_response"]
 
@@ -526,7 +527,6 @@ def create_router(get_decider: DeciderFactory | None = None, *, limits: ChatLimi
     if get_decider is None:
         def get_decider() -> BackendDecider:
             from decider.service import get_default_decider
-            from toolrail.settings import get_settings
 
             return get_default_decider(get_settings())
 
