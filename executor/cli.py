@@ -114,7 +114,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from executor.stack import SupervisedWorker  # noqa: PLC0415
     from toolrail.logging import configure_logging, get_logger  # noqa: PLC0415
-    from toolrail.redis_embed import display_url, ensure_redis  # noqa: PLC0415
+    from toolrail.redis_embed import check_redis_url, display_url, ensure_redis  # noqa: PLC0415
     from toolrail.settings import get_settings  # noqa: PLC0415
 
     configure_logging()
@@ -128,6 +128,14 @@ def _serve(args: argparse.Namespace) -> int:
     if not settings.tenants_by_key() and not _is_loopback(host):
         print(f"refusing to bind {host}: no API keys are configured (set TOOLRAIL_API_KEYS=key:tenant,...) "
               "— without keys only loopback addresses are allowed", file=sys.stderr)
+        return 2
+    if args.redis_url:
+        check_redis_url(args.redis_url, source="--redis-url")
+    try:  # the port first: a used one is refused before a Redis, a worker pool or another serve's Redis is touched
+        listener = tcp_listener(host, port)
+    except OSError as exc:
+        print(f"toolrail serve: cannot listen on {host}:{port}: {_reason(exc)} (another toolrail serve or another "
+              "program holds it: stop it, or choose another port with --port)", file=sys.stderr)
         return 2
     source = "--redis-url" if args.redis_url else "REDIS_URL" if settings.redis_url else "embedded"
     url, embedded = ensure_redis(args.redis_url or settings.redis_url, settings.cache_dir, redis_server=settings.redis_server)
@@ -146,19 +154,25 @@ def _serve(args: argparse.Namespace) -> int:
         if api_workers == 1:  # the app is built from the environment, as each of several processes builds it
             from executor.api.app import app_from_environment  # noqa: PLC0415
 
-            uvicorn.run(app_from_environment(), host=host, port=port, log_level="warning", access_log=False)
+            config = uvicorn.Config(app_from_environment(), log_level="warning", access_log=False)
+            uvicorn.Server(config).run(sockets=[listener])
         else:  # uvicorn's workers: each process builds its app from the environment (REDIS_URL is set above)
             from executor.metrics import MULTIPROCESS_DIR_ENV  # noqa: PLC0415
 
             with tempfile.TemporaryDirectory(prefix="toolrail-metrics-") as shared:
                 os.environ[MULTIPROCESS_DIR_ENV] = shared
-                _serve_processes(host, port, api_workers)
+                _serve_processes(listener, api_workers)
     finally:
+        listener.close()
         if worker is not None:
             worker.stop()
         if embedded:
             embedded.stop()
     return 0
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
 
 
 def _announce_when_ready(host: str, port: int, redis_url: str, *, ready_path: str) -> None:
@@ -195,7 +209,7 @@ def _announce_when_ready(host: str, port: int, redis_url: str, *, ready_path: st
     threading.Thread(target=announce, name="toolrail-serve-ready", daemon=True).start()
 
 
-def _serve_processes(host: str, port: int, processes: int) -> None:
+def _serve_processes(listener: socket.socket, processes: int) -> None:
     """uvicorn's supervisor over ``processes`` API processes sharing one listening socket, bound here.
 
     uvicorn binds that socket with ``proto`` 0 (``Config.bind_socket``); accepted sockets inherit it, and
@@ -206,9 +220,9 @@ def _serve_processes(host: str, port: int, processes: int) -> None:
     import uvicorn  # noqa: PLC0415
     from uvicorn.supervisors import Multiprocess  # noqa: PLC0415
 
-    config = uvicorn.Config("executor.api.app:app_from_environment", factory=True, workers=processes, host=host, port=port,
-                            log_level="warning", access_log=False)
-    Multiprocess(config, sockets=[tcp_listener(host, port)]).run()
+    config = uvicorn.Config("executor.api.app:app_from_environment", factory=True, workers=processes, log_level="warning",
+                            access_log=False)
+    Multiprocess(config, sockets=[listener]).run()
 
 
 def tcp_listener(host: str, port: int) -> socket.socket:
@@ -216,7 +230,11 @@ def tcp_listener(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, port))
+    try:
+        listener.bind((host, port))
+    except OSError:
+        listener.close()
+        raise
     listener.set_inheritable(True)
     return listener
 
@@ -481,6 +499,9 @@ def _run(args: argparse.Namespace) -> int:
                 trace = _trace(client, job) if args.trace else None
                 if job["status"] not in TERMINAL_JOB:  # past the deadline: the stack goes with the command, at once
                     stack.stop_grace_s = 0
+        except KeyboardInterrupt:  # Ctrl-C: the stack goes at once and silently (a pool told to stop mid-task
+            stack.stop_grace_s = 0  # reports every busy process it loses), then the one line of toolrail.cli
+            raise
         finally:
             stack.stop()
     if args.json:

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import redis
 
+from toolrail.lifeline import dies_with_parent
 from toolrail.logging import get_logger
 from toolrail.redis_embed import EmbeddedRedis, display_url, ensure_redis, free_port
 from executor.worker.config import DECIDER_WARM_KEY, TOOL_CHECK_EXIT, worker_queues
@@ -63,7 +64,7 @@ def start_worker(redis_url: str, *, queues: list[str] | None = None, concurrency
             "--without-gossip", "--without-mingle", "--loglevel", "WARNING"]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
     return subprocess.Popen(args, env=child_env, stdout=out, stderr=subprocess.STDOUT if log_file else None,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=dies_with_parent())  # dies with this thread, SIGKILLed too
 
 
 def wait_for_workers(redis_url: str, *, count: int = 1, timeout_s: float = 60.0) -> int:
@@ -170,15 +171,14 @@ class SupervisedWorker:
         self._thread = threading.Thread(target=self._watch, name="toolrail-worker-supervisor", daemon=True)
 
     def start(self) -> "SupervisedWorker":
-        self._spawn()
-        self._thread.start()
+        self._thread.start()  # it starts the pool: a pool dies with the thread that started it (toolrail.lifeline)
         return self
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=10)
-        stop_process(self.proc)
+            self._thread.join(timeout=30)  # the thread stops its pool (SIGTERM, SIGKILL after 10 s)
+        stop_process(self.proc)  # never started, or the thread is stuck: from here
 
     def _spawn(self) -> None:
         if self.wait_warm:  # a warm mark left by an earlier pool says nothing of this one
@@ -188,6 +188,13 @@ class SupervisedWorker:
                                  log_file=self.log_file)
 
     def _watch(self) -> None:
+        try:
+            self._spawn()
+            self._supervise()
+        finally:
+            stop_process(self.proc)
+
+    def _supervise(self) -> None:
         client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2, socket_timeout=5)
         backoff, started = self.backoff_s, time.monotonic()
         if self.wait_warm:

@@ -21,6 +21,7 @@ from celery.signals import (before_task_publish, celeryd_init, task_postrun, tas
 
 from executor.worker.config import DECIDE_QUEUE, TOOL_CHECK_EXIT, celery_config
 from executor.worker.tracing import instrument_celery
+from toolrail.lifeline import die_with_parent
 from toolrail.context import CELERY_REQUEST_ID_HEADER, bind_request, current_request_id
 from toolrail.logging import configure_logging, get_logger
 from toolrail.redis_embed import redis_url
@@ -85,6 +86,7 @@ def _clear_request_id(**_: object) -> None:
 
 @worker_process_init.connect
 def _configure_child_logging(**_: object) -> None:
+    die_with_parent()  # a pool process never outlives its worker's main process, however that dies
     configure_logging(force=True)
     instrument_celery("worker")  # tracing after the prefork fork: the batch processor's thread lives here
 

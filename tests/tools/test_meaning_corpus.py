@@ -253,3 +253,15 @@ def test_a_finding_names_the_unit_it_was_stated_in():
     (finding,) = check_grounding(case.spec.parameters, case.arguments, ConversationValues.from_messages(_messages(case)),
                                  side_effects=True)
     assert finding["path"] == "/amount_cents" and "USD" in finding["message"]
+
+
+@pytest.mark.parametrize(("amount", "message"), [
+    ({"type": "number", "x-unit": {"currency": "XYZ"}}, "x-unit currency 'XYZ' is not an ISO 4217 code in use"),
+    ({"type": "number", "x-unit": {"currency_field": "cur"}}, "x-unit currency_field 'cur' is not a field next to it"),
+    ({"type": "number", "x-unit": {"currency": "USD", "scale": "cents"}}, "x-unit scale must be one of major, minor"),
+    ({"type": "number", "x-unit": {"currency": "USD", "currency_field": "currency"}}, "exactly one of currency and"),
+    ({"type": "string", "x-role": "payer"}, "x-role must be one of source, destination"),
+])
+def test_unit_and_role_declarations_are_checked_at_registration(amount, message):
+    with pytest.raises(ValueError, match=message):
+        _tool("bad", {"amount": amount, "currency": {"type": "string", "enum": ["USD"]}})
