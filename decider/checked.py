@@ -401,7 +401,8 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
                                    c, specs, prior, require=False, answered=answered)) if on_call is not None else None)
         except GenerationBoundError as exc:
             failed = OutputCheck(calls=[], errors=[{"path": "", "message": str(exc), "validator": exc.reason}])
-            record(_attempt(number, "decider", exc.output, failed, latency_s=time.perf_counter() - started))
+            record(_attempt(number, "decider", exc.output, failed, usage={"completion_tokens": exc.tokens},
+                            latency_s=time.perf_counter() - started))
             kept = _bound_calls(exc, request.model_copy(update={"attempt": number}), specs, evidence, lambda c: _enforce(
                 c, specs, prior, require=False, answered=answered))
             return CheckedDecision(request.request_id, "failed", attempts, calls=kept, error={

@@ -209,6 +209,9 @@ class StreamEvent:
     content: str | None = None
     decision: Decision | None = None
     finish_reason: str | None = None
+    #: The decoded text of this event as the model wrote it, in every mode (a tools-mode text answer's
+    #: ``{"content": "...`` included: what lets a client see a text answer as it is written).
+    raw: str | None = None
 
 
 def _cut_repeats(calls: list[Any]) -> list[Any]:
@@ -518,10 +521,10 @@ class BackendDecider:
                                                    f"{period}-character unit ({(parser.text + chunk.text)[-period:]!r})",
                                                    output=parser.text + chunk.text)
                     deltas = parser.feed(chunk.text)
-                    if plan.mode == "tools" and deltas:
-                        yield StreamEvent(deltas=tuple(deltas))
-                    elif plan.mode != "tools":
-                        yield StreamEvent(content=chunk.text)
+                    if plan.mode == "tools":
+                        yield StreamEvent(deltas=tuple(deltas), raw=chunk.text)
+                    else:
+                        yield StreamEvent(content=chunk.text, raw=chunk.text)
                 if chunk.finished:
                     finish_reason, usage, logprob = chunk.finish_reason, dict(chunk.usage), chunk.logprob
                     break
@@ -541,7 +544,7 @@ class BackendDecider:
                                        tokens=int(usage.get("completion_tokens", 0)))
         if first_token_s is not None:
             usage["ttft_us"] = int(first_token_s * 1e6)
-        decision = self._decision(plan, parser, finish_reason, usage)
+        decision = self._decision(plan, parser, finish_reason, usage).model_copy(update={"finish_reason": finish_reason})
         if plan.mode == "tools" and len(decision.tool_calls) > 1 and self.config.read_call_count and plan.cut_repeats \
                 and plan.structural_tag is None:
             decision = await self._read_call_count(plan, parser, decision)
@@ -728,8 +731,9 @@ class BackendDecider:
 
     async def agenerate_json(self, schema: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], *,
                              request_id: str, max_tokens: int = 256, max_reasks: int = 2, seed: int | None = 0,
-                             temperature: float = 0.0, top_p: float = 1.0) -> tuple[Any, Decision]:
-        """Structured output: JSON valid against ``schema`` (post-decoding checks re-asked, bounded)."""
+                             temperature: float = 0.0, top_p: float = 1.0, cut_is_final: bool = False) -> tuple[Any, Decision]:
+        """Structured output: JSON valid against ``schema`` (post-decoding checks re-asked, bounded). With
+        ``cut_is_final``, JSON cut at ``max_tokens`` raises ``GenerationBoundError`` instead of being re-asked."""
         current = list(messages)
         errors: list[str] = []
         decision: Decision | None = None
@@ -737,6 +741,10 @@ class BackendDecider:
             plan = await asyncio.to_thread(self.plan_json, request_id, current, schema, max_tokens=max_tokens,
                                            attempt=attempt, seed=seed, temperature=temperature, top_p=top_p)
             decision = await self.arun(plan)
+            if cut_is_final and decision.finish_reason == "length":  # the caller answers a cut as cut (OpenAI's length)
+                raise GenerationBoundError("max_tokens", f"decoding of {request_id} reached max_tokens={plan.max_tokens} "
+                                           "before the JSON closed", output=decision.raw_output,
+                                           tokens=int(decision.usage.get("completion_tokens", 0)))
             errors = self.validate(plan, decision)
             if not errors:
                 return json.loads(decision.raw_output), decision
