@@ -6,7 +6,10 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.toolrail-installed
 PYTEST_ARGS ?=
 
-.PHONY: help install model test test-slow checkov demo serve bench clean
+CHROMIUM ?= /usr/bin/chromium
+APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
+.PHONY: help install chromium model test test-slow checkov demo serve bench clean
 
 help:
 	@echo "make demo      run the main job end to end on the embedded defaults"
@@ -28,16 +31,21 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps 'bfcl-eval==2026.3.23'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) chromium
+
+# the console's browser tests (tests/console) drive Debian's chromium through Playwright: never a downloaded browser.
+# Skipped when it is there; apt's package lists are fetched only when the install cannot find the package without.
+chromium:
+	@test -x $(CHROMIUM) || $(APT_CHROMIUM) || { apt-get update -qq && $(APT_CHROMIUM); }
 
 model: $(STAMP)
 	$(VENV)/bin/toolrail model pull
 
-test: $(STAMP) model
+test: $(STAMP) model chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
 	bash scripts/checkov.sh
 
-test-slow: $(STAMP) model
+test-slow: $(STAMP) model chromium
 	$(PY) -m pytest -m "slow or not slow" $(PYTEST_ARGS)
 
 checkov:

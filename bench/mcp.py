@@ -227,7 +227,7 @@ def fairness(*, hanging: int, samples: int) -> int:
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
     from executor.api.app import create_app  # noqa: PLC0415
-    from executor.runs.runtime import Runtime  # noqa: PLC0415
+    from executor.runtime import Runtime  # noqa: PLC0415
     from executor.stack import serve_in_thread  # noqa: PLC0415
     from toolrail.redis_embed import EmbeddedRedis  # noqa: PLC0415
     from toolrail.settings import Settings  # noqa: PLC0415

@@ -50,7 +50,7 @@ os.environ.setdefault("TOOLRAIL_DECIDER", "none")
 os.environ.setdefault("TOOLRAIL_LOG_LEVEL", "WARNING")
 from toolrail.redis_embed import EmbeddedRedis
 from executor.runs import loop as jobs
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from executor.store.records import CallRecord, JobRecord
 from toolrail.settings import get_settings
 

@@ -28,6 +28,11 @@ class GenerationRequest:
     #: The same constraint compiled for this backend's tokenizer (xgrammar ``CompiledGrammar``),
     #: when the caller has it; backends that compile server-side ignore it.
     compiled_grammar: Any | None = None
+    #: A constraint given as an EBNF grammar instead of ``json_schema`` (a native tool format's structural tag,
+    #: compiled to EBNF once, for servers whose guided decoding takes no structural tag).
+    ebnf_grammar: str | None = None
+    #: Decode special tokens into the text (a tool format whose markers are special tokens: ``[TOOL_CALLS]``).
+    keep_special_tokens: bool = False
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0

@@ -24,6 +24,7 @@ from typing import Any
 from decider.prompt import FEEDBACK_NAME
 from tools.errors import PatternBudgetError, UnsupportedPatternError
 from tools.evidence import DEFAULT_ROLES, ConversationValues, conversation_text
+from tools.field_support import unit_candidates
 from tools.patterns import compile_pattern
 from tools.schema_walk import declared_types
 from tools.spec import ToolSpec
@@ -99,7 +100,8 @@ def _candidates(node: Mapping[str, Any], raw: str, values: ConversationValues) -
             canonical == c and values.has_text(alias) for alias, canonical in aliases.items()))]
         return named or None
     if types & {"number", "integer"} and not types & {"string", "object", "array"}:
-        found = sorted(n for n in values.numbers if _number_fits(n, node))
+        in_unit = unit_candidates(node, values)  # "5 dollars" offers 500 to a field of cents, not 5
+        found = sorted(n for n in (values.numbers if in_unit is None else in_unit) if _number_fits(n, node))
         return [int(n) if "integer" in types or n.is_integer() else n for n in found] or None
     if types == {"string"} and ("pattern" in node or node.get("format") in _FORMAT_SPANS):
         regex = node.get("pattern") or _FORMAT_SPANS[node["format"]]

@@ -45,6 +45,7 @@ from decider.errors import GenerationBoundError, InvalidRequestError
 from decider.parser import parse_output
 from decider.prompt import reask_messages
 from decider.protocol import DecideRequest, Decider, Decision
+from decider.tool_formats import read_native_calls
 from tools.calls import ToolCall, call_id
 from tools.check import (
     CONTRACT_VALIDATORS,
@@ -141,6 +142,9 @@ def client_turn(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, A
 def _check_client(output: ClientOutput, specs: Mapping[str, Any],
                   evidence: ConversationValues | None) -> tuple[str, OutputCheck]:
     if isinstance(output, str):
+        native = read_native_calls(output)  # a client's own model writing its family's syntax
+        if native is not None:
+            return output, check_tool_calls(native[1], specs, evidence=evidence)
         return output, check_output(output, specs, evidence=evidence)
     calls = [dict(c) for c in output]
     return json.dumps(calls, ensure_ascii=False, default=str), check_tool_calls(calls, specs, evidence=evidence)
@@ -397,7 +401,8 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
                                    c, specs, prior, require=False, answered=answered)) if on_call is not None else None)
         except GenerationBoundError as exc:
             failed = OutputCheck(calls=[], errors=[{"path": "", "message": str(exc), "validator": exc.reason}])
-            record(_attempt(number, "decider", exc.output, failed, latency_s=time.perf_counter() - started))
+            record(_attempt(number, "decider", exc.output, failed, usage={"completion_tokens": exc.tokens},
+                            latency_s=time.perf_counter() - started))
             kept = _bound_calls(exc, request.model_copy(update={"attempt": number}), specs, evidence, lambda c: _enforce(
                 c, specs, prior, require=False, answered=answered))
             return CheckedDecision(request.request_id, "failed", attempts, calls=kept, error={

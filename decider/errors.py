@@ -54,7 +54,13 @@ class DeciderPermanentError(DeciderError):
 
 
 class InvalidRequestError(DeciderPermanentError):
-    """The request is malformed (e.g. tool_choice=required with no tools)."""
+    """The request is malformed (e.g. tool_choice=required with no tools); ``param`` names the field at fault
+    (OpenAI's dotted path, ``messages.[2].tool_call_id``) and ``code`` the kind, when known."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        self.param = param
+        self.code = code
+        super().__init__(message)
 
 
 class UnsupportedSchemaError(DeciderPermanentError):

@@ -12,6 +12,7 @@ counts every compile.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +23,7 @@ import xgrammar as xgr
 
 from decider.errors import UnsupportedSchemaError
 
-__all__ = ["CompiledConstraint", "DEFAULT_CACHE_SIZE", "DEFAULT_SEPARATORS", "GrammarCache", "tokenizer_hash"]
+__all__ = ["CompiledConstraint", "DEFAULT_CACHE_SIZE", "DEFAULT_SEPARATORS", "GrammarCache", "schema_rules", "tokenizer_hash"]
 
 #: Compiled grammars kept per cache (LRU).
 DEFAULT_CACHE_SIZE = 256
@@ -38,6 +39,47 @@ class CompiledConstraint:
     key: tuple[str, str]
     compile_s: float
     cache_hit: bool
+
+
+_RULE_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::=", re.MULTILINE)
+_OPEN_REPEAT = re.compile(r"\{(\d+), -1\}")
+
+
+def _rename_outside_literals(text: str, names: set[str], prefix: str) -> str:
+    """``text`` with every rule name in ``names`` prefixed, string literals and character classes left alone."""
+    out, i = [], 0
+    while i < len(text):
+        char = text[i]
+        if char in "\"[":
+            close = '"' if char == '"' else "]"
+            j = i + 1
+            while j < len(text) and text[j] != close:
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+        elif char.isalpha() or char == "_":
+            j = i
+            while j < len(text) and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            word = text[i:j]
+            out.append(prefix + word if word in names else word)
+            i = j
+        else:
+            out.append(char)
+            i += 1
+    return "".join(out)
+
+
+def schema_rules(schema_json: str, prefix: str, *, separators: tuple[str, str] = DEFAULT_SEPARATORS) -> tuple[str, str]:
+    """A JSON Schema's grammar as EBNF rules named ``<prefix>...`` (to sit beside other rules in one grammar), in
+    the syntax older xgrammar releases parse too (TensorRT-LLM 1.0 pins 0.1.21, which reads no ``{n, -1}``): the
+    rules' text and the name of their root rule."""
+    try:
+        text = str(xgr.Grammar.from_json_schema(schema_json, any_whitespace=False, separators=separators, strict_mode=True))
+    except (RuntimeError, ValueError) as exc:
+        raise UnsupportedSchemaError("schema", "", f"the constraint engine cannot compile this schema: {exc}") from None
+    text = _OPEN_REPEAT.sub(r"{\1,}", text)
+    return _rename_outside_literals(text, set(_RULE_NAME.findall(text)), prefix), prefix + "root"
 
 
 def tokenizer_hash(tokenizer_info: xgr.TokenizerInfo) -> str:
@@ -77,7 +119,11 @@ class GrammarCache:
 
     def compile(self, schema_json: str) -> CompiledConstraint:
         """The compiled grammar of ``schema_json`` (a grammar schema as canonical JSON text)."""
-        key = (hashlib.sha256(schema_json.encode()).hexdigest()[:16], self.tokenizer_hash)
+        return self._compile(schema_json, lambda: self.compiler.compile_json_schema(
+            schema_json, any_whitespace=self.any_whitespace, separators=self.separators, strict_mode=True))
+
+    def _compile(self, text: str, build: Any) -> CompiledConstraint:
+        key = (hashlib.sha256(text.encode()).hexdigest()[:16], self.tokenizer_hash)
         with self._lock:
             grammar = self._cache.get(key)
             if grammar is not None:
@@ -86,8 +132,7 @@ class GrammarCache:
                 return CompiledConstraint(grammar=grammar, key=key, compile_s=0.0, cache_hit=True)
         start = time.perf_counter()
         try:
-            grammar = self.compiler.compile_json_schema(schema_json, any_whitespace=self.any_whitespace,
-                                                        separators=self.separators, strict_mode=True)
+            grammar = build()
         except (RuntimeError, ValueError) as exc:
             raise UnsupportedSchemaError("schema", "", f"the constraint engine cannot compile this schema: {exc}") from None
         elapsed = time.perf_counter() - start
@@ -99,6 +144,11 @@ class GrammarCache:
             while len(self._cache) > self.maxsize:
                 self._cache.popitem(last=False)
         return CompiledConstraint(grammar=grammar, key=key, compile_s=elapsed, cache_hit=False)
+
+    def compile_structural_tag(self, tag_json: str) -> CompiledConstraint:
+        """The compiled grammar of an xgrammar structural tag (a native tool format's constraint), cached
+        like schemas (its key is the tag text's hash)."""
+        return self._compile(tag_json, lambda: self.compiler.compile_structural_tag(tag_json))
 
     def stats(self) -> dict[str, Any]:
         """Grammars held, hits, misses and compile seconds (median and slowest of the last 1,000 compiles)."""

@@ -1,4 +1,5 @@
-"""OpenAI-compatible ``POST /v1/chat/completions`` over the decider.
+"""OpenAI-compatible ``POST /v1/chat/completions`` over the decider, to the letter of OpenAI's reference and the
+openai-python types.
 
 Mount :func:`create_router` into an app under ``/v1`` (the job API does), or serve
 :func:`create_app` standalone. Supported: ``tools``, ``tool_choice`` (auto / required / none /
@@ -8,15 +9,16 @@ include_usage``, ``response_format`` (``json_schema``, ``json_object``), ``max_t
 SDK's ``extra_body``): ``min_tool_calls``, ``max_tool_calls``, ``max_reasks``.
 
 The request id comes from ``X-Request-ID`` (else a new one) and is returned in that header and
-in the completion id ``chatcmpl-<request_id>``; tool-call ids are ``call_<request_id>_<n>``.
-Errors are ``{"error": {"type", "message", "details"}}`` with a 4xx status for anything the
-caller can fix, raised before any decoding. A generation bound (``max_tokens``, a cut repetition loop)
-is not an error: as OpenAI answers it, a 200 with ``finish_reason: "length"`` and whatever complete
-(and checked) calls the output holds.
-
-A conversation that ends in an assistant turn with tool calls no message answers yet brings the
-client's own decision: those calls are checked and answered as they are (same ids), or held back with
-the findings (``toolrail.status: "needs_review"``) — the model is never asked to replace them.
+in the completion id ``chatcmpl-<request_id>``; tool-call ids are ``call_<request_id>_<n>``. A streamed
+call sends ``id``, ``type`` and ``function.name`` in its first delta only. Errors are
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx status for anything the caller can fix,
+raised before any decoding: an unknown ``model`` is a 404 ``model_not_found``, a ``tool`` message that
+answers no earlier call a 400 naming it in ``param``. A conversation that ends in an assistant turn with tool
+calls no message answers yet brings the client's own decision: those calls are checked and answered as they
+are (same ids), or held back with the findings (``toolrail.status: "needs_review"``) — the model is never asked
+to replace them. A generation bound (``max_tokens``, a cut repetition
+loop) is not an error: as OpenAI answers it, a 200 with ``finish_reason: "length"``, whatever complete (and
+checked) calls the output holds, and its ``usage`` counted. The bound itself is :mod:`decider.openai_core`'s.
 """
 
 from __future__ import annotations
@@ -24,139 +26,28 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from decider.errors import (
-    BackendUnavailableError,
-    DeciderError,
-    DeciderRetryableError,
-    GenerationBoundError,
-    InvalidRequestError,
-    OutputValidationError,
-    PromptTooLongError,
-    UnsupportedSchemaError,
-)
-from decider.checked import DEFAULT_MAX_REASKS, CheckedDecision, client_turn, decide_checked
-from decider.protocol import DecideRequest, Decision
-from decider.service import BackendDecider, DecisionPlan
+from decider import openai_core as core
+from decider.errors import DeciderError, InvalidRequestError
+from decider.protocol import Decision
+from decider.responses_api import create_router as responses_router
+from decider.model import DEFAULT_MODEL_NAME
+from decider.openai_core import Limits, error_response
+from decider.service import BackendDecider
 from toolrail.context import REQUEST_ID_HEADER, request_scope, sanitize_request_id
-from tools.check import check_tool_calls
-from tools.evidence import ConversationValues
-from tools.grounding import grounded_paths
-from tools.errors import SchemaRejectedError
-from tools.schema_guard import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, check_client_schema
 from tools.spec import ToolSpec
 
-__all__ = ["ChatCompletionRequest", "create_app", "create_router", "error_response"]
+__all__ = ["ChatCompletionRequest", "ChatLimits", "create_app", "create_router", "error_response"]
 
 DeciderFactory = Callable[[], BackendDecider]
-
-DEFAULT_MAX_TOKENS_CAP = 1024
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChatLimits:
-    """What one chat completion may ask for; checked before any decoding."""
-
-    max_tokens: int = DEFAULT_MAX_TOKENS_CAP
-    max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES
-    max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH
-
-
-def _limit_refusal(body: ChatCompletionRequest, limits: ChatLimits, request_id: str) -> JSONResponse | None:
-    """A 4xx for a request over its limits (token cap, schema size, depth, recursion, patterns), else None."""
-    for name in ("max_tokens", "max_completion_tokens"):
-        asked = getattr(body, name)
-        if asked is not None and not 1 <= asked <= limits.max_tokens:
-            return error_response(400, "max_tokens_out_of_range", f"{name} must be between 1 and {limits.max_tokens}",
-                                  request_id, param=name, limit=limits.max_tokens)
-    schemas = [(f"/tools/{i}/function/parameters", (tool.get("function") or {}).get("parameters"))
-               for i, tool in enumerate(body.tools or []) if isinstance(tool, dict)]
-    fmt = body.response_format or {}
-    if isinstance(fmt.get("json_schema"), dict):
-        schemas.append(("/response_format/json_schema/schema", fmt["json_schema"].get("schema")))
-    for path, schema in schemas:
-        if schema is None:
-            continue
-        try:
-            check_client_schema(schema, path=path, max_bytes=limits.max_schema_bytes, max_depth=limits.max_schema_depth)
-        except SchemaRejectedError as exc:
-            return error_response(422, exc.type, str(exc), request_id, **exc.details)
-    return None
-
-
-async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any], *,
-                               on_disconnect: Callable[[], None]) -> Any:
-    """Await ``work``; when the client hangs up first, cancel it and answer 499 to nobody.
-
-    Cancelling the task cancels the decider's async path down to the backend request; ``on_disconnect``
-    stops what a thread may still be decoding.
-    """
-    task = asyncio.ensure_future(work)
-    hangup = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        on_disconnect()
-        await asyncio.wait({task})
-        return Response(status_code=499)
-    finally:
-        for pending in (task, hangup):
-            if not pending.done():
-                pending.cancel()
-
-
-async def _disconnected(request: Request) -> None:
-    """Return when the client hangs up: ``http.disconnect`` on the request's own receive channel.
-
-    Not ``request.is_disconnected()``: behind ``BaseHTTPMiddleware`` its zero-timeout read never
-    sees the message.
-    """
-    try:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-    except RuntimeError:  # the channel is closed or already drained: nothing more will come
-        await asyncio.Event().wait()
-
-
-#: How long, after a hang-up, each new attempt of the request is cancelled as it starts.
-REAP_S = 30.0
-_REAPERS: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps weak references only)
-
-
-def _cancel_decoding(decider: Any, request_id: str, attempts: int) -> None:
-    """Stop every generation of ``request_id`` the backend runs now or starts soon (re-asks included).
-
-    A decision made in a thread (the checked re-ask loop) is not stopped by cancelling the task
-    that awaits it: cancelling its live generation ends that attempt, and the loop would start the
-    next. So the request's attempts are cancelled as they appear, for :data:`REAP_S`, unless the
-    decider can cancel a request itself (``decider.cancel(request_id)``).
-    """
-    cancel = getattr(decider, "cancel", None)
-    if callable(cancel):
-        cancel(request_id)
-        return
-    cancel = getattr(getattr(decider, "backend", None), "cancel", None)
-    if callable(cancel):
-        task = asyncio.get_running_loop().create_task(_reap(cancel, request_id, attempts))
-        _REAPERS.add(task)
-        task.add_done_callback(_REAPERS.discard)
-
-
-async def _reap(cancel: Callable[[str, int], bool], request_id: str, attempts: int) -> None:
-    deadline = time.monotonic() + REAP_S
-    while time.monotonic() < deadline:
-        for attempt in range(attempts + 1):
-            cancel(request_id, attempt)
-        await asyncio.sleep(0.05)
+#: The limits of one request (shared with the Responses API; the old name kept for callers).
+ChatLimits = Limits
 
 
 class ChatCompletionRequest(BaseModel):
@@ -164,7 +55,7 @@ class ChatCompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = "toolrail"
+    model: str | None = None
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -183,36 +74,60 @@ class ChatCompletionRequest(BaseModel):
     max_reasks: int | None = None
 
 
-def error_response(status: int, kind: str, message: str, request_id: str, **details: Any) -> JSONResponse:
-    """An OpenAI-style error body (the SDK raises the matching ``APIStatusError`` subclass)."""
-    return JSONResponse(status_code=status, headers={REQUEST_ID_HEADER: request_id},
-                        content={"error": {"type": kind, "message": message, "code": kind, "details": details}})
+def _json_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
+    fmt = body.response_format or {}
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise InvalidRequestError("response_format.json_schema.schema must be a JSON Schema object",
+                                      param="response_format.json_schema.schema")
+        return schema
+    raise InvalidRequestError(f"unsupported response_format type {kind!r}", param="response_format.type")
 
 
-def _error_for(exc: DeciderError, request_id: str) -> JSONResponse:
-    if isinstance(exc, UnsupportedSchemaError):
-        return error_response(422, "unsupported_schema", str(exc), request_id, feature=exc.feature, path=exc.path)
-    if isinstance(exc, PromptTooLongError):
-        return error_response(400, "context_length_exceeded", str(exc), request_id,
-                              prompt_tokens=exc.prompt_tokens, context_length=exc.context_length)
-    if isinstance(exc, InvalidRequestError):
-        return error_response(400, "invalid_request_error", str(exc), request_id)
-    if isinstance(exc, OutputValidationError):
-        return error_response(502, "output_validation_failed", str(exc), request_id,
-                              errors=exc.errors[:20], attempts=exc.attempts)
-    if isinstance(exc, (BackendUnavailableError, DeciderRetryableError)):
-        return error_response(503, "backend_unavailable", str(exc), request_id)
-    return error_response(400, "invalid_request_error", str(exc), request_id)
+def _ask(body: ChatCompletionRequest, request_id: str) -> core.Ask:
+    """The request in the decider's terms; every check a caller can fix, before anything decodes."""
+    try:
+        tools = [ToolSpec.from_openai(tool) for tool in body.tools or []]
+    except (ValueError, ValidationError) as exc:
+        raise InvalidRequestError(f"invalid tool definition: {exc}", param="tools") from None
+    choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
+    if choice == "required" and not tools:
+        raise InvalidRequestError("tool_choice='required' needs a non-empty 'tools' list", param="tool_choice")
+    if isinstance(choice, dict) and not tools:
+        raise InvalidRequestError("a named tool_choice needs a non-empty 'tools' list", param="tool_choice")
+    if body.n not in (None, 1):
+        raise InvalidRequestError("only n=1 is supported", param="n")
+    if not body.messages:
+        raise InvalidRequestError("'messages' must not be empty", param="messages")
+    core.check_tool_answers(body.messages, param=lambda i: f"messages.[{i}].tool_call_id")
+    asked, param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens is not None
+                    else (body.max_tokens, "max_tokens"))
+    return core.Ask(
+        request_id=request_id, messages=body.messages, tools=tools, tool_choice=choice,
+        parallel_tool_calls=body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
+        json_schema=_json_schema(body), max_tokens=asked, max_tokens_param=param,
+        temperature=body.temperature or 0.0, top_p=body.top_p if body.top_p is not None else 1.0,
+        seed=body.seed if body.seed is not None else 0, min_calls=body.min_tool_calls, max_calls=body.max_tool_calls,
+        max_reasks=body.max_reasks)
+
+
+def _schemas(body: ChatCompletionRequest) -> list[tuple[str, Any]]:
+    schemas = [(f"/tools/{i}/function/parameters", (tool.get("function") or {}).get("parameters"))
+               for i, tool in enumerate(body.tools or []) if isinstance(tool, dict)]
+    fmt = body.response_format or {}
+    if isinstance(fmt.get("json_schema"), dict):
+        schemas.append(("/response_format/json_schema/schema", fmt["json_schema"].get("schema")))
+    return schemas
 
 
 def _completion_id(request_id: str) -> str:
     return f"chatcmpl-{request_id}"
-
-
-def _usage(decision: Decision) -> dict[str, int]:
-    usage = dict(decision.usage)
-    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-    return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _arguments_text(call: Any) -> str:
@@ -221,43 +136,20 @@ def _arguments_text(call: Any) -> str:
     return call.raw_arguments or ""
 
 
-def _message(decision: Decision, plan: DecisionPlan) -> tuple[dict[str, Any], str]:
-    if plan.mode == "tools" and decision.tool_calls:
+def _message(outcome: core.Outcome) -> dict[str, Any]:
+    decision = outcome.decision
+    if decision.tool_calls:
         calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments_text(c)}}
                  for c in decision.tool_calls]
-        return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
-    return {"role": "assistant", "content": decision.content if decision.content is not None else decision.raw_output}, "stop"
+        return {"role": "assistant", "content": None, "tool_calls": calls}
+    return {"role": "assistant", "content": decision.content if decision.content is not None else decision.raw_output}
 
 
-def _checked_decision(checked: CheckedDecision) -> Decision:
-    """The decision to answer with: the calls that passed every check, or a text answer.
-
-    When the check held calls back for review and nothing else remains, the answer is a text
-    saying so (the ``toolrail`` extension carries the findings); a held-back call is never sent.
-    """
-    last = checked.attempts[-1]
-    usage = dict(last.usage)
-    usage["completion_tokens"] = sum(a.usage.get("completion_tokens", 0) for a in checked.attempts)
-    content = checked.content
-    if checked.status == "needs_review" and not checked.calls and content is None:
-        content = f"No call was made: {(checked.error or {}).get('message', 'the proposed calls failed their checks')}."
-    if checked.status == "failed" and not checked.calls:
-        content = _cut_text_answer(last.raw_output)
-    return Decision(request_id=checked.request_id, raw_output=last.raw_output, tool_calls=checked.tool_calls,
-                    content=None if checked.calls else content, usage=usage, platform=last.platform)
-
-
-def _cut_text_answer(raw: str) -> str:
-    """What a text answer cut at a bound had said (the ``{"content": "`` branch, read up to the cut)."""
-    if not raw.lstrip().startswith("{"):
-        return ""
-    for end in range(len(raw), max(0, len(raw) - 8), -1):  # a cut may split an escape sequence
-        try:
-            value = json.loads(raw[:end] + '"}')
-        except ValueError:
-            continue
-        return value.get("content", "") if isinstance(value, dict) and isinstance(value.get("content"), str) else ""
-    return ""
+def _extension(record: dict[str, Any] | None, clamp: dict[str, int] | None) -> dict[str, Any] | None:
+    """The ``toolrail`` field: what the platform checked, narrowed, re-asked or held back, and a clamped bound."""
+    if record is None and clamp is None:
+        return None
+    return {**(record or {}), **({"max_tokens": clamp} if clamp else {})}
 
 
 async def _replayed(payload: dict[str, Any], *, include_usage: bool) -> AsyncIterator[str]:
@@ -279,55 +171,14 @@ async def _replayed(payload: dict[str, Any], *, include_usage: bool) -> AsyncIte
     yield "data: [DONE]\n\n"
 
 
-def _finish(reason: str, backend_reason: str | None) -> str:
-    return "length" if backend_reason == "length" and reason != "tool_calls" else reason
-
-
 class _ChatCompletions:
     """The endpoint's logic, holding how to get the decider."""
 
-    def __init__(self, get_decider: DeciderFactory, limits: ChatLimits | None = None) -> None:
+    def __init__(self, get_decider: DeciderFactory, limits: Limits | None = None,
+                 models: Sequence[str] = (DEFAULT_MODEL_NAME,)) -> None:
         self.get_decider = get_decider
-        self.limits = limits or ChatLimits()
-
-    def _decide_request(self, body: ChatCompletionRequest, request_id: str) -> DecideRequest:
-        try:
-            tools = [ToolSpec.from_openai(tool) for tool in body.tools or []]
-        except (ValueError, ValidationError) as exc:
-            raise InvalidRequestError(f"invalid tool definition: {exc}") from None
-        choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
-        if choice == "required" and not tools:
-            raise InvalidRequestError("tool_choice='required' needs a non-empty 'tools' list")
-        if isinstance(choice, dict) and not tools:
-            raise InvalidRequestError("a named tool_choice needs a non-empty 'tools' list")
-        if body.n not in (None, 1):
-            raise InvalidRequestError("only n=1 is supported")
-        if not body.messages:
-            raise InvalidRequestError("'messages' must not be empty")
-        return DecideRequest(
-            request_id=request_id, messages=body.messages, tools=tools, tool_choice=choice,
-            parallel_tool_calls=body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
-            max_calls=body.max_tool_calls, min_calls=body.min_tool_calls,
-            max_tokens=body.max_completion_tokens or body.max_tokens or 256,
-            seed=body.seed if body.seed is not None else 0, temperature=body.temperature or 0.0,
-            top_p=body.top_p if body.top_p is not None else 1.0,
-        )
-
-    @staticmethod
-    def _json_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
-        fmt = body.response_format or {}
-        kind = fmt.get("type", "text")
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            return {"type": "object"}
-        if kind == "json_schema":
-            spec = fmt.get("json_schema") or {}
-            schema = spec.get("schema")
-            if not isinstance(schema, dict):
-                raise InvalidRequestError("response_format.json_schema.schema must be a JSON Schema object")
-            return schema
-        raise InvalidRequestError(f"unsupported response_format type {kind!r}")
+        self.limits = limits or Limits()
+        self.models = tuple(models)
 
     async def handle(self, request: Request) -> Any:
         # one id per request: when mounted in the job API its middleware already chose it (and will put it
@@ -341,204 +192,126 @@ class _ChatCompletions:
             try:
                 body = ChatCompletionRequest.model_validate(raw)
             except ValidationError as exc:
-                return error_response(400, "invalid_request_error", "invalid request body", request_id,
-                                      errors=json.loads(exc.json(include_url=False, include_input=False)))
-            refusal = _limit_refusal(body, self.limits, request_id)
+                errors = json.loads(exc.json(include_url=False, include_input=False))
+                param = ".".join(str(p) for p in errors[0]["loc"]) if errors and errors[0].get("loc") else None
+                return error_response(400, "invalid_request_error", "invalid request body", request_id, param=param,
+                                      errors=errors)
+            refusal = core.schema_refusal(_schemas(body), self.limits, request_id)
             if refusal is not None:
                 return refusal
             try:
-                turn = client_turn(body.messages)
-                if turn is not None:  # the client's own calls: checked and answered as they are, no model asked
-                    return self._client_calls(body, request_id, *turn)
+                core.check_model(body.model, self.models)
+                ask = _ask(body, request_id)
+                core.check_bound(ask, self.limits.context_tokens)  # before the model loads: what no model here holds
+                client = core.client_calls(ask)
+                if client is not None:  # the client's own calls: checked and answered as they are, no model asked
+                    return self._client_calls(body, ask, *client)
                 await asyncio.to_thread(self.get_decider)  # the first call loads the model: never on the event loop
-                return await _unless_disconnected(request, self._complete(body, request_id), on_disconnect=lambda: (
-                    _cancel_decoding(self.get_decider(), request_id, attempts=(body.max_reasks or 0) + 2)))
+                return await core.unless_disconnected(request, self._complete(body, ask), on_disconnect=lambda: (
+                    core.cancel_decoding(self.get_decider(), request_id, attempts=(body.max_reasks or 0) + 2)))
+            except core.ModelNotFound as exc:
+                return exc.response(request_id)
+            except core.CheckFailed as exc:
+                return exc.response(request_id)
             except DeciderError as exc:
-                return _error_for(exc, request_id)
+                return core.error_for(exc, request_id)
 
-    def _client_calls(self, body: ChatCompletionRequest, request_id: str, messages: list[dict[str, Any]],
-                      calls: list[dict[str, Any]]) -> Any:
-        """A conversation that ends in the client's own unanswered calls: they are checked (``decide_checked``, the
-        client's output is final) and answered as they are, with their ids — or, failing their checks, held back
-        with the findings (``toolrail.status: needs_review``, ``blocked_calls``). The model is never asked."""
-        decide = self._decide_request(body.model_copy(update={"messages": messages}), request_id)
-        checked = decide_checked(None, decide, first_output=calls)
-        decision = _checked_decision(checked)
-        ids = [call.get("id") for call in calls]
+    def _client_calls(self, body: ChatCompletionRequest, ask: core.Ask, decision: Decision, record: dict[str, Any],
+                      ids: list[str | None]) -> Any:
+        """The client's own unanswered calls, answered as they are with their ids (or held back with the findings:
+        ``toolrail.status: needs_review``, ``blocked_calls``)."""
         tool_calls = [{"id": ids[c.index] if c.index < len(ids) and ids[c.index] else c.id, "type": "function",
                        "function": {"name": c.name, "arguments": _arguments_text(c)}} for c in decision.tool_calls]
         message = ({"role": "assistant", "content": None, "tool_calls": tool_calls} if tool_calls
                    else {"role": "assistant", "content": decision.content or ""})
-        payload = {"id": _completion_id(request_id), "object": "chat.completion", "created": int(time.time()),
-                   "model": body.model, "system_fingerprint": "toolrail-client",
+        payload = {"id": _completion_id(ask.request_id), "object": "chat.completion", "created": int(time.time()),
+                   "model": body.model or self.models[0], "system_fingerprint": "toolrail-client",
                    "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop",
                                 "logprobs": None}],
-                   "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-                   "toolrail": checked.record()}
-        headers = {REQUEST_ID_HEADER: request_id}
+                   "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}, "toolrail": record}
+        headers = {REQUEST_ID_HEADER: ask.request_id}
         if not body.stream:
             return JSONResponse(payload, headers=headers)
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(_replayed(payload, include_usage=include_usage), media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache"})
 
-    async def _complete(self, body: ChatCompletionRequest, request_id: str) -> Any:
-        import asyncio
-
+    async def _complete(self, body: ChatCompletionRequest, ask: core.Ask) -> Any:
         decider = self.get_decider()
-        schema = self._json_schema(body)
-        decide = self._decide_request(body, request_id)
-        temperature = body.temperature or 0.0
-        top_p = body.top_p if body.top_p is not None else 1.0
-        if schema is not None and decide.tool_choice in ("none",) or schema is not None and not decide.tools:
-            plan = await asyncio.to_thread(decider.plan_json, request_id, decide.messages, schema,
-                                           max_tokens=decide.max_tokens, seed=decide.seed,
-                                           temperature=temperature, top_p=top_p)
-        else:
-            plan = await asyncio.to_thread(decider.plan, decide)
-        headers = {REQUEST_ID_HEADER: request_id}
+        planned = await asyncio.to_thread(core.plan, decider, ask, self.limits)
+        headers = {REQUEST_ID_HEADER: ask.request_id}
+        model = body.model or self.models[0]
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
-            return StreamingResponse(self._sse(decider, plan, body.model, include_usage, decide.messages),
-                                     media_type="text/event-stream",
+            return StreamingResponse(self._sse(decider, planned, model, include_usage), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
-        max_reasks = body.max_reasks if body.max_reasks is not None else DEFAULT_MAX_REASKS
-        extension: dict[str, Any] | None = None
-        if plan.mode == "json":
-            try:
-                value, decision = await decider.agenerate_json(schema, decide.messages, request_id=request_id,
-                                                               max_tokens=decide.max_tokens, max_reasks=max_reasks,
-                                                               seed=decide.seed, temperature=temperature, top_p=top_p)
-                finish_reason = "stop"
-            except GenerationBoundError as exc:  # cut (a loop): the text so far, as a length stop
-                decision = Decision(request_id=request_id, raw_output=exc.output, content=exc.output,
-                                    usage={"prompt_tokens": plan.prompt_tokens, "completion_tokens": exc.tokens})
-                finish_reason = "length"
-        elif plan.mode == "tools":
-            checked = await asyncio.to_thread(decide_checked, decider, decide, max_reasks=max_reasks)
-            if checked.status == "failed" and (checked.error or {}).get("type") != "generation_bound":
-                error = checked.error or {}
-                return error_response(502, error.get("type", "failed"), error.get("message", ""), request_id,
-                                      **error.get("details", {}), toolrail=checked.record())
-            # a generation bound is an answer, as OpenAI gives it: 200, finish_reason "length", the complete calls
-            decision, extension = _checked_decision(checked), checked.record()
-            finish_reason = "length" if checked.status == "failed" else None
-        else:
-            try:
-                decision = await decider.arun(plan)
-                finish_reason = None
-            except GenerationBoundError as exc:
-                decision = Decision(request_id=request_id, raw_output=exc.output, content=exc.output,
-                                    usage={"prompt_tokens": plan.prompt_tokens, "completion_tokens": exc.tokens})
-                finish_reason = "length"
-        message, reason = _message(decision, plan)
+        outcome = await core.complete(decider, planned)
         payload = {
-            "id": _completion_id(request_id), "object": "chat.completion", "created": int(time.time()),
-            "model": body.model, "system_fingerprint": f"toolrail-{decider.name}",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason or reason, "logprobs": None}],
-            "usage": _usage(decision),
+            "id": _completion_id(ask.request_id), "object": "chat.completion", "created": int(time.time()),
+            "model": model, "system_fingerprint": f"toolrail-{decider.name}",
+            "choices": [{"index": 0, "message": _message(outcome), "finish_reason": outcome.finish_reason, "logprobs": None}],
+            "usage": outcome.usage,
         }
+        extension = _extension(outcome.extension, outcome.max_tokens)
         if extension is not None:
-            payload["toolrail"] = extension  # what the platform checked, narrowed, re-asked or held back
+            payload["toolrail"] = extension
         return JSONResponse(payload, headers=headers)
 
-    async def _sse(self, decider: BackendDecider, plan: DecisionPlan, model: str, include_usage: bool,
-                   messages: list[dict[str, Any]]) -> AsyncIterator[str]:
-        created = int(time.time())
-        base = {"id": _completion_id(plan.request_id), "object": "chat.completion.chunk", "created": created,
-                "model": model, "system_fingerprint": f"toolrail-{decider.name}"}
+    async def _sse(self, decider: BackendDecider, planned: core.Planned, model: str,
+                   include_usage: bool) -> AsyncIterator[str]:
+        base = {"id": _completion_id(planned.plan.request_id), "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": model, "system_fingerprint": f"toolrail-{decider.name}"}
 
-        def chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, int] | None = None) -> str:
-            payload = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-            if include_usage:
-                payload["usage"] = usage
-            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        def event(payload: dict[str, Any]) -> str:
+            return f"data: {json.dumps({**base, **payload}, ensure_ascii=False)}\n\n"
 
-        yield chunk({"role": "assistant", "content": None if plan.mode == "tools" else ""})
-        # Calls of tools with alias fields or grounded fields are sent whole, once complete and
-        # checked: a raw fragment already sent (沪) could not be taken back for the canonical value,
-        # and a call whose grounded value the conversation does not state is never sent at all.
-        deferred = {name for name, spec in plan.tools.items()
-                    if "x-aliases" in json.dumps(spec.parameters) or grounded_paths(spec.parameters, side_effects=spec.side_effects)}
-        # When the decider reads the call count after decoding, a second call may still be dropped: calls after
-        # the first are sent whole with the decision.
-        held_from = 1 if getattr(decider.config, "read_call_count", False) and plan.cut_repeats else None
-        names: dict[int, str] = {}
-        try:
-            async for event in decider.astream(plan):
-                if event.deltas:
-                    out = []
-                    for delta in event.deltas:
-                        if delta.name is not None:
-                            names[delta.index] = delta.name
-                        if names.get(delta.index) in deferred or held_from is not None and delta.index >= held_from:
-                            continue
-                        out.append(delta.to_openai())
-                    if out:
-                        yield chunk({"tool_calls": out})
-                elif event.content and plan.mode in ("text", "json"):
-                    yield chunk({"content": event.content})
-                if event.decision is not None:
-                    decision = event.decision
-                    if plan.mode == "tools" and not decision.tool_calls and decision.content is not None:
-                        yield chunk({"content": decision.content})
-                    held = [c for c in decision.tool_calls
-                            if c.name in deferred or held_from is not None and c.index >= held_from]
-                    check = check_tool_calls([c.model_dump() for c in held], plan.tools,
-                                             evidence=ConversationValues.from_messages(messages))
-                    late = [{"index": c.index, "id": c.id, "type": "function",
-                             "function": {"name": c.name, "arguments": json.dumps(checked.arguments, ensure_ascii=False)}}
-                            for c, checked in zip(held, check.calls) if checked.ok]
-                    if late:
-                        yield chunk({"tool_calls": late})
-                    if len(late) < len(held):
-                        blocked = [{"index": c.index, "name": c.name, "errors": checked.errors}
-                                   for c, checked in zip(held, check.calls) if not checked.ok]
-                        decision = decision.model_copy(update={"tool_calls": [
-                            c for c in decision.tool_calls if c not in held or c.id in {x["id"] for x in late}]})
-                        yield f"data: {json.dumps({**base, 'choices': [], 'toolrail': {'blocked_calls': blocked}}, ensure_ascii=False)}\n\n"
-                    _, reason = _message(decision, plan)
-                    yield chunk({}, _finish(reason, event.finish_reason))
-                    if include_usage:
-                        payload = {**base, "choices": [], "usage": _usage(decision)}
-                        yield f"data: {json.dumps(payload)}\n\n"
-        except GenerationBoundError as exc:  # an answer cut at a bound, as OpenAI streams it: finish_reason "length"
-            yield chunk({}, "length")
-            if include_usage:
-                usage = {"prompt_tokens": plan.prompt_tokens, "completion_tokens": exc.tokens,
-                         "total_tokens": plan.prompt_tokens + exc.tokens}
-                yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
-        except DeciderError as exc:
-            error = {"error": {"type": type(exc).__name__, "message": str(exc), "details": {}}}
-            yield f"data: {json.dumps(error)}\n\n"
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+            # with include_usage every chunk carries "usage": null but the last, empty one (OpenAI's stream)
+            return event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+                          **({"usage": None} if include_usage else {})})
+
+        yield chunk({"role": "assistant", "content": None if planned.plan.mode == "tools" else ""})
+        async for piece in core.stream(decider, planned, planned.ask.messages):
+            if isinstance(piece, core.TextPiece):
+                yield chunk({"content": piece.text})
+            elif isinstance(piece, core.CallPiece):
+                entry: dict[str, Any] = {"index": piece.index, "function": {"arguments": piece.arguments}}
+                if piece.id is not None:  # the call's first delta: its id, type and name, once
+                    entry = {"index": piece.index, "id": piece.id, "type": "function",
+                             "function": {"name": piece.name, "arguments": piece.arguments}}
+                yield chunk({"tool_calls": [entry]})
+            elif isinstance(piece, core.BlockedPiece):
+                yield event({"choices": [], "toolrail": {"blocked_calls": piece.calls}})
+            elif piece.error is not None:
+                yield f"data: {json.dumps({'error': core.stream_error(piece.error)})}\n\n"
+            else:
+                yield chunk({}, piece.finish_reason)
+                if include_usage:
+                    yield event({"choices": [], "usage": piece.usage})
+                if piece.max_tokens:
+                    yield event({"choices": [], "toolrail": {"max_tokens": piece.max_tokens}})
         yield "data: [DONE]\n\n"
 
 
-def create_router(get_decider: DeciderFactory | None = None, *, limits: ChatLimits | None = None,
-                  dependencies: Sequence[Any] = ()) -> APIRouter:
+def create_router(get_decider: DeciderFactory | None = None, *, limits: Limits | None = None,
+                  dependencies: Sequence[Any] = (), models: Sequence[str] = (DEFAULT_MODEL_NAME,)) -> APIRouter:
     """A router with ``POST /chat/completions`` (mount it under ``/v1``).
 
-    ``get_decider`` returns the decider to use (called per request; make it cheap);
-    by default it is :func:`decider.service.get_default_decider` with the process settings.
-    ``limits`` caps what one request may ask for; ``dependencies`` (FastAPI ``Depends``) run before
-    the endpoint: the job API passes its tenant authentication and rate limit.
+    ``get_decider`` returns the decider to use (called per request; make it cheap); by default
+    :func:`decider.openai_core.default_decider`. ``limits`` caps what one request may ask for; ``dependencies`` (FastAPI
+    ``Depends``) run before the endpoint: the job API passes its tenant authentication and rate limit.
+    ``models`` are the ids a request may name (``toolrail`` always answers too).
     """
-    if get_decider is None:
-        def get_decider() -> BackendDecider:
-            from decider.service import get_default_decider
-            from toolrail.settings import get_settings
-
-            return get_default_decider(get_settings())
-
-    endpoint = _ChatCompletions(get_decider, limits)
+    endpoint = _ChatCompletions(get_decider or core.default_decider, limits, models)
     router = APIRouter()
     router.add_api_route("/chat/completions", endpoint.handle, methods=["POST"], name="chat_completions",
                          dependencies=list(dependencies))
     return router
 
 
-def create_app(get_decider: DeciderFactory | None = None) -> FastAPI:
-    """A standalone app serving the router under ``/v1``."""
+def create_app(get_decider: DeciderFactory | None = None, *, models: Sequence[str] = (DEFAULT_MODEL_NAME,)) -> FastAPI:
+    """A standalone app serving Chat Completions and the Responses API under ``/v1`` (responses kept in memory)."""
     app = FastAPI(title="toolrail decider", version="0.1.0")
-    app.include_router(create_router(get_decider), prefix="/v1")
+    app.include_router(create_router(get_decider, models=models), prefix="/v1")
+    app.include_router(responses_router(get_decider, models=models), prefix="/v1")
     return app

@@ -7,7 +7,7 @@ whole text, so streamed and non-streamed results agree by construction.
 
 A parser is a per-request object: it carries the request id, and every call it produces gets
 ``id = call_<request_id>_<n>`` and ``index = n`` counting within that request only. Every delta
-of a call repeats the call's ``id`` and ``index``; two calls to the same function get different
+carries its call's ``index`` (the wire form, :meth:`ToolCallDelta.to_openai`, sends ``id`` in the first only); two calls to the same function get different
 indices. Never share a parser between requests or choices (vLLM #38158, #39214 are that bug).
 """
 
@@ -39,14 +39,12 @@ class ToolCallDelta:
     arguments: str = ""
 
     def to_openai(self) -> dict[str, Any]:
-        """The ``choices[].delta.tool_calls[]`` entry."""
-        function: dict[str, Any] = {"arguments": self.arguments}
-        entry: dict[str, Any] = {"index": self.index, "id": self.id}
-        if self.name is not None:
-            entry["type"] = "function"
-            function = {"name": self.name, **function}
-        entry["function"] = function
-        return entry
+        """The ``choices[].delta.tool_calls[]`` entry: ``id``, ``type`` and ``function.name`` on the call's first
+        delta only, as OpenAI streams them (clients concatenate every string field they receive again)."""
+        if self.name is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass

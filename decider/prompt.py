@@ -154,7 +154,8 @@ def reask_messages(messages: Sequence[Mapping[str, Any]], *, output: str,
 class PromptRenderer:
     """Renders decisions and structured-output requests with one tokenizer's chat template."""
 
-    def __init__(self, tokenizer: Any, *, system_prompt: str = DEFAULT_SYSTEM_PROMPT, tool_format: str = "compact") -> None:
+    def __init__(self, tokenizer: Any, *, system_prompt: str = DEFAULT_SYSTEM_PROMPT, tool_format: str = "compact",
+                 call_format: Any = None) -> None:
         if tool_format not in TOOL_FORMATS:
             raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
         self.tokenizer = tokenizer
@@ -162,6 +163,8 @@ class PromptRenderer:
         self.tool_format = tool_format
         template = getattr(tokenizer, "chat_template", None) or ""
         self.template_tools = isinstance(template, str) and "tools" in template
+        #: A native :class:`decider.tool_formats.ToolFormat`: the template renders tools and calls its own way.
+        self.call_format = call_format if getattr(call_format, "native", False) else None
 
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
@@ -181,6 +184,10 @@ class PromptRenderer:
                      max_calls: int | None = None) -> RenderedPrompt:
         """The prompt for a tool-call decision over ``tools`` (``parameters``: narrowed schemas to show)."""
         parameters = parameters or {}
+        if self.call_format is not None and tools:
+            # The family's own template says how to call; the constraint forces its syntax. Nothing is added.
+            msgs = self.call_format.template_messages(messages)
+            return RenderedPrompt(text=self._apply(msgs, [t.to_openai() for t in tools]), template_tools=True)
         msgs = template_messages(messages, template_tools=self.template_tools)
         if self.tool_format == "json" and tools and not self.template_tools:
             return self._render_json_tools(msgs, tools, parameters, allow_text)
@@ -214,7 +221,8 @@ class PromptRenderer:
 
     def render_plain(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
         """The prompt for an unconstrained text answer (``tool_choice="none"``)."""
-        msgs = template_messages(messages, template_tools=self.template_tools)
+        msgs = self.call_format.template_messages(messages) if self.call_format is not None else \
+            template_messages(messages, template_tools=self.template_tools)
         return RenderedPrompt(text=self._apply(msgs), template_tools=self.template_tools)
 
     def render_json(self, messages: Sequence[Mapping[str, Any]], schema: Mapping[str, Any]) -> RenderedPrompt:

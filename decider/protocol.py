@@ -56,6 +56,8 @@ class Decision(BaseModel):
     logprob: float | None = None
     #: What the platform did to this decision (constraint hash, narrowed fields, bounds): recorded on the attempt so a forced outcome never looks like the model's choice.
     platform: dict[str, Any] = Field(default_factory=dict)
+    #: Why decoding ended, as the backend said: ``stop`` (the output closed) or ``length`` (a token bound cut it).
+    finish_reason: str | None = None
 
 
 @runtime_checkable

@@ -59,6 +59,7 @@ from decider.schema import (
     schema_hash,
     tool_calls_schema,
 )
+from decider.tool_formats import NativeCallParser, ToolFormat, resolve_tool_format
 from tools.check import call_key
 from tools.spec import ToolSpec
 
@@ -139,6 +140,9 @@ class DeciderConfig:
     system_prompt: str | None = None
     #: How tools are shown to a model whose chat template has no tools (``decider.prompt.TOOL_FORMATS``).
     tool_format: str = "compact"
+    #: The tool-call syntax (``decider.tool_formats.TOOL_FORMATS``: ``hermes``, ``llama3_json``, ``mistral``,
+    #: ``json_array``); None: the model manifest's ``tool_call_format``, else detected from the chat template.
+    call_format: str | None = None
     #: Repetition penalty of tool-call decoding (1.0: none): a standard decoding setting, passed to
     #: backends that implement it; small models otherwise loop inside free strings.
     repetition_penalty: float = 1.0
@@ -167,6 +171,11 @@ class DecisionPlan:
     max_tokens: int
     grammar_json: str | None = None
     compiled: CompiledConstraint | None = None
+    #: A native format's constraint: the structural tag (JSON text) and, for servers that take no tag, its EBNF.
+    structural_tag: str | None = None
+    ebnf: str | None = None
+    #: Most calls a native format's decision keeps (its syntax cannot bound the count; the rest are cut).
+    max_calls: int | None = None
     #: Tools offered in this request by name (the caller's specs, for validation and normalization).
     tools: dict[str, ToolSpec] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)
@@ -200,6 +209,9 @@ class StreamEvent:
     content: str | None = None
     decision: Decision | None = None
     finish_reason: str | None = None
+    #: The decoded text of this event as the model wrote it, in every mode (a tools-mode text answer's
+    #: ``{"content": "...`` included: what lets a client see a text answer as it is written).
+    raw: str | None = None
 
 
 def _cut_repeats(calls: list[Any]) -> list[Any]:
@@ -301,7 +313,10 @@ class BackendDecider:
         self.context_length = context_length
         self.config = config or DeciderConfig()
         kwargs = {"system_prompt": self.config.system_prompt} if self.config.system_prompt else {}
-        self.renderer = PromptRenderer(tokenizer, tool_format=self.config.tool_format, **kwargs)
+        #: The model's tool-call syntax (its own family's, or the platform's JSON array).
+        self.call_format: ToolFormat = resolve_tool_format(tokenizer, override=self.config.call_format)
+        self.renderer = PromptRenderer(tokenizer, tool_format=self.config.tool_format, call_format=self.call_format, **kwargs)
+        self._ebnf: dict[str, str] = {}
         self._loop = _LoopThread(f"toolrail-decider-{getattr(backend, 'name', 'backend')}")
         self._prepared: dict[str, tuple[PreparedSchema, dict[str, Any], list[str]]] = {}
         self._prepared_lock = threading.Lock()
@@ -411,7 +426,7 @@ class BackendDecider:
         # on dev rows, which end with a user message; after a tool result the grammar's first token
         # decides, as for any model.
         last_role = request.messages[-1].get("role") if request.messages else None
-        if allow_text and last_role == "user" and self.config.call_bias is not None \
+        if allow_text and last_role == "user" and self.config.call_bias is not None and not self.call_format.native \
                 and callable(getattr(self.backend, "score_continuations", None)):
             # the same rendering with a content-free user turn: the calibration baseline
             base.choice_baseline = self.renderer.render_tools([{"role": "user", "content": ""}], tools,
@@ -432,7 +447,31 @@ class BackendDecider:
                          len(tools) == len(names) else [t.name for t in tools],
                          "tools_dropped": [], "text_allowed": allow_text, "calls": [0 if allow_text else lower, max_calls],
                          "narrowed": narrowed, "bounds": bounds}
+        if self.call_format.native:
+            return self._native_constraint(base, grammar_params, schema, allow_text=allow_text, max_calls=max_calls)
         return self._finish_plan(base, schema)
+
+    def _native_constraint(self, plan: DecisionPlan, grammar_params: list[tuple[str, Any]], calls_schema: dict[str, Any],
+                           *, allow_text: bool, max_calls: int) -> DecisionPlan:
+        """Constrain a native format: its structural tag (compiled here for the embedded engine), or for servers whose
+        guided decoding takes no structural tag the same constraint as portable EBNF, built once per tag."""
+        calls_only = tool_calls_schema(grammar_params, max_calls=max_calls)
+        tag = self.call_format.structural_tag(grammar_params, allow_text=allow_text, max_calls=max_calls,
+                                              calls_schema=calls_only)
+        plan.structural_tag, plan.max_calls = canonical_json(tag), max_calls
+        plan.platform = {**plan.platform, "tool_format": self.call_format.name, "constraint": schema_hash(tag)}
+        if self.grammar_cache is not None:
+            plan.compiled = self.grammar_cache.compile_structural_tag(plan.structural_tag)
+            plan.compile_s = plan.compiled.compile_s
+        else:
+            with self._prepared_lock:
+                plan.ebnf = self._ebnf.get(plan.structural_tag)
+            if plan.ebnf is None:
+                plan.ebnf = self.call_format.ebnf(grammar_params, allow_text=allow_text, max_calls=max_calls,
+                                                  calls_schema=calls_only)
+                with self._prepared_lock:
+                    self._ebnf[plan.structural_tag] = plan.ebnf
+        return self._finish_plan(plan, None)
 
     def plan_json(self, request_id: str, messages: Sequence[Mapping[str, Any]], schema: Mapping[str, Any], *,
                   max_tokens: int = 256, attempt: int = 0, seed: int | None = 0, temperature: float = 0.0,
@@ -453,15 +492,18 @@ class BackendDecider:
             compiled_grammar=plan.compiled.grammar if plan.compiled is not None else None,
             max_tokens=plan.max_tokens, temperature=plan.temperature, top_p=plan.top_p, seed=plan.seed,
             attempt=plan.attempt, repetition_penalty=self.config.repetition_penalty if plan.mode == "tools" else 1.0,
+            ebnf_grammar=plan.ebnf, keep_special_tokens=plan.structural_tag is not None,
         )
 
     async def _events(self, plan: DecisionPlan, on_call: OnCall | None = None) -> AsyncIterator[StreamEvent]:
         """Generate on the backend and turn the text into events (runs on the decider's loop); ``on_call`` is told
         of each call the moment its JSON closes (see :class:`_CallReporter`)."""
         plan = await self._choose_branch(plan)
-        parser = ToolCallStreamParser(plan.request_id, attempt=plan.attempt,
-                                      on_call=_CallReporter(plan, on_call, read_count=self.config.read_call_count)
-                                      if on_call is not None else None)
+        reporter = _CallReporter(plan, on_call, read_count=self.config.read_call_count) if on_call is not None else None
+        parser: ToolCallStreamParser | NativeCallParser = (
+            self.call_format.parser(plan.request_id, attempt=plan.attempt, on_call=reporter)
+            if plan.structural_tag is not None else
+            ToolCallStreamParser(plan.request_id, attempt=plan.attempt, on_call=reporter))
         finish_reason, usage, logprob = None, {}, None
         stream = self.backend.generate(self._generation(plan))
         started, first_token_s = time.perf_counter(), None  # time to first token: the decision's chat span shows it
@@ -479,10 +521,10 @@ class BackendDecider:
                                                    f"{period}-character unit ({(parser.text + chunk.text)[-period:]!r})",
                                                    output=parser.text + chunk.text)
                     deltas = parser.feed(chunk.text)
-                    if plan.mode == "tools" and deltas:
-                        yield StreamEvent(deltas=tuple(deltas))
-                    elif plan.mode != "tools":
-                        yield StreamEvent(content=chunk.text)
+                    if plan.mode == "tools":
+                        yield StreamEvent(deltas=tuple(deltas), raw=chunk.text)
+                    else:
+                        yield StreamEvent(content=chunk.text, raw=chunk.text)
                 if chunk.finished:
                     finish_reason, usage, logprob = chunk.finish_reason, dict(chunk.usage), chunk.logprob
                     break
@@ -502,8 +544,9 @@ class BackendDecider:
                                        tokens=int(usage.get("completion_tokens", 0)))
         if first_token_s is not None:
             usage["ttft_us"] = int(first_token_s * 1e6)
-        decision = self._decision(plan, parser, finish_reason, usage)
-        if plan.mode == "tools" and len(decision.tool_calls) > 1 and self.config.read_call_count and plan.cut_repeats:
+        decision = self._decision(plan, parser, finish_reason, usage).model_copy(update={"finish_reason": finish_reason})
+        if plan.mode == "tools" and len(decision.tool_calls) > 1 and self.config.read_call_count and plan.cut_repeats \
+                and plan.structural_tag is None:
             decision = await self._read_call_count(plan, parser, decision)
         if logprob is not None:
             decision = decision.model_copy(update={"logprob": logprob})
@@ -526,6 +569,8 @@ class BackendDecider:
                 call = call.model_copy(update={"arguments": normalize_arguments(call.arguments, spec.parameters)})
             calls.append(call)
         platform = dict(plan.platform)
+        if plan.max_calls is not None and len(calls) > plan.max_calls:
+            platform["calls_cut"], calls = len(calls) - plan.max_calls, calls[:plan.max_calls]
         if plan.cut_repeats:
             kept = _cut_repeats(calls)
             platform["repeats_cut"], calls = len(calls) - len(kept), kept
@@ -686,8 +731,9 @@ class BackendDecider:
 
     async def agenerate_json(self, schema: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], *,
                              request_id: str, max_tokens: int = 256, max_reasks: int = 2, seed: int | None = 0,
-                             temperature: float = 0.0, top_p: float = 1.0) -> tuple[Any, Decision]:
-        """Structured output: JSON valid against ``schema`` (post-decoding checks re-asked, bounded)."""
+                             temperature: float = 0.0, top_p: float = 1.0, cut_is_final: bool = False) -> tuple[Any, Decision]:
+        """Structured output: JSON valid against ``schema`` (post-decoding checks re-asked, bounded). With
+        ``cut_is_final``, JSON cut at ``max_tokens`` raises ``GenerationBoundError`` instead of being re-asked."""
         current = list(messages)
         errors: list[str] = []
         decision: Decision | None = None
@@ -695,6 +741,10 @@ class BackendDecider:
             plan = await asyncio.to_thread(self.plan_json, request_id, current, schema, max_tokens=max_tokens,
                                            attempt=attempt, seed=seed, temperature=temperature, top_p=top_p)
             decision = await self.arun(plan)
+            if cut_is_final and decision.finish_reason == "length":  # the caller answers a cut as cut (OpenAI's length)
+                raise GenerationBoundError("max_tokens", f"decoding of {request_id} reached max_tokens={plan.max_tokens} "
+                                           "before the JSON closed", output=decision.raw_output,
+                                           tokens=int(decision.usage.get("completion_tokens", 0)))
             errors = self.validate(plan, decision)
             if not errors:
                 return json.loads(decision.raw_output), decision

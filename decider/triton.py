@@ -7,7 +7,8 @@ in-flight batching). The server's id map overwrites duplicates, so a second in-f
 with the same id is refused here before anything is sent.
 
 The constraint is the request's JSON Schema as ``guided_decoding_guide`` with
-``guided_decoding_guide_type=json_schema``. TensorRT-LLM decodes *without* it, silently,
+``guided_decoding_guide_type=json_schema`` (a native tool format's constraint goes as EBNF,
+``ebnf_grammar``). TensorRT-LLM decodes *without* it, silently,
 when the repository is not configured for guided decoding; so before the first request this
 backend reads the served model configs and raises
 :class:`~decider.errors.GuidedDecodingNotConfiguredError` unless guided decoding is on end to
@@ -65,6 +66,7 @@ from decider.triton_wire import (
     CLIENT_INPUTS,
     ENABLE_EMPTY_FINAL,
     FINAL_RESPONSE,
+    GUIDE_TYPE_EBNF,
     GUIDE_TYPE_JSON_SCHEMA,
     LOG_PROBS_OUTPUT,
     WireProfile,
@@ -282,6 +284,12 @@ class TritonBackend:
         if request.json_schema is not None:
             values["guided_decoding_guide_type"] = [GUIDE_TYPE_JSON_SCHEMA]
             values["guided_decoding_guide"] = [request.json_schema]
+        elif request.ebnf_grammar is not None:
+            # A native tool format's constraint as EBNF (ToolFormat.ebnf): the C++ backend's guide types (json,
+            # json_schema, regex, ebnf_grammar) have no structural tag in any release (inflight_batcher_llm/src/
+            # utils.cc, getGuidedDecodingParamsFromTensors; tensorrtllm_backend v0.19.0 lines 816-823).
+            values["guided_decoding_guide_type"] = [GUIDE_TYPE_EBNF]
+            values["guided_decoding_guide"] = [request.ebnf_grammar]
         if profile.count_tokens:
             values["return_log_probs"] = [True]
         message = service_pb2.ModelInferRequest(model_name=self.model_name, id=triton_id)

@@ -45,6 +45,7 @@ __all__ = [
     "FINAL_RESPONSE",
     "GUIDED_DECODING_BACKEND",
     "GUIDE_TYPES",
+    "GUIDE_TYPE_EBNF",
     "GUIDE_TYPE_JSON_SCHEMA",
     "PLACEHOLDER",
     "WIRE_DTYPES",
@@ -61,6 +62,8 @@ __all__ = [
 ]
 
 GUIDE_TYPE_JSON_SCHEMA = "json_schema"
+#: What a native tool format's structural tag travels as (no release's Triton backend takes a structural tag).
+GUIDE_TYPE_EBNF = "ebnf_grammar"
 #: Guide types the TensorRT-LLM backend accepts; anything else is dropped (unconstrained output).
 GUIDE_TYPES = frozenset({"json", "json_schema", "regex", "ebnf_grammar"})
 #: The only guided-decoding backend the C++ runtime accepts.

@@ -50,12 +50,17 @@ class S3Double:
     """moto's S3 behind :class:`RegionCheck`, served on ``127.0.0.1:<port>`` in a thread."""
 
     def __init__(self, region: str, *, port: int = 0) -> None:
-        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-        from werkzeug.serving import make_server
+        from moto.moto_server import werkzeug_app
+        from werkzeug.serving import WSGIRequestHandler, make_server
+
+        # moto's own request handler (it keeps underscores in header names) where the installed moto has one (5.2.5
+        # does), werkzeug's where it has none (5.2.1, an image's system Python): what the double sends needs neither.
+        handler = getattr(werkzeug_app, "MotoRequestHandler", WSGIRequestHandler)
+        dispatcher = werkzeug_app.DomainDispatcherApplication(werkzeug_app.create_backend_app)
 
         self.region = region
-        self.check = RegionCheck(DomainDispatcherApplication(create_backend_app), region)
-        class QuietHandler(MotoRequestHandler):
+        self.check = RegionCheck(dispatcher, region)
+        class QuietHandler(handler):  # type: ignore[misc,valid-type]
             def log_request(self, *args: Any) -> None:
                 pass
 

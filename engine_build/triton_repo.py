@@ -34,6 +34,7 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from decider.tool_formats import resolve_tool_format
 from engine_build.config_check import (
     CLIENT_INPUTS,
     CLIENT_OUTPUTS,
@@ -335,6 +336,9 @@ def write_triton_repo(opts: RepoOptions, tokenizer: Any, *, stop_token_ids: list
                 "model_code_from": str(opts.model_code_from) if opts.model_code_from else None,
                 "files": files,
                 "notes": notes,
+                # The tool-call syntax the decider forces for this model (its chat template's family), sent as
+                # guide type ebnf_grammar: no release's Triton backend takes a structural tag (docs/production.md).
+                "tool_call_format": resolve_tool_format(tokenizer).name,
             },
             indent=2,
             sort_keys=True,

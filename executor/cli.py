@@ -1,4 +1,4 @@
-"""``toolrail serve | worker | repair | run | demo``."""
+"""``toolrail serve | worker | repair | run | demo | mcp stdio``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ NEXT_STEPS = (
     "next:",
     f"  export TOOLRAIL_DEMO_TOOLS={DEMO_TOOLS}   # the demo's tool (no demo tool is registered by default)",
     f'  toolrail run "{DEMO_PROMPT}" --tools get_weather   # one job of your own on a local stack (--json, --trace)',
-    "  toolrail serve        # the API on 127.0.0.1:8000, a worker pool and its own Redis (prints its REDIS_URL)",
+    "  toolrail serve        # the API on 127.0.0.1:8000, a worker pool and its own Redis (prints its REDIS_URL); then "
+    "watch jobs and approve calls in the console: http://127.0.0.1:8000/console/",
     "  toolrail tools list   # the tools a worker loads; your own: README.md, 'Write your own tool'",
 )
 
@@ -76,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="most decide → run steps (default: TOOLRAIL_MAX_STEPS for a prompt, 1 with --tool-calls)")
     run.add_argument("--require-approval", default=None, metavar="TOOLS",
                      help="comma-separated tools whose calls wait for your approval, or 'side_effects'")
+    run.add_argument("--no-wait", action="store_true",
+                     help="with --require-approval: exit 3 as soon as the job waits for a decision, instead of printing "
+                          "its console URL and waiting for the decision there (or on this terminal)")
     run.add_argument("--webhook-url", default=None, help="POST job.* events here (Standard Webhooks signatures)")
     run.add_argument("--url", default=os.environ.get("TOOLRAIL_URL"), help="a running API (default: start a local stack)")
     run.add_argument("--api-key", default=os.environ.get("TOOLRAIL_API_KEY"))
@@ -95,13 +99,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(handler=_demo)
 
+    mcp = subparsers.add_parser("mcp", help="serve toolrail's tools over MCP (stdio)",
+                                description="toolrail as an MCP server. Over HTTP the API serves /mcp; this command "
+                                            "serves the same tools on stdin/stdout for a local MCP host.")
+    commands = mcp.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND")
+    stdio = commands.add_parser("stdio", help="MCP over stdin/stdout (tenant 'default'; needs Redis and workers)")
+    stdio.add_argument("--redis-url", default=None, metavar="URL", help="default: REDIS_URL")
+    stdio.set_defaults(handler=_mcp_stdio)
+    mcp.set_defaults(handler=lambda args: (mcp.print_help(), 2)[1])
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn  # noqa: PLC0415
 
     from executor.stack import SupervisedWorker  # noqa: PLC0415
     from toolrail.logging import configure_logging, get_logger  # noqa: PLC0415
-    from toolrail.redis_embed import display_url, ensure_redis  # noqa: PLC0415
+    from toolrail.redis_embed import check_redis_url, display_url, ensure_redis  # noqa: PLC0415
     from toolrail.settings import get_settings  # noqa: PLC0415
 
     configure_logging()
@@ -115,6 +128,14 @@ def _serve(args: argparse.Namespace) -> int:
     if not settings.tenants_by_key() and not _is_loopback(host):
         print(f"refusing to bind {host}: no API keys are configured (set TOOLRAIL_API_KEYS=key:tenant,...) "
               "— without keys only loopback addresses are allowed", file=sys.stderr)
+        return 2
+    if args.redis_url:
+        check_redis_url(args.redis_url, source="--redis-url")
+    try:  # the port first: a used one is refused before a Redis, a worker pool or another serve's Redis is touched
+        listener = tcp_listener(host, port)
+    except OSError as exc:
+        print(f"toolrail serve: cannot listen on {host}:{port}: {_reason(exc)} (another toolrail serve or another "
+              "program holds it: stop it, or choose another port with --port)", file=sys.stderr)
         return 2
     source = "--redis-url" if args.redis_url else "REDIS_URL" if settings.redis_url else "embedded"
     url, embedded = ensure_redis(args.redis_url or settings.redis_url, settings.cache_dir, redis_server=settings.redis_server)
@@ -133,19 +154,25 @@ def _serve(args: argparse.Namespace) -> int:
         if api_workers == 1:  # the app is built from the environment, as each of several processes builds it
             from executor.api.app import app_from_environment  # noqa: PLC0415
 
-            uvicorn.run(app_from_environment(), host=host, port=port, log_level="warning", access_log=False)
+            config = uvicorn.Config(app_from_environment(), log_level="warning", access_log=False)
+            uvicorn.Server(config).run(sockets=[listener])
         else:  # uvicorn's workers: each process builds its app from the environment (REDIS_URL is set above)
             from executor.metrics import MULTIPROCESS_DIR_ENV  # noqa: PLC0415
 
             with tempfile.TemporaryDirectory(prefix="toolrail-metrics-") as shared:
                 os.environ[MULTIPROCESS_DIR_ENV] = shared
-                _serve_processes(host, port, api_workers)
+                _serve_processes(listener, api_workers)
     finally:
+        listener.close()
         if worker is not None:
             worker.stop()
         if embedded:
             embedded.stop()
     return 0
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
 
 
 def _announce_when_ready(host: str, port: int, redis_url: str, *, ready_path: str) -> None:
@@ -177,11 +204,12 @@ def _announce_when_ready(host: str, port: int, redis_url: str, *, ready_path: st
             time.sleep(0.2)
         print(f"toolrail serve: ready at {origin(host)}", flush=True)
         print(f"export REDIS_URL={shown}{masked}", flush=True)
+        print(f"console: {origin(probe_host)}/console/", flush=True)
 
     threading.Thread(target=announce, name="toolrail-serve-ready", daemon=True).start()
 
 
-def _serve_processes(host: str, port: int, processes: int) -> None:
+def _serve_processes(listener: socket.socket, processes: int) -> None:
     """uvicorn's supervisor over ``processes`` API processes sharing one listening socket, bound here.
 
     uvicorn binds that socket with ``proto`` 0 (``Config.bind_socket``); accepted sockets inherit it, and
@@ -192,9 +220,9 @@ def _serve_processes(host: str, port: int, processes: int) -> None:
     import uvicorn  # noqa: PLC0415
     from uvicorn.supervisors import Multiprocess  # noqa: PLC0415
 
-    config = uvicorn.Config("executor.api.app:app_from_environment", factory=True, workers=processes, host=host, port=port,
-                            log_level="warning", access_log=False)
-    Multiprocess(config, sockets=[tcp_listener(host, port)]).run()
+    config = uvicorn.Config("executor.api.app:app_from_environment", factory=True, workers=processes, log_level="warning",
+                            access_log=False)
+    Multiprocess(config, sockets=[listener]).run()
 
 
 def tcp_listener(host: str, port: int) -> socket.socket:
@@ -202,7 +230,11 @@ def tcp_listener(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, port))
+    try:
+        listener.bind((host, port))
+    except OSError:
+        listener.close()
+        raise
     listener.set_inheritable(True)
     return listener
 
@@ -260,7 +292,8 @@ def _repair(args: argparse.Namespace) -> int:
     return 2
 
 
-def _submit_and_wait(client: Any, body: dict[str, Any], *, deadline: float, show: bool) -> dict[str, Any]:
+def _submit_and_wait(client: Any, body: dict[str, Any], *, deadline: float, show: bool,
+                     wait: bool = True) -> dict[str, Any]:
     """Submit ``body`` and wait for its end until ``deadline`` (``time.monotonic()``): one deadline for the event
     stream and the wait after it, not a timeout each. Without the event display, the submit itself waits
     (``Prefer: wait``: the finished job in the answer)."""
@@ -289,7 +322,7 @@ def _submit_and_wait(client: Any, body: dict[str, Any], *, deadline: float, show
                             break
         except Exception as exc:  # noqa: BLE001 - progress display only; polling below decides
             print(f"  (event stream ended: {type(exc).__name__})", file=sys.stderr)
-    return _wait_or_approve(client, job_id, deadline=deadline, show=show)
+    return _wait_or_approve(client, job_id, deadline=deadline, show=show, wait=wait)
 
 
 def _show_event(event: dict[str, Any]) -> None:
@@ -306,11 +339,10 @@ def _show_event(event: dict[str, Any]) -> None:
               f"{event.get('message') or ''}".rstrip(), file=sys.stderr)
 
 
-def _wait_or_approve(client: Any, job_id: str, *, deadline: float, show: bool) -> dict[str, Any]:
-    """Wait for the job's end until ``deadline``; when it waits for approval, ask on a terminal (else say how, and
-    return it)."""
+def _wait_or_approve(client: Any, job_id: str, *, deadline: float, show: bool, wait: bool = True) -> dict[str, Any]:
+    """Wait for the job's end until ``deadline``. While it waits for approval: print the console URL of the job and
+    wait for the decision there (also asked on a terminal); with ``wait`` false, say how to decide and return it."""
     from executor.stack import wait_for_job  # noqa: PLC0415
-    from executor.store.records import TERMINAL_JOB  # noqa: PLC0415
 
     while True:
         job = wait_for_job(client, job_id, timeout_s=max(0.0, deadline - time.monotonic()), poll_s=0.2,
@@ -318,20 +350,50 @@ def _wait_or_approve(client: Any, job_id: str, *, deadline: float, show: bool) -
         if job.get("status") != "awaiting_approval" or time.monotonic() > deadline:
             return job
         waiting = [c for c in job.get("calls", []) if (c.get("approval") or {}).get("state") == "pending"]
-        if not (show and sys.stdin.isatty()):
-            for call in waiting:
-                print(f"awaiting approval: {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})  "
-                      f"POST /v1/jobs/{job_id}/calls/{call['id']}/approve (or /reject)", file=sys.stderr)
-            return job
         for call in waiting:
-            answer = input(f"approve {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})? [y/N/reason] ")
-            if answer.strip().lower() in {"y", "yes"}:
+            print(f"awaiting approval: {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})"
+                  + ("" if wait else f"  POST /v1/jobs/{job_id}/calls/{call['id']}/approve (or /reject)"), file=sys.stderr)
+        print(f"decide in the console: {str(client.base_url).rstrip('/')}/console/#/jobs/{job_id}", file=sys.stderr,
+              flush=True)
+        if not wait:
+            return job
+        _await_decision(client, job_id, waiting, deadline=deadline, ask=show and sys.stdin.isatty())
+
+
+def _await_decision(client: Any, job_id: str, waiting: list[dict[str, Any]], *, deadline: float, ask: bool) -> None:
+    """Until the job no longer waits (a decision in the console, here, or by any API client) or ``deadline``; with
+    ``ask``, each waiting call is also asked about on this terminal."""
+    import select  # noqa: PLC0415
+
+    def prompt(call: dict[str, Any]) -> None:
+        print(f"approve {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})? [y/N/reason] ",
+              end="", flush=True)
+
+    if ask and waiting:
+        prompt(waiting[0])
+    while time.monotonic() < deadline:
+        if ask and waiting and select.select([sys.stdin], [], [], 0.2)[0]:
+            answer, call = sys.stdin.readline().strip(), waiting.pop(0)
+            if answer.lower() in {"y", "yes"}:
                 client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve")
             else:
-                reason = answer.strip() if answer.strip().lower() not in {"", "n", "no"} else "rejected by the operator"
+                reason = answer if answer.lower() not in {"", "n", "no"} else "rejected by the operator"
                 client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/reject", json={"reason": reason})
-        if job.get("status") in TERMINAL_JOB:
-            return job
+            if waiting:
+                prompt(waiting[0])
+        elif not ask:
+            time.sleep(0.2)
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job.get("status") != "awaiting_approval":
+            if ask and waiting:
+                print("(decided elsewhere)", flush=True)
+            return
+        still = {c["id"] for c in job.get("calls", []) if (c.get("approval") or {}).get("state") == "pending"}
+        if ask and waiting and waiting[0]["id"] not in still:  # answered in the console meanwhile
+            waiting[:] = [c for c in waiting if c["id"] in still]
+            print("(decided elsewhere)", flush=True)
+            if waiting:
+                prompt(waiting[0])
 
 
 def _print_job(job: dict[str, Any]) -> None:
@@ -411,7 +473,7 @@ def _run(args: argparse.Namespace) -> int:
         os.environ["TOOLRAIL_TRACE_STORE"] = "redis"  # the local stack's API and workers write their spans there
     if args.url:
         with _client(args.url, args.api_key) as client:
-            job = _submit_and_wait(client, body, deadline=deadline, show=not args.json)
+            job = _submit_and_wait(client, body, deadline=deadline, show=not args.json, wait=not args.no_wait)
             trace = _trace(client, job) if args.trace else None
     else:
         from executor.stack import LocalStack  # noqa: PLC0415
@@ -433,10 +495,13 @@ def _run(args: argparse.Namespace) -> int:
             return TIMEOUT_EXIT
         try:
             with _client(stack.url, None) as client:
-                job = _submit_and_wait(client, body, deadline=deadline, show=not args.json)
+                job = _submit_and_wait(client, body, deadline=deadline, show=not args.json, wait=not args.no_wait)
                 trace = _trace(client, job) if args.trace else None
                 if job["status"] not in TERMINAL_JOB:  # past the deadline: the stack goes with the command, at once
                     stack.stop_grace_s = 0
+        except KeyboardInterrupt:  # Ctrl-C: the stack goes at once and silently (a pool told to stop mid-task
+            stack.stop_grace_s = 0  # reports every busy process it loses), then the one line of toolrail.cli
+            raise
         finally:
             stack.stop()
     if args.json:
@@ -493,3 +558,50 @@ def _demo(args: argparse.Namespace) -> int:
         status |= job["status"] != "succeeded"
     print("\n" + "\n".join(NEXT_STEPS), file=sys.stderr if args.json else sys.stdout)
     return int(status)
+
+
+def _mcp_stdio(args: argparse.Namespace) -> int:
+    """``toolrail mcp stdio``: the same handlers as ``/mcp`` on stdin/stdout for a local host (tenant ``default``),
+    over this process's Redis (``REDIS_URL``) and the running workers. Logs go to stderr; stdout carries nothing but
+    the protocol."""
+    from toolrail.settings import get_settings  # noqa: PLC0415
+
+    if args.redis_url:  # the job store and the Celery app publishing its tasks: one Redis (the app reads REDIS_URL)
+        os.environ["REDIS_URL"] = args.redis_url
+        get_settings.cache_clear()
+    from executor.api.context import JobDesk  # noqa: PLC0415
+    from executor.runtime import Runtime  # noqa: PLC0415
+    from executor.worker.tasks import QUEUES  # noqa: PLC0415 - the Celery app reads REDIS_URL at import
+    from mcpbridge.server import serve_stdio  # noqa: PLC0415 - the MCP SDK only where MCP is served
+    from toolrail.redis_embed import redis_url  # noqa: PLC0415
+
+    settings = get_settings()
+    # REDIS_URL or --redis-url, never a guessed default port: nothing set is one line (RedisNotConfiguredError)
+    runtime = Runtime.from_settings(settings, redis_url=redis_url(settings), queues=QUEUES)
+    runtime.redis.ping()  # a missing Redis is one line (toolrail.cli.one_line_error), before the host waits on us
+    runtime.registry = _workers_registry(runtime.redis)
+    serve_stdio(JobDesk(runtime, QUEUES.decide, QUEUES.dispatch), settings)
+    return 0
+
+
+def _workers_registry(client: Any) -> Any:
+    """The registry the workers load (their demo tools and tool modules, as they published them at start), loaded
+    here; a tool they serve that this process cannot load stops the command with one line naming it and why."""
+    from executor.store.worker_tools import published  # noqa: PLC0415
+    from tools.registry import load_registry  # noqa: PLC0415
+
+    workers = published(client)
+    if not workers:
+        raise SystemExit("toolrail mcp stdio: no worker has published its tools on this Redis (each does at its "
+                         "start): start the workers first (toolrail serve)")
+    modules = list(dict.fromkeys(module for worker in workers for module in worker.modules))
+    registry = load_registry(modules=modules, demo_tools={name for worker in workers for name in worker.demo_tools})
+    served = {name: worker.worker for worker in reversed(workers) for name in worker.tools}
+    missing = sorted(set(served) - set(registry.names()))
+    if missing:
+        why = "; ".join(problem.message() for problem in registry.problems) or \
+            f"its modules ({', '.join(modules) or 'none'}) did not register them here"
+        raise SystemExit(f"toolrail mcp stdio: the workers serve {', '.join(missing)} (worker "
+                         f"{served[missing[0]]}), which this process cannot load: {why}. Run it in the workers' "
+                         "Python environment")
+    return registry

@@ -77,7 +77,7 @@ def _row(registry: Any, spec: Any) -> dict[str, Any]:
 
 def _tenant_rows(registry: Any, tenant: str, redis_url: str | None) -> list[dict[str, Any]]:
     """The tenant's tools beyond the registry, from the runtime's tool sources (``Runtime.tenant_specs``)."""
-    from executor.runs.runtime import Runtime  # noqa: PLC0415 - Redis and the tool sources only when asked
+    from executor.runtime import Runtime  # noqa: PLC0415 - Redis and the tool sources only when asked
     from toolrail.settings import get_settings  # noqa: PLC0415
 
     runtime = Runtime.from_settings(get_settings(), redis_url=redis_url)

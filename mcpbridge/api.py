@@ -7,7 +7,7 @@
     DELETE /v1/mcp-servers/{name}          forget it (its tools leave ``GET /v1/tools``)
     POST   /mcp                            MCP streamable HTTP, stateless
 
-``mount(app, ...)`` adds both and returns a :class:`McpBridge`, whose ``running()`` the app's lifespan
+``mount(app, api)`` adds both and returns a :class:`McpBridge`, whose ``running()`` the app's lifespan
 enters (the SDK's session manager, and the periodic refresh of every server's tools).
 
 Who may register what (docs/mcp.md): a stdio server runs a command on the workers, so it is accepted
@@ -26,18 +26,17 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.routing import Route
 
-from executor.api.app import ApiError, tenant_of
-from executor.api.ratelimit import rate_limited
-from mcpbridge import providers
 from executor.errors import SandboxError
+from executor.ports import ApiContext
+from mcpbridge import providers
 from mcpbridge.errors import McpServerRejectedError, McpTooLargeError, McpUrlNotAllowedError
 from mcpbridge.server import McpEndpoint, McpService, build_server
 from mcpbridge.spec import SERVER_NAME
@@ -49,9 +48,6 @@ log = get_logger("toolrail.mcp.api")
 
 #: A variable a registration may declare for its stdio server.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-
-Tenant = Annotated[str, Depends(rate_limited(tenant_of))]
-
 
 class McpServerCreate(BaseModel):
     """A server to register: ``url`` (streamable HTTP) or ``command`` (stdio argv), limits and operator flags."""
@@ -70,6 +66,9 @@ class McpServerCreate(BaseModel):
                                             "(nothing of the worker's is passed on); values are never shown back")
     side_effects: list[str] = Field(default_factory=list, max_length=256,
                                     description="remote tool names to treat as side-effecting (idempotency key, grounding)")
+    read_only: list[str] = Field(default_factory=list, max_length=256,
+                                 description="remote tool names the operator vouches only read (a tool is side-effecting "
+                                             "unless its annotations say readOnlyHint: true, MCP's defaults)")
     requires_approval: list[str] = Field(default_factory=list, max_length=256)
     timeout_s: float = Field(default=30.0, gt=0, le=600, description="hard cap of one call")
     idle_timeout_s: float = Field(default=10.0, gt=0, le=600, description="give up after this long without progress")
@@ -144,25 +143,26 @@ class McpBridge:
                 log.warning("mcp.refresh_round_failed", error=str(exc))
 
 
-def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., None],
-          dispatch: Callable[..., None] | None = None,
-          subscribe: Callable[[str], int] = providers.subscribe_workers) -> McpBridge:
-    """Add ``/mcp`` and ``/v1/mcp-servers`` to ``app``; enter the returned bridge's ``running()`` in the lifespan.
-
-    ``enqueue`` queues a job's decide task, ``dispatch`` one call on its tool queue (None: every job goes through
-    the decide task), as for ``POST /v1/jobs``.
-    """
+def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | None = None) -> McpBridge:
+    """Add ``/mcp`` and ``/v1/mcp-servers`` to ``app`` over the job API's context ``api`` (``executor.ports``); enter
+    the returned bridge's ``running()`` in the lifespan. ``subscribe(queue)`` asks the workers to consume a new
+    server's queue (the runtime's queues by default)."""
+    settings, runtime, tenant_dep = api.settings, api.jobs.runtime, api.tenant
+    refuse = api.error  # the API's typed error, raised
+    if subscribe is None:
+        subscribe = lambda queue: providers.subscribe_workers(runtime, queue)  # noqa: E731
     tenants = settings.tenants_by_key()
-    service = McpService(runtime, settings, enqueue, dispatch)
-    endpoint = McpEndpoint(build_server(service), tenants=tenants, rate_limiter=getattr(app.state, "rate_limiter", None),
-                           allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins)
+    service = McpService(api.jobs, settings)
+    endpoint = McpEndpoint(build_server(service), tenants=tenants, rate_limiter=api.rate_limiter,
+                           loopback_names=api.loopback_names, allowed_hosts=settings.allowed_hosts,
+                           allowed_origins=settings.allowed_origins)
     app.router.routes.append(Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
     allow_stdio = providers.allows_stdio(settings)
     router = APIRouter(prefix="/v1/mcp-servers", tags=["mcp"])
     fetching: Counter[str] = Counter()  # registrations and refreshes in flight per tenant (this process's event loop)
 
     def public(record: dict[str, Any]) -> dict[str, Any]:
-        keep = ("name", "url", "command", "network", "side_effects", "requires_approval", "timeout_s", "idle_timeout_s",
+        keep = ("name", "url", "command", "network", "side_effects", "read_only", "requires_approval", "timeout_s", "idle_timeout_s",
                 "memory_mb", "queue", "refused", "fetched_at")
         return {**{k: record.get(k) for k in keep}, "env": sorted(record.get("env") or {}), "tools": [
             {"name": t["name"], "remote_name": t["remote_name"], "description": t["description"],
@@ -174,29 +174,29 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
         takes its time, at most N per tenant at once; its errors as the API's."""
         limit = settings.mcp_max_concurrent_per_tenant
         if fetching[tenant] >= limit:
-            raise ApiError(429, "mcp_registrations_busy", f"{limit} registrations or refreshes of this tenant are "
+            raise refuse(429, "mcp_registrations_busy", f"{limit} registrations or refreshes of this tenant are "
                            "in flight (TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT); retry when one ends", limit=limit)
         fetching[tenant] += 1
         try:
             return await fetch()
         except McpUrlNotAllowedError as exc:
-            raise ApiError(403, exc.type, str(exc), **exc.details) from None
+            raise refuse(403, exc.type, str(exc), **exc.details) from None
         except McpTooLargeError as exc:
-            raise ApiError(422, exc.type, str(exc), **exc.details) from None
+            raise refuse(422, exc.type, str(exc), **exc.details) from None
         except SandboxError as exc:  # unreachable, not starting, not speaking MCP
-            raise ApiError(422, "mcp_server_unavailable", str(exc), **exc.details) from None
+            raise refuse(422, "mcp_server_unavailable", str(exc), **exc.details) from None
         finally:
             fetching[tenant] -= 1
 
     @router.post("", status_code=201)
-    async def register(body: McpServerCreate, tenant: Tenant) -> JSONResponse:
+    async def register(body: McpServerCreate, tenant: str = tenant_dep) -> JSONResponse:
         if body.command and not allow_stdio:
-            raise ApiError(403, "mcp_stdio_not_allowed", "stdio MCP servers run a command on the workers; this "
+            raise refuse(403, "mcp_stdio_not_allowed", "stdio MCP servers run a command on the workers; this "
                            "deployment does not allow tenants to register them (TOOLRAIL_MCP_ALLOW_STDIO)")
         try:
             config = providers.ServerConfig.build(tenant, **body.model_dump(), max_timeout_s=settings.mcp_max_timeout_s)
         except McpServerRejectedError as exc:
-            raise ApiError(422, exc.type, str(exc), **exc.details) from None
+            raise refuse(422, exc.type, str(exc), **exc.details) from None
         existed = await asyncio.to_thread(providers.get_server, runtime.redis, tenant, body.name) is not None
 
         async def fetch() -> dict[str, Any]:
@@ -212,31 +212,31 @@ def mount(app: FastAPI, *, settings: Any, runtime: Any, enqueue: Callable[..., N
         return JSONResponse({**public(record), "workers_subscribed": workers}, status_code=200 if existed else 201)
 
     @router.get("")
-    def list_servers(tenant: Tenant) -> dict[str, Any]:
+    def list_servers(tenant: str = tenant_dep) -> dict[str, Any]:
         return {"servers": [public(r) for r in providers.list_servers(runtime.redis, tenant)]}
 
     def _one(tenant: str, name: str) -> dict[str, Any]:
         record = providers.get_server(runtime.redis, tenant, name)
         if record is None:
-            raise ApiError(404, "not_found", f"no MCP server {name[:40]!r} is registered", server=name[:40])
+            raise refuse(404, "not_found", f"no MCP server {name[:40]!r} is registered", server=name[:40])
         return record
 
     @router.get("/{name}")
-    def get_server(name: str, tenant: Tenant) -> dict[str, Any]:
+    def get_server(name: str, tenant: str = tenant_dep) -> dict[str, Any]:
         return public(_one(tenant, name))
 
     @router.post("/{name}/refresh")
-    async def refresh(name: str, tenant: Tenant) -> dict[str, Any]:
+    async def refresh(name: str, tenant: str = tenant_dep) -> dict[str, Any]:
         await asyncio.to_thread(_one, tenant, name)
         fresh = await fetched(tenant, lambda: providers.refresh_server(runtime, tenant, name, settings=settings))
         if fresh is None:  # deleted while it was fetched
-            raise ApiError(404, "not_found", f"no MCP server {name[:40]!r} is registered", server=name[:40])
+            raise refuse(404, "not_found", f"no MCP server {name[:40]!r} is registered", server=name[:40])
         return public(fresh)
 
     @router.delete("/{name}")
-    def delete(name: str, tenant: Tenant) -> dict[str, Any]:
+    def delete(name: str, tenant: str = tenant_dep) -> dict[str, Any]:
         if not providers.delete_server(runtime.redis, tenant, name):
-            raise ApiError(404, "not_found", f"no MCP server {name[:40]!r} is registered", server=name[:40])
+            raise refuse(404, "not_found", f"no MCP server {name[:40]!r} is registered", server=name[:40])
         return {"name": name, "deleted": True}
 
     app.include_router(router)

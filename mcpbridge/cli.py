@@ -1,7 +1,9 @@
 """``toolrail mcp stdio`` and ``toolrail tools add-mcp | list-mcp | remove-mcp``.
 
 ``mcp stdio`` serves toolrail's tools over MCP on stdin/stdout for a local host (tenant ``default``):
-the same handlers as ``/mcp``, over this process's Redis (``REDIS_URL``) and the running workers.
+the same handlers as ``/mcp``, over this process's Redis (``REDIS_URL``) and the running workers, with the
+tools the workers load (as they published them: ``executor.store.worker_tools``), never the ones this process's
+own environment would name; it refuses to start, naming them, when it cannot load one of theirs.
 Logs go to stderr; stdout carries nothing but the protocol.
 
 ``tools add-mcp NAME (--url URL | --command ARGV...)`` registers an MCP server with a running API
@@ -24,15 +26,6 @@ DEFAULT_API = "http://127.0.0.1:8000"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    mcp = subparsers.add_parser("mcp", help="serve toolrail's tools over MCP (stdio)",
-                                description="toolrail as an MCP server. Over HTTP the API serves /mcp; this command "
-                                            "serves the same tools on stdin/stdout for a local MCP host.")
-    commands = mcp.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND")
-    stdio = commands.add_parser("stdio", help="MCP over stdin/stdout (tenant 'default'; needs Redis and workers)")
-    stdio.add_argument("--redis-url", default=None, metavar="URL", help="default: REDIS_URL")
-    stdio.set_defaults(handler=_stdio)
-    mcp.set_defaults(handler=lambda args: (mcp.print_help(), 2)[1])
-
     tools = subparsers.choices.get("tools")  # executor.tools_cli's group: add the MCP subcommands to it
     if tools is None:
         return
@@ -49,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add.add_argument("--network", action="store_true", help="stdio: the server may use the network")
     add.add_argument("--side-effects", action="append", default=[], metavar="TOOL",
                      help="treat this remote tool as side-effecting (repeatable)")
+    add.add_argument("--read-only", action="append", default=[], metavar="TOOL",
+                     help="this remote tool only reads, whatever its annotations say (MCP's default for a tool "
+                          "without readOnlyHint: it may change things) (repeatable)")
     add.add_argument("--requires-approval", action="append", default=[], metavar="TOOL",
                      help="a person approves each call of this remote tool (repeatable)")
     add.add_argument("--timeout", type=float, default=None, help="hard cap of one call, seconds")
@@ -83,7 +79,7 @@ def _refused(prog: str, response: Any) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"name": args.name, "side_effects": args.side_effects,
+    body: dict[str, Any] = {"name": args.name, "side_effects": args.side_effects, "read_only": args.read_only,
                             "requires_approval": args.requires_approval}
     if args.url:
         body["url"] = args.url
@@ -134,38 +130,3 @@ def _remove(args: argparse.Namespace) -> int:
         return _refused("remove-mcp", response)
     print(f"removed {args.name}")
     return 0
-
-
-def _stdio(args: argparse.Namespace) -> int:
-    import anyio  # noqa: PLC0415
-    from mcp.server.stdio import stdio_server  # noqa: PLC0415
-
-    from toolrail.settings import get_settings  # noqa: PLC0415
-
-    if args.redis_url:  # the job store and the Celery app publishing its tasks: one Redis (the app reads REDIS_URL)
-        os.environ["REDIS_URL"] = args.redis_url
-        get_settings.cache_clear()
-    from executor.runs.runtime import Runtime  # noqa: PLC0415
-    from executor.worker.tasks import dispatch_call, enqueue_decide  # noqa: PLC0415
-    from mcpbridge.server import McpService, build_server  # noqa: PLC0415
-    from toolrail.redis_embed import redis_url  # noqa: PLC0415
-
-    settings = get_settings()
-    # REDIS_URL or --redis-url, never a guessed default port: nothing set is one line (RedisNotConfiguredError)
-    runtime = Runtime.from_settings(settings, redis_url=redis_url(settings))
-    runtime.redis.ping()  # a missing Redis is one line (toolrail.cli.one_line_error), before the host waits on us
-    server = build_server(McpService(runtime, settings, enqueue_decide, dispatch_call),
-                          tenant_of=lambda ctx: "default", request_id_of=lambda ctx: _request_id())
-
-    async def serve() -> None:
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
-
-    anyio.run(serve)
-    return 0
-
-
-def _request_id() -> str:
-    from toolrail.context import new_request_id  # noqa: PLC0415
-
-    return new_request_id()

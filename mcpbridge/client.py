@@ -26,8 +26,7 @@ from typing import Any
 import redis
 
 from executor.errors import SandboxError
-from executor.calls.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
-from executor.sandbox.boundary import CallRun, SandboxResult
+from executor.ports import CallRun, ConcurrencyLimitedError, ConcurrencyLimiter, Runtime, SandboxResult
 from mcpbridge import providers
 from mcpbridge.pool import pool
 from mcpbridge.session import META_PREFIX, Endpoint, Trouble, call_error, checked_result, invoke
@@ -42,13 +41,13 @@ log = get_logger("toolrail.mcp.client")
 SLOT_WAIT_S = 0.0
 
 
-def tenant_slots(rt: Any) -> ConcurrencyLimiter:
+def tenant_slots(rt: Runtime) -> ConcurrencyLimiter:
     """The per-tenant limiter of MCP calls in flight (a fixed limit: ``mcp_max_concurrent_per_tenant``)."""
     limit = int(rt.settings.mcp_max_concurrent_per_tenant)
     return ConcurrencyLimiter(rt.redis, initial=limit, minimum=limit, maximum=limit, prefix="tr:mcp:tenant")
 
 
-def _timeouts(rt: Any, spec: Any) -> tuple[float, float, float]:
+def _timeouts(rt: Runtime, spec: Any) -> tuple[float, float, float]:
     """(timeout, idle timeout, connect timeout) of a call of ``spec``, under the operator's ceiling."""
     settings = rt.settings
     timeout_s, idle_timeout_s = providers.timeouts({"timeout_s": spec.timeout_s, "idle_timeout_s": spec.idle_timeout_s},
@@ -57,7 +56,7 @@ def _timeouts(rt: Any, spec: Any) -> tuple[float, float, float]:
 
 
 @contextmanager
-def tenant_slot(rt: Any, spec: Any) -> Iterator[None]:
+def tenant_slot(rt: Runtime, spec: Any) -> Iterator[None]:
     """Hold one of the tenant's MCP call slots for the body; none free is ``ConcurrencyLimitedError`` at once (the
     call goes back to its queue). The run loop takes it before the call's idempotency lock (``McpToolSource.admit``),
     so a call sent back holds nothing another delivery would wait for."""
@@ -79,14 +78,14 @@ def tenant_slot(rt: Any, spec: Any) -> Iterator[None]:
             log.warning("mcp.slot_release_failed", tenant=spec.tenant, server=spec.server)
 
 
-def run_call(rt: Any, spec: Any, call: CallRun) -> SandboxResult:
+def run_call(rt: Runtime, spec: Any, call: CallRun) -> SandboxResult:
     """Run one call of an MCP-provided tool from a worker (inside its tenant's slot: :func:`tenant_slot`): the
     sandbox's contract (result type, typed errors)."""
     timeout_s, idle_timeout_s, connect_timeout_s = _timeouts(rt, spec)
     return _run(rt, spec, call, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, connect_timeout_s=connect_timeout_s)
 
 
-def _run(rt: Any, spec: Any, call: CallRun, *, timeout_s: float, idle_timeout_s: float,
+def _run(rt: Runtime, spec: Any, call: CallRun, *, timeout_s: float, idle_timeout_s: float,
          connect_timeout_s: float) -> SandboxResult:
     meta = {f"{META_PREFIX}request_id": call.request_id, f"{META_PREFIX}job_id": call.job_id,
             f"{META_PREFIX}call_id": call.call_id}
@@ -106,7 +105,7 @@ def _run(rt: Any, spec: Any, call: CallRun, *, timeout_s: float, idle_timeout_s:
             except Exception:  # noqa: BLE001
                 pass
 
-    async def one_call(client: Any, trouble: Trouble) -> tuple[dict[str, Any], bool]:
+    async def one_call(client: Any, trouble: Trouble) -> tuple[dict[str, Any] | str, bool]:
         result = await invoke(client, trouble, endpoint, spec.remote_name, call.arguments, names=names,
                               timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, meta=meta,
                               on_progress=on_progress, started=time.monotonic())

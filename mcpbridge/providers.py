@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 import redis
 
+from executor.ports import Runtime
 from mcpbridge.errors import McpServerRejectedError, McpToolRejectedError
 from mcpbridge.session import Endpoint, list_tools
 from mcpbridge.spec import SERVER_NAME, McpToolSpec, check_listed_tool
@@ -90,7 +91,8 @@ class ServerConfig(dict):
 
     @classmethod
     def build(cls, tenant: str, *, name: str, url: str | None = None, command: list[str] | None = None,
-              network: bool = False, side_effects: list[str] = (), requires_approval: list[str] = (),
+              network: bool = False, side_effects: list[str] = (), read_only: list[str] = (),
+              requires_approval: list[str] = (),
               timeout_s: float = 30.0, idle_timeout_s: float = 10.0, memory_mb: int = 1024,
               max_timeout_s: float | None = None, env: dict[str, str] | None = None) -> "ServerConfig":
         if not SERVER_NAME.match(name or ""):
@@ -108,6 +110,7 @@ class ServerConfig(dict):
                                          reason="url_or_command")
         return cls(name=name, tenant=tenant, url=url, command=list(command) if command else None,
                    network=bool(network) if command else True, side_effects=sorted(set(side_effects)),
+                   read_only=sorted(set(read_only) - set(side_effects)),
                    requires_approval=sorted(set(requires_approval)), timeout_s=float(timeout_s),
                    idle_timeout_s=float(idle_timeout_s), memory_mb=int(memory_mb), queue=queue_for(tenant, name),
                    env=dict(env or {}) if command else {})
@@ -144,6 +147,7 @@ def _checked_record(config: dict[str, Any], listed: list[dict[str, Any]], *, reg
             break
         try:
             tool = check_listed_tool(server, index, raw, registry=registry, side_effects=set(config["side_effects"]),
+                                     read_only=set(config.get("read_only") or ()),
                                      approval=set(config["requires_approval"]),
                                      max_description_chars=int(settings.mcp_max_description_chars),
                                      max_schema_bytes=int(settings.max_schema_bytes),
@@ -198,16 +202,13 @@ def known_queues(client: redis.Redis) -> list[str]:
     return sorted(q.decode() if isinstance(q, bytes) else q for q in client.smembers(QUEUES_KEY))
 
 
-def subscribe_workers(queue: str) -> int:
-    """Ask every running worker to consume ``queue`` (Celery's ``add_consumer`` broadcast); replies counted."""
-    from executor.worker.celery import app as celery_app  # noqa: PLC0415 - the broker only where workers are told
-
+def subscribe_workers(rt: Runtime, queue: str) -> int:
+    """Ask every running worker to consume ``queue`` (through the runtime's queues); replies counted."""
     try:
-        replies = celery_app.control.add_consumer(queue, reply=True, timeout=1.0) or []
+        return rt.queues.subscribe(queue) if rt.queues is not None else 0
     except Exception as exc:  # noqa: BLE001 - no broker: workers started later pick the queue up from Redis
         log.warning("mcp.subscribe_failed", queue=queue, error=str(exc))
         return 0
-    return len(replies)
 
 
 def taken_names(client: redis.Redis, tenant: str, server: str) -> dict[str, str]:

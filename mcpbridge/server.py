@@ -5,9 +5,10 @@
     tools/call ──▶ a job with ``tool_calls`` (the store and enqueue of ``POST /v1/jobs``) ──▶ decide task:
         validate → clean → contracts ──▶ the tool's queue: sandbox (or its MCP server), breakers apply
         ◀── the job's event stream: ``progress`` events → ``notifications/progress``; terminal status
-    ◀── CallToolResult: ``structuredContent`` (the result), or ``isError: true`` with the typed error
-        (validation errors included: the model reads them and tries again); ``_meta`` carries the job id
-        and the request id.
+    ◀── CallToolResult: ``structuredContent`` (the result; a plain-text result as text content only), or
+        ``isError: true`` with the typed error (validation errors included: the model reads them and tries
+        again); ``_meta`` carries the job id and the request id. An unknown tool is the JSON-RPC error
+        -32602 (invalid params), as the spec has it; ``GET /mcp`` is 405 (stateless: no server stream).
 
 A client's cancellation cancels the job (``set_status(..., "cancelled")``: calls not started never
 run): the client closing the call's response stream, or its ``notifications/cancelled`` — which, the
@@ -32,23 +33,23 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from mcp.shared.exceptions import MCPError
 from mcp.server import Server
+from mcp.server.stdio import stdio_server
+from mcp_types import INVALID_PARAMS
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
-from executor.runs.submit import cancel, submit
-from executor.api.middleware import LOOPBACK_NAMES
-from executor.api.sse import AsyncRedisFactory
-from executor.api.waiting import settled
-from executor.store.records import JobRecord
+from executor.ports import JobRecord, Jobs
 from mcpbridge.session import META_PREFIX
 from toolrail import tracing
-from toolrail.context import sanitize_request_id
+from toolrail.context import new_request_id, sanitize_request_id
 from toolrail.logging import get_logger
 from toolrail.trace_sinks import TraceClaims
 from tools.errors import UnknownToolError
+from mcpbridge.providers import specs_for
 
-__all__ = ["McpEndpoint", "McpService", "TENANT_SCOPE_KEY", "build_server"]
+__all__ = ["McpEndpoint", "McpService", "TENANT_SCOPE_KEY", "build_server", "serve_stdio"]
 
 log = get_logger("toolrail.mcp.server")
 
@@ -60,17 +61,13 @@ REQUEST_ID_SCOPE_KEY = "toolrail.request_id"
 class McpService:
     """The MCP face of one API process: tool listing and calls for a tenant, over the job store and queue."""
 
-    def __init__(self, runtime: Any, settings: Any, enqueue: Callable[[JobRecord], None],
-                 dispatch: Callable[..., None] | None = None) -> None:
-        self.runtime, self.settings, self.enqueue, self.dispatch = runtime, settings, enqueue, dispatch
-        self._events = AsyncRedisFactory(runtime.redis, block_s=1.0)
+    def __init__(self, jobs: Jobs, settings: Any) -> None:
+        self.jobs, self.runtime, self.settings = jobs, jobs.runtime, settings
         #: Whose a client's trace id is (as ``POST /v1/jobs`` asks): a foreign one starts a new trace, linked to it.
-        self._trace_claims = TraceClaims(runtime.redis, ttl_s=int(getattr(settings, "trace_store_ttl_s", 86400)))
+        self._trace_claims = TraceClaims(self.runtime.redis, ttl_s=int(getattr(settings, "trace_store_ttl_s", 86400)))
 
     def specs(self, tenant: str) -> list[Any]:
         """The tools a tenant sees: the registry's, then its MCP servers' (``mcp__<server>__<tool>``)."""
-        from mcpbridge.providers import specs_for  # noqa: PLC0415
-
         return [*self.runtime.registry.specs(), *specs_for(self.runtime.redis, tenant).values()]
 
     async def list_tools(self, tenant: str) -> types.ListToolsResult:
@@ -92,9 +89,8 @@ class McpService:
         ``rpc_id``: the JSON-RPC id of the client's request, which its ``notifications/cancelled`` names.
         """
         known = {spec.name for spec in await asyncio.to_thread(self.specs, tenant)}
-        if name not in known:
-            return _error_result({"type": "unknown_tool", "message": f"unknown tool {name!r}",
-                                  "details": {"tool": name, "known": sorted(known)[:50]}}, request_id=request_id)
+        if name not in known:  # a protocol error, not a tool's (MCP spec, server/tools "Error Handling")
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {name}", data={"type": "unknown_tool", "tool": name})
         # the tenant as baggage and the trace id's owner checked, as POST /v1/jobs does (a thread: the claim is Redis)
         trace_context = await asyncio.to_thread(tracing.new_job_context, request_id, tenant=tenant,
                                                 claim=self._trace_claims)
@@ -111,8 +107,8 @@ class McpService:
         log.info("mcp.call", job_id=job.job_id, tool=name, tenant=tenant)
         rpc_key = self._rpc_key(tenant, rpc_id)
         if rpc_key is not None:
-            await self._events.client().sadd(rpc_key, job.job_id)
-            await self._events.client().expire(rpc_key, int(self.settings.mcp_call_timeout_s) + 60)
+            await self.jobs.async_redis().sadd(rpc_key, job.job_id)
+            await self.jobs.async_redis().expire(rpc_key, int(self.settings.mcp_call_timeout_s) + 60)
         try:
             status = await self._wait(job.job_id, report=report)
         except anyio.get_cancelled_exc_class():  # the client went away or gave up: so does its job
@@ -122,7 +118,7 @@ class McpService:
         finally:
             if rpc_key is not None:
                 with anyio.CancelScope(shield=True):
-                    await self._events.client().srem(rpc_key, job.job_id)
+                    await self.jobs.async_redis().srem(rpc_key, job.job_id)
         record = await asyncio.to_thread(store.get, job.job_id)
         if status is None:
             return _error_result({"type": "timeout", "message": f"the call did not finish within "
@@ -136,13 +132,13 @@ class McpService:
 
     def cancel_job(self, job_id: str, why: str) -> None:
         """Cancel a job the MCP client gave up on (nothing if it has ended)."""
-        job, _ = cancel(self.runtime, job_id, why)
+        job, _ = self.jobs.cancel(job_id, why)
         log.info("mcp.call_cancelled", job_id=job_id, status=job.status)
 
     async def cancelled(self, tenant: str, rpc_id: Any) -> str | None:
         """A ``notifications/cancelled`` for ``rpc_id``: cancel the one job of ``tenant`` it names; its id, or None."""
         rpc_key = self._rpc_key(tenant, rpc_id)
-        members = await self._events.client().smembers(rpc_key) if rpc_key else set()
+        members = await self.jobs.async_redis().smembers(rpc_key) if rpc_key else set()
         if len(members) != 1:
             return None  # unknown, finished, or ambiguous (two of the tenant's calls share the id): cancel nothing
         job_id = next(iter(members))
@@ -151,9 +147,9 @@ class McpService:
         return job_id
 
     def _submit(self, job: JobRecord) -> None:
-        """``POST /v1/jobs``'s one path (``executor.runs.submit.submit``): its deadline, the client's calls checked and
-        queued straight to their tool queues, a queueing failure ending the job failed."""
-        submit(self.runtime, job, enqueue=self.enqueue, dispatch=self.dispatch)
+        """``POST /v1/jobs``'s one path (``Jobs.submit``): its deadline, the client's calls checked and queued straight
+        to their tool queues, a queueing failure ending the job failed."""
+        self.jobs.submit(job)
 
     async def _wait(self, job_id: str, *, report: Callable[..., Any] | None) -> str | None:
         """Wait on the job's event stream until it settles (ends, or waits for approval), as ``GET /v1/jobs/{id}?wait``
@@ -167,8 +163,7 @@ class McpService:
                 except Exception:  # noqa: BLE001 - a client gone away does not stop the job
                     report = None
 
-        return await settled(self._events.client(), self.runtime.store.events_key(job_id),
-                             wait_s=float(self.settings.mcp_call_timeout_s), block_s=1.0, on_event=progress)
+        return await self.jobs.settled(job_id, wait_s=float(self.settings.mcp_call_timeout_s), on_event=progress)
 
 
 def _meta(job_id: str | None, request_id: str) -> dict[str, Any]:
@@ -190,6 +185,8 @@ def _error_result(error: dict[str, Any], *, request_id: str, job_id: str | None 
 def _result_of(job: JobRecord, *, request_id: str) -> types.CallToolResult:
     """A finished (or paused) job → the MCP result of its one call."""
     call = job.calls[-1] if job.calls else None
+    if job.status == "succeeded" and call is not None and call.status == "succeeded" and isinstance(call.result, str):
+        return types.CallToolResult(content=[types.TextContent(text=call.result)], _meta=_meta(job.job_id, request_id))
     if job.status == "succeeded" and call is not None and call.status == "succeeded":
         value = call.result if isinstance(call.result, dict) else {"result": call.result}
         return types.CallToolResult(content=[types.TextContent(text=json.dumps(value, ensure_ascii=False, default=str))],
@@ -234,7 +231,8 @@ def build_server(service: McpService, *, tenant_of: Callable[[Any], str] | None 
             return await service.call_tool(tenant(ctx), request_id(ctx), params.name, params.arguments, report=report,
                                            rpc_id=getattr(ctx, "request_id", None))
         except UnknownToolError as exc:  # a server-provided tool gone between listing and call
-            return _error_result(exc.to_dict(), request_id=request_id(ctx))
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}",
+                           data={"type": "unknown_tool", "tool": params.name, "message": str(exc)}) from None
 
     async def on_cancelled(ctx: Any, params: types.CancelledNotificationParams) -> None:
         if params.request_id is not None:
@@ -249,13 +247,25 @@ def build_server(service: McpService, *, tenant_of: Callable[[Any], str] | None 
     return server
 
 
+def serve_stdio(jobs: Jobs, settings: Any) -> None:
+    """MCP on this process's stdin/stdout for a local host (tenant ``default``), until the host closes it."""
+    server = build_server(McpService(jobs, settings), tenant_of=lambda ctx: "default",
+                          request_id_of=lambda ctx: new_request_id())
+
+    async def serve() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(serve)
+
+
 class McpEndpoint:
     """The ASGI app at ``/mcp``: authentication, the tenant's rate limit, then the SDK's session manager."""
 
-    def __init__(self, server: Server, *, tenants: dict[str, str], rate_limiter: Any = None, allowed_hosts: str = "",
-                 allowed_origins: str = "") -> None:
+    def __init__(self, server: Server, *, tenants: dict[str, str], loopback_names: tuple[str, ...],
+                 rate_limiter: Any = None, allowed_hosts: str = "", allowed_origins: str = "") -> None:
         self._server, self._tenants, self._limiter = server, tenants, rate_limiter
-        self._hosts = [*LOOPBACK_NAMES, *(h.strip().lower() for h in allowed_hosts.split(",") if h.strip())]
+        self._hosts = [*loopback_names, *(h.strip().lower() for h in allowed_hosts.split(",") if h.strip())]
         self._origins = [o.strip().lower().rstrip("/") for o in allowed_origins.split(",") if o.strip()]
         self._asgi: StreamableHTTPASGIApp | None = None
 
@@ -309,6 +319,10 @@ class McpEndpoint:
                 await _reply(send, 429, "rate_limited", f"rate limit exceeded; retry in {decision.retry_after_s:.2f} s",
                              extra=[(b"retry-after", str(max(1, int(decision.retry_after_s + 0.999))).encode())])
                 return
+        if scope.get("method") == "GET":  # stateless: no server-initiated stream (the spec's 405, not an idle stream)
+            await _reply(send, 405, "method_not_allowed", "/mcp takes POST (stateless streamable HTTP: no GET stream)",
+                         extra=[(b"allow", b"POST")])
+            return
         if self._asgi is None:  # the app's lifespan has not started it (or has ended)
             await _reply(send, 503, "unavailable", "the MCP endpoint is not running")
             return

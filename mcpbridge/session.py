@@ -437,8 +437,9 @@ def _text(result: types.CallToolResult) -> str:
     return "\n".join(parts)[:4000]
 
 
-def checked_result(result: types.CallToolResult, *, names: dict[str, str], output_schema: dict[str, Any] | None) -> dict[str, Any]:
-    """The result as JSON for the job record, or the typed error it stands for."""
+def checked_result(result: types.CallToolResult, *, names: dict[str, str],
+                   output_schema: dict[str, Any] | None) -> dict[str, Any] | str:
+    """The result as JSON for the job record (a plain-text answer as its text), or the typed error it stands for."""
     if result.is_error:
         message = _text(result) or "the tool reported an error"
         raise ToolRaisedError(f"{names['tool_name']} (MCP server {names['server']!r}) answered with an error: "
@@ -461,9 +462,13 @@ def checked_result(result: types.CallToolResult, *, names: dict[str, str], outpu
             raise McpTooLargeError(f"{names['tool_name']} (MCP server {names['server']!r}) returned a result of {size} "
                                    f"bytes, over {MAX_RESULT_BYTES}", **names, limit_bytes=MAX_RESULT_BYTES, size=size)
         return value
-    text = _text(result)
+    text = "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+    if len(text.encode()) > MAX_RESULT_BYTES:
+        raise McpTooLargeError(f"{names['tool_name']} (MCP server {names['server']!r}) returned text of "
+                               f"{len(text.encode())} bytes, over {MAX_RESULT_BYTES}", **names,
+                               limit_bytes=MAX_RESULT_BYTES, size=len(text.encode()))
     try:
         value = json.loads(text)
     except ValueError:
-        return {"text": text}
+        return text  # plain text stays text: the tool message's content, MCP's text content
     return value if isinstance(value, dict) else {"result": value}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any
 
-from executor.sandbox.boundary import CallRun, SandboxResult
+from executor.ports import CallRun, Runtime, SandboxResult
 
 __all__ = ["MCP_TOOLS", "McpToolSource"]
 
@@ -18,7 +18,7 @@ __all__ = ["MCP_TOOLS", "McpToolSource"]
 class McpToolSource:
     """Tools that a tenant's registered MCP servers provide."""
 
-    def specs(self, rt: Any, tenant: str, names: list[str] | None = None) -> dict[str, Any]:
+    def specs(self, rt: Runtime, tenant: str, names: list[str] | None = None) -> dict[str, Any]:
         from mcpbridge.providers import specs_for  # noqa: PLC0415 - the MCP SDK only where MCP tools are asked for
 
         return specs_for(rt.redis, tenant, names)
@@ -26,13 +26,13 @@ class McpToolSource:
     def owns(self, spec: Any) -> bool:
         return getattr(spec, "server", None) is not None
 
-    def admit(self, rt: Any, spec: Any) -> AbstractContextManager[None]:
+    def admit(self, rt: Runtime, spec: Any) -> AbstractContextManager[None]:
         """One of the tenant's MCP call slots, held from before the call's idempotency lock to its end."""
         from mcpbridge.client import tenant_slot  # noqa: PLC0415
 
         return tenant_slot(rt, spec)
 
-    def run(self, rt: Any, spec: Any, call: CallRun) -> SandboxResult:
+    def run(self, rt: Runtime, spec: Any, call: CallRun) -> SandboxResult:
         from mcpbridge.client import run_call  # noqa: PLC0415
 
         return run_call(rt, spec, call)

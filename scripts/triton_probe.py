@@ -12,7 +12,12 @@ Checks, each recorded with what was seen:
 4. ``hangup``: a second client starts a long generation and closes its stream after the first
    text (a decide worker that dies mid-request); the server must go on answering the first
    client's guided requests (no batch slot or BLS instance left stuck).
-5. ``raw_stream``: one request sent on a raw gRPC stream without, then with,
+5. ``qwen_format``: a tool call forced in the Hermes / Qwen2.5 syntax (``<tool_call>{json}</tool_call>``):
+   the structural tag of one tool whose only field is an enum of one marker, sent as its EBNF
+   (``guided_decoding_guide_type=ebnf_grammar``, what the decider sends for a native format); the
+   output must hold exactly that call, read by the decider's own parser for the format. This is the
+   check that proves TensorRT-LLM's xgrammar takes the EBNF that toolrail's xgrammar prints.
+6. ``raw_stream``: one request sent on a raw gRPC stream without, then with,
    ``triton_enable_empty_final_response``: whether a response flagged
    ``triton_final_response`` arrives within ``--raw-timeout`` seconds. For the release's BLS,
    Triton forwards the closing empty response only with the opt-in (``expected_final_without_opt_in``
@@ -42,6 +47,7 @@ from tritonclient.grpc import service_pb2_grpc  # noqa: E402
 
 from decider.backend import GenerationRequest  # noqa: E402
 from decider.triton import TritonBackend  # noqa: E402
+from decider.tool_formats import get_tool_format  # noqa: E402
 from decider.triton_wire import ENABLE_EMPTY_FINAL, FINAL_RESPONSE  # noqa: E402
 
 MARKERS = [f"m{index:02d}{chr(97 + index % 26)}" for index in range(16)]
@@ -162,6 +168,22 @@ async def _raw_final(backend: TritonBackend, *, opt_in: bool, timeout: float) ->
             "last": seen[-1] if seen else None}
 
 
+async def _qwen_format(backend: TritonBackend, tokenizer: Any, marker: str = "q07x") -> dict[str, Any]:
+    hermes = get_tool_format("hermes")
+    ebnf = hermes.ebnf([("echo_marker", marker_schema(marker))], allow_text=False, max_calls=1, calls_schema={})
+    request = GenerationRequest(request_id="probe-qwen", prompt=render(tokenizer, f"Call echo_marker. marker={marker}"),
+                                ebnf_grammar=ebnf, max_tokens=64)
+    try:
+        text, reason = await _generate(backend, request)
+    except Exception as exc:  # noqa: BLE001 - recorded
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    reader = hermes.parser("probe-qwen")
+    reader.feed(text)
+    calls = [(c.name, c.arguments) for c in reader.finish().tool_calls]
+    return {"ok": calls == [("echo_marker", {"marker": marker})] and text.lstrip().startswith("<tool_call>"),
+            "text": text, "finish_reason": reason, "calls": calls}
+
+
 async def probe(url: str, model: str, *, tokenizer: Any = None, raw_timeout: float = 20.0,
                 request_timeout: float = 120.0) -> dict[str, Any]:
     """Run every check against ``url``/``model``; returns the report."""
@@ -187,6 +209,7 @@ async def probe(url: str, model: str, *, tokenizer: Any = None, raw_timeout: flo
             checks["length"] = {"ok": reason == "length", "finish_reason": reason}
         except Exception as exc:  # noqa: BLE001
             checks["length"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        checks["qwen_format"] = await _qwen_format(backend, tokenizer)
         checks["hangup"] = await _hangup(backend, tokenizer, timeout=request_timeout)
         without = await _raw_final(backend, opt_in=False, timeout=raw_timeout)
         with_opt_in = await _raw_final(backend, opt_in=True, timeout=raw_timeout)

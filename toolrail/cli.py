@@ -82,7 +82,7 @@ def one_line_error(exc: BaseException) -> str | None:
     from pydantic import ValidationError  # noqa: PLC0415
 
     from decider.model import ModelError  # noqa: PLC0415
-    from toolrail.redis_embed import EmbeddedRedisError, RedisNotConfiguredError  # noqa: PLC0415
+    from toolrail.redis_embed import EmbeddedRedisError, RedisNotConfiguredError, RedisUrlError  # noqa: PLC0415
 
     if isinstance(exc, httpx.TransportError):
         url = exc.request.url if _has_request(exc) else "the API"
@@ -93,14 +93,15 @@ def one_line_error(exc: BaseException) -> str | None:
         return f"cannot reach Redis: {_reason(exc)} (check REDIS_URL or `toolrail serve --redis-url`)"
     if isinstance(exc, EmbeddedRedisError):
         return f"embedded Redis: {exc}"
-    if isinstance(exc, (RedisNotConfiguredError, ModelError)):  # their messages name the variable
+    if isinstance(exc, (RedisNotConfiguredError, RedisUrlError, ModelError)):  # their messages name the variable
         return str(exc)
     if isinstance(exc, ValidationError) and exc.title == "Settings":
         from toolrail.settings import Settings, env_names  # noqa: PLC0415
 
         fields = [str(error["loc"][0]) if error.get("loc") else "?" for error in exc.errors()]
         names = [env_names(field)[0] if field in Settings.model_fields else field for field in fields]
-        return "invalid setting " + "; ".join(f"{name}: {error['msg']}" for name, error in zip(names, exc.errors()))
+        return "invalid setting " + "; ".join(f"{name}: {error['msg'].removeprefix('Value error, ')}"
+                                              for name, error in zip(names, exc.errors()))
     return None
 
 

@@ -2,10 +2,11 @@
 
 Two groups, each a seam the executor owns and an extension fills:
 
-- ``toolrail.api``: ``mount(app, *, settings, runtime, enqueue, dispatch)`` adds routes to the job API
-  (mcpbridge's ``/mcp`` and ``/v1/mcp-servers``);
-- ``toolrail.tool_sources``: a source of tools beyond the registry, each with the sandbox that runs its
-  calls (mcpbridge's MCP servers: an MCP tool is run by its server's client, not the process sandbox).
+- ``toolrail.api``: ``mount(app, api)`` adds routes to the job API, given its context
+  (``executor.ports.ApiContext``: settings, jobs, tenant, errors, rate limit; mcpbridge's ``/mcp`` and
+  ``/v1/mcp-servers``);
+- ``toolrail.tool_sources``: a source of tools beyond the registry (``executor.ports.ToolSource``), each with the
+  sandbox that runs its calls (mcpbridge's MCP servers: an MCP tool is run by its server's client, not the process sandbox).
 
 So the API and the run loop never import an extension: one points at the other only through here.
 """

@@ -24,11 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from toolrail.lifeline import dies_with_parent
+
 if TYPE_CHECKING:
     from toolrail.settings import Settings
 
-__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "RedisNotConfiguredError", "display_url", "ensure_redis",
-           "find_redis_server", "free_port", "redis_url"]
+__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "REDIS_SCHEMES", "RedisNotConfiguredError", "RedisUrlError",
+           "check_redis_url", "display_url", "ensure_redis", "find_redis_server", "free_port", "redis_url"]
+
+#: What a Redis URL starts with (redis-py's ``from_url``).
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -40,6 +45,19 @@ class RedisNotConfiguredError(RuntimeError):
 
     def __init__(self) -> None:
         super().__init__("no Redis configured: set REDIS_URL (your Redis, or the one `toolrail serve` started)")
+
+
+class RedisUrlError(ValueError):
+    """A Redis URL without a scheme redis-py knows (``localhost:6379``): one line, before anything connects."""
+
+
+def check_redis_url(url: str, *, source: str = "REDIS_URL") -> str:
+    """``url`` when it starts with one of ``REDIS_SCHEMES``, else :class:`RedisUrlError` naming ``source``."""
+    if not url.startswith(REDIS_SCHEMES):
+        shown = display_url(url if "://" in url else f"redis://{url}").removeprefix("redis://" if "://" not in url else "")
+        hint = f" (e.g. redis://{shown})" if "://" not in url else ""
+        raise RedisUrlError(f"{source} must start with redis://, rediss:// or unix://, not {shown!r}{hint}")
+    return url
 
 
 def redis_url(settings: Settings) -> str:
@@ -103,7 +121,8 @@ class EmbeddedRedis:
             "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes", "--databases", "64",
             "--logfile", str(self.data_dir / "redis.log"),
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                                        preexec_fn=dies_with_parent())  # never outlives its starter, even SIGKILLed
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

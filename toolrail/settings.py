@@ -110,7 +110,9 @@ class Settings(BaseSettings):
     max_schema_depth: int = Field(default=24, ge=2)
     """Deepest nesting of an inline tool schema (422 above); recursive `$ref` is always refused."""
     max_tokens_cap: int = Field(default=1024, ge=1)
-    """Largest `max_tokens` / `max_completion_tokens` one chat completion may ask for (400 above)."""
+    """Most tokens one chat completion or response decodes: a larger `max_tokens` / `max_completion_tokens` /
+    `max_output_tokens` is clamped to it (the answer's `toolrail.max_tokens` says so); only one past the model's
+    context is refused (400)."""
     sse_heartbeat_s: float = Field(default=15.0, gt=0)
     """Seconds between heartbeat comments on an idle `/v1/jobs/{id}/events` stream (they also find closed
     connections)."""
@@ -309,6 +311,13 @@ class Settings(BaseSettings):
             except (binascii.Error, ValueError):
                 raise ValueError("a webhook secret is whsec_ followed by the base64 of a key") from None
         return value
+
+    @field_validator("redis_url", mode="after")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        from toolrail.redis_embed import check_redis_url  # noqa: PLC0415 - the one check, also for serve --redis-url
+
+        return None if value is None else check_redis_url(value)
 
     @field_validator("log_level", mode="after")
     @classmethod

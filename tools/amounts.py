@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import regex
@@ -33,7 +33,9 @@ from babel import Locale
 from babel.core import get_global
 from babel.numbers import NumberFormatError, get_currency_name, get_currency_precision, parse_decimal
 
-__all__ = ["LOCALES", "FieldUnit", "StatedAmount", "currency_words", "field_unit", "find_amounts", "unit_errors"]
+from tools.languages import languages
+
+__all__ = ["FieldUnit", "LOCALES", "StatedAmount", "currency_words", "field_unit", "find_amounts", "unit_errors"]
 
 #: Locales whose currency symbols and names are read, and whose decimal conventions a number may follow.
 LOCALES = ("en", "en_US", "en_GB", "en_CA", "en_AU", "en_IN", "zh", "zh_Hant", "ja", "de", "fr", "es", "es_MX",
@@ -92,8 +94,6 @@ def _active_currencies() -> frozenset[str]:
 @cache
 def currency_words() -> dict[str, frozenset[str]]:
     """Every way :data:`LOCALES` write a current currency (casefolded) → the currencies it may name."""
-    from tools.evidence import languages  # noqa: PLC0415 - evidence imports this module
-
     words: dict[str, set[str]] = {}
     active = _active_currencies()
 
@@ -161,7 +161,11 @@ def _readings(number: str, currencies: Iterable[str]) -> frozenset[Decimal]:
     """The values ``number`` may be, under each decimal convention, with no more decimals than the currency has."""
     if number.isdigit():
         return frozenset({Decimal(number)})
-    places = max((get_currency_precision(code) for code in currencies), default=2)
+    return _readings_with(number, max((get_currency_precision(code) for code in currencies), default=2))
+
+
+@lru_cache(maxsize=4096)
+def _readings_with(number: str, places: int) -> frozenset[Decimal]:
     found = set()
     for name, point in zip(NUMBER_LOCALES, (".", ",", ",", ".")):
         written = number.replace(" ", "\u202f") if name == "fr" else number.replace("'", "’") if name == "de_CH" else number
@@ -184,7 +188,10 @@ def find_amounts(text: str, spans: Iterable[tuple[int, int, float]], multipliers
     "$5", "5 USD", "five dollars", "5,00 €", "500元", "$2k" (``multipliers``: the language files' suffixes)."""
     multipliers = multipliers or {}
     numbers: list[tuple[int, int, str | float]] = [(m.start(), m.end(), m.group()) for m in _NUMBER.finditer(text)]
-    numbers += [span for span in spans if not any(s <= span[0] <= e for s, e, _ in numbers)]  # 3万: a suffix
+    digits = bytearray(len(text) + 1)  # where digits are written, and the character right after (3万: a suffix)
+    for start, end, _ in numbers:
+        digits[start:end + 1] = b"\x01" * (end + 1 - start)
+    numbers += [span for span in spans if not digits[span[0]]]
     amounts, used = [], set()
     for start, end, number in numbers:
         factor, suffix = _multiplier(text, end, multipliers)

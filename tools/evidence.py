@@ -23,8 +23,6 @@ import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
-from functools import cache
-from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
@@ -32,6 +30,7 @@ import regex
 from dateutil.relativedelta import relativedelta, weekday
 
 from tools.amounts import StatedAmount, find_amounts
+from tools.languages import languages
 
 __all__ = [
     "ConversationValues",
@@ -49,7 +48,6 @@ __all__ = [
 ]
 
 DEFAULT_ROLES = ("user", "tool")
-LANG_DIR = Path(__file__).with_name("lang")
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK_LATIN_GAP = re.compile(rf"(?<=[{_CJK}])\s+(?=[^\s{_CJK}])|(?<=[^\s{_CJK}])\s+(?=[{_CJK}])")
@@ -64,12 +62,6 @@ _WORD_CHAR = regex.compile(r"[\p{L}\p{M}\p{N}_]")
 #: Clock times (10:30) give their hour and minute as numbers.
 _CLOCK = re.compile(r"(?<![\d:])(\d{1,2}):(\d{2})(?![\d:])")
 _LATIN_WORD = re.compile(r"[^\W\d_]+(?:[\-'][^\W\d_]+)*")
-
-
-@cache
-def languages() -> dict[str, dict[str, Any]]:
-    """Every language data file, by its code (``en``, ``zh``, …)."""
-    return {path.stem: json.loads(path.read_text("utf-8")) for path in sorted(LANG_DIR.glob("*.json"))}
 
 
 def message_text(message: Mapping[str, Any]) -> str:
@@ -290,9 +282,11 @@ class ConversationValues:
         amounts, used = find_amounts(text, words, multipliers)
         clocks = [float(n) for hour, minute in _CLOCK.findall(text) for n in (hour, minute)]
         day = today or reference_day()
+        in_amounts = bytearray(len(text))  # the characters of numbers an amount uses
+        for start, end in used:
+            in_amounts[start:end] = b"\x01" * (end - start)
         return cls(text=text, numbers=frozenset([value for _, _, value in spans] + clocks), months=frozenset(months),
-                   bare=frozenset([v for s, e, v in spans if not any(s < u_end and u_start < e for u_start, u_end in used)]
-                                  + clocks),
+                   bare=frozenset([v for s, e, v in spans if in_amounts.find(1, s, e) < 0] + clocks),
                    amounts=tuple(amounts), dates=frozenset(_relative_dates(text, day)), today=day)
 
     def find(self, value: str, start: int = 0) -> int:

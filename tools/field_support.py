@@ -16,7 +16,7 @@ the reason) or ``absent`` (a grounding finding: re-asked, then review). What eac
 - **a number with a unit** (``x-unit``, :mod:`tools.amounts`): an amount stated in a compatible currency and
   converted to the field's scale ("5 dollars" is 500 in USD cents; "5,00 €" states nothing for a USD field);
   a number stated without a currency is stated for a field of major units and unclear for minor units (500
-  what?); an amount whose decimal convention is unclear ("1.500 €" read two ways... only when both fit) is unclear.
+  what?); an amount two decimal conventions read as different values, both fitting the currency, is unclear.
 - **a number without a unit**: stated without a currency; stated only with one ("12 euros") is unclear —
   the field says nothing about what 12 means.
 """
@@ -33,9 +33,10 @@ from typing import Any, Literal
 import regex
 
 from tools.amounts import field_unit
-from tools.evidence import ConversationValues, languages
+from tools.evidence import ConversationValues
+from tools.languages import languages
 
-__all__ = ["ROLES", "Field", "Support", "confusable", "date_supported", "field_role", "judge", "role_at"]
+__all__ = ["Field", "ROLES", "Support", "confusable", "date_supported", "field_role", "judge", "role_at", "unit_candidates"]
 
 ROLES = ("source", "destination")
 _OPPOSITE = {"source": "destination", "destination": "source"}
@@ -227,6 +228,18 @@ def _number(value: float, fld: Field, evidence: ConversationValues, call: Mappin
         return Support("absent", f"{value!r} in {unit.describe(call)} is not what was stated "
                                  f"({others[0].said} {_name(others[0].currencies)})")
     return Support("absent")
+
+
+def unit_candidates(leaf: Mapping[str, Any], evidence: ConversationValues) -> list[float] | None:
+    """The numbers a field with a fixed-currency ``x-unit`` may take in this conversation: the stated amounts in
+    its currency, in its scale (500 for "5 dollars" in USD cents), and the numbers said without a currency (a
+    person decides those for a minor unit). None: the field has no such unit (the caller keeps its numbers)."""
+    unit = field_unit("", leaf, {})
+    if unit is None or unit.currency is None:
+        return None
+    found = {float(unit.in_field(v, unit.currency)) for a in evidence.amounts if unit.currency in a.currencies
+             for v in a.values}
+    return sorted(found | evidence.bare)
 
 
 def _name(currencies: frozenset[str]) -> str:

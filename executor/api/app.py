@@ -47,6 +47,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from decider.checked import client_turn
+from executor.api.console import console_router
+from executor.api.context import ApiSurface, JobDesk
 from executor.api.bodies import ApiError, ApprovalBody, JobCreate, NamedChoice, RejectionBody, ReviewBody
 from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
@@ -57,22 +59,28 @@ from executor.errors import ExecutorError, JobNotFoundError
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector, PublicView
 from executor.api.ratelimit import install_load_control, rate_limited
 from executor.api.readiness import Readiness
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from executor.runs.submit import cancel, submit
-from executor.worker.config import worker_queues
+from executor.worker.config import task_time_limit_for, worker_queues
 from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
-from executor.api.waiting import JobWaiter
+from executor.api.waiting import JobWaiter, RecordResponse
 from executor.store.records import CallRecord, JobRecord
-from executor.runs.tracing_hooks import in_job_trace, instrument_api, message_age_s, trace_router
+from executor.api.tracing import instrument_api, trace_router
+from executor.worker.tracing import in_job_trace, message_age_s
 from toolrail import tracing
 from toolrail.extensions import API_GROUP, installed
-from toolrail.logging import get_logger
+from toolrail.logging import configure_logging, get_logger
 from toolrail.settings import Settings, get_settings
 from toolrail.trace_sinks import TraceClaims
 from tools.errors import SchemaRejectedError, UnknownToolError
 from tools.schema_guard import check_client_schema
 from tools.spec import ToolSpec
 from tools.validator import validator_for
+from executor.runs.review import review
+from executor.runs.approvals import resolve
+from executor.runs.reconcile import Reconciler
+from executor.runs.webhooks import deliveries
+from decider.model import DEFAULT_MODEL_NAME
 
 __all__ = ["ApiError", "JobCreate", "app_from_environment", "create_app"]
 
@@ -122,8 +130,6 @@ def app_from_environment() -> FastAPI:
     frozen: the collector no longer walks it, and its first full collection under load no longer stalls every
     request in flight (110-150 ms at 16 clients; bench/results/executor.md). Not for a process that builds and
     drops apps (tests: ``create_app``): what it froze would never be collected."""
-    from toolrail.logging import configure_logging  # noqa: PLC0415
-
     configure_logging()
     settings = get_settings()
     app = create_app(settings, Runtime.from_settings(settings))
@@ -136,10 +142,14 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                ping_workers: Callable[[], int] | None = None, mount_openai: bool | None = None,
                rerun: Callable[[JobRecord, CallRecord], None] | None = None) -> FastAPI:
     """Build the API over a runtime. ``enqueue`` queues a job's decide step and ``rerun`` one call on its tool queue
-    (Celery by default; with ``enqueue`` given and no ``rerun``, approvals and the reconciler are off)."""
+    (the runtime's queues by default, Celery's where it has none; with ``enqueue`` given and no ``rerun``, approvals
+    and the reconciler are off). Webhooks go out on the runtime's queues."""
+    if runtime.queues is None:  # the deployment's Celery queues, unless the runtime brings its own
+        from executor.worker.tasks import QUEUES  # noqa: PLC0415 - the Celery app reads REDIS_URL at import
+
+        runtime.queues = QUEUES
     if enqueue is None:
-        from executor.worker.tasks import dispatch_call as rerun  # noqa: PLC0415
-        from executor.worker.tasks import enqueue_decide as enqueue  # noqa: PLC0415
+        enqueue, rerun = runtime.queues.decide, runtime.queues.dispatch
     if ping_workers is None:
         ping_workers = _celery_ping
     tenants = settings.tenants_by_key()
@@ -148,9 +158,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         reconciler = None
         if rerun is not None and settings.reconcile_interval_s > 0:
-            from executor.worker.config import task_time_limit_for  # noqa: PLC0415
-            from executor.runs.reconcile import Reconciler  # noqa: PLC0415
-
             limit = settings.task_time_limit_s or task_time_limit_for(settings.visibility_timeout_s)
             reconciler = Reconciler(runtime, interval_s=settings.reconcile_interval_s,
                                     stale_after_s=settings.visibility_timeout_s + limit,
@@ -256,15 +263,17 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         raise ApiError(404, "model_not_found", f"model {model_id!r} is not served here", model=model_id)
 
     @app.post("/v1/jobs", status_code=202, tags=["jobs"])
-    async def create_job(body: JobCreate, request: Request, tenant: Tenant,
+    async def create_job(body: JobCreate, request: Request, tenant: Annotated[str, Depends(tenant_of)],
                          idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
                          prefer: Annotated[str | None, Header(max_length=200)] = None) -> JSONResponse:
         """202 with the job's id; with ``Prefer: wait=S``, 200 with the record once it settles within S
-        (``executor.api.waiting``)."""
+        (``executor.api.waiting``). The tenant is charged its token in the same thread as the job's own Redis work:
+        one hand-off to the thread pool per submit, not one for the rate limit and one for the job."""
         job, created = await run_in_threadpool(_create_job, body, request.state.request_id, tenant, idempotency_key)
         return await waiter.submitted(job, created=created, prefer=prefer)
 
     def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None) -> tuple[JobRecord, bool]:
+        app.state.rate_limiter.check(tenant)
         names, inline = _resolve_tools(runtime, body, settings, tenant=tenant)
         if not body.messages and body.tool_calls is None and body.raw_output is None:
             raise ApiError(422, "validation_error", "give messages to decide on, or tool_calls / raw_output to validate")
@@ -324,8 +333,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     def review_job(job_id: str, tenant: Tenant, body: ReviewBody) -> dict[str, Any]:
         """Resolve a job in ``needs_review``: run the given calls instead (validated again), end it with a text
         answer, or reject the model's proposal (the model sees the reason and decides again)."""
-        from executor.runs.review import review  # noqa: PLC0415
-
         runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 first: unknown jobs, other tenants
         if rerun is None:
             raise ApiError(503, "unavailable", "this API process does not queue work")
@@ -335,8 +342,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return job.public()
 
     def _resolve(job_id: str, call_id: str, tenant: str, decision: Literal["approve", "reject"], **answer: Any) -> dict[str, Any]:
-        from executor.runs.approvals import resolve  # noqa: PLC0415
-
         runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 first: unknown jobs, other tenants
         if rerun is None:
             raise ApiError(503, "unavailable", "this API process does not queue work")
@@ -351,16 +356,14 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return {"jobs": runtime.store.list_jobs(tenant, limit=limit)}
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
-    async def get_job(job_id: str, tenant: Tenant, wait: Annotated[float, Query(ge=0)] = 0) -> dict[str, Any]:
+    async def get_job(job_id: str, tenant: Tenant, wait: Annotated[float, Query(ge=0)] = 0) -> RecordResponse:
         """The record: status, each step with its calls and results, the answer; webhook deliveries when it has any.
         ``wait=S``: answered the moment the job settles (ends or waits for a person), or after S (at most 60)."""
         job = await waiter.job(_checked_id(job_id), tenant=tenant, wait_s=wait)
         data = job.public()
         if job.webhook_url or settings.webhook_urls:
-            from executor.runs.webhooks import deliveries  # noqa: PLC0415
-
             data["webhooks"] = await run_in_threadpool(deliveries, runtime, job.job_id)
-        return data
+        return RecordResponse(data)
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
     def cancel_job(job_id: str, tenant: Tenant, request: Request) -> JSONResponse:
@@ -394,21 +397,31 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     app.include_router(trace_router(runtime, Tenant))
+    app.include_router(console_router(runtime, settings, Tenant, stream_slots=stream_slots))  # /console, /v1/console/*
     if mount_openai is None:
         mount_openai = settings.decider in {"embedded", "triton"}
     if mount_openai:
         try:
-            from decider.openai_api import ChatLimits, create_router  # noqa: PLC0415 - heavy (torch); the model loads on first use
+            from decider.embedded import DEFAULT_MAX_SEQ_LEN  # noqa: PLC0415 - heavy (torch); the model loads on first use
+            from decider.openai_api import ChatLimits, create_router  # noqa: PLC0415
+            from decider.responses_api import create_router as responses_router  # noqa: PLC0415
+            from executor.api.responses import JobResponses  # noqa: PLC0415 - only with the decider's modules
 
-            app.include_router(create_router(limits=ChatLimits(max_tokens=settings.max_tokens_cap,
-                                                               max_schema_bytes=settings.max_schema_bytes,
-                                                               max_schema_depth=settings.max_schema_depth),
+            limits = ChatLimits(max_tokens=settings.max_tokens_cap, max_schema_bytes=settings.max_schema_bytes,
+                                max_schema_depth=settings.max_schema_depth,
+                                context_tokens=None if settings.decider == "triton" else DEFAULT_MAX_SEQ_LEN)
+            models = [m["id"] for m in _served_models(settings, created=started_at)]
+            app.include_router(create_router(limits=limits, models=models,
                                              dependencies=[Depends(rate_limited(tenant_of))]), prefix="/v1")
+            app.include_router(responses_router(store=JobResponses(runtime.store), tenant_of=rate_limited(tenant_of),
+                                                limits=limits, models=models), prefix="/v1")
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     app.state.lifespans = []  # an extension's background work, run for as long as the app serves
+    surface = ApiSurface(settings, JobDesk(runtime, enqueue, rerun), Depends(rate_limited(tenant_of)),
+                         rate_limiter=getattr(app.state, "rate_limiter", None))
     for mount in installed(API_GROUP):  # mcpbridge: /mcp, /v1/mcp-servers
-        mount(app, settings=settings, runtime=runtime, enqueue=enqueue, dispatch=rerun)
+        mount(app, surface)
     return app
 
 
@@ -423,8 +436,6 @@ def _served_models(settings: Settings, *, created: int) -> list[dict[str, Any]]:
     elif settings.decider == "custom":
         model_id = settings.model or "custom"
     else:
-        from decider.model import DEFAULT_MODEL_NAME  # noqa: PLC0415
-
         model_id = settings.model or DEFAULT_MODEL_NAME
     return [{"id": model_id, "object": "model", "created": created, "owned_by": "toolrail", "backend": settings.decider}]
 

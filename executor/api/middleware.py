@@ -233,6 +233,8 @@ async def _refuse(send: Callable, status: int, kind: str, message: str, details:
 
 
 _REQUEST_ID_KEY = REQUEST_ID_HEADER.lower().encode()
+#: Paths that probes and scrapers poll: their requests are logged at DEBUG only.
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 class Correlate:
@@ -277,7 +279,9 @@ class Correlate:
         elapsed = time.perf_counter() - started
         path = scope.get("path", "")
         self.latency.labels(scope["method"], route_template(Request(scope)), str(status[0])).observe(elapsed)
-        if path not in {"/healthz", "/metrics"}:
+        if path in _PROBES:  # polled every few hundred ms (serve's own start, orchestrators): not news at INFO
+            log.debug("http.request", method=scope["method"], path=path, status=status[0])
+        else:
             log.info("http.request", method=scope["method"], path=path, status=status[0], duration_ms=round(elapsed * 1000, 2))
 
 

@@ -20,8 +20,9 @@ from tools.check import CallCheck
 from decider.protocol import DecideRequest
 from executor import metrics
 from executor.runs import policy as runs
+from executor.runs import webhooks
 from executor.runs.progress_events import progress_recorder
-from executor.runs.runtime import Runtime
+from executor.ports import Runtime
 from executor.calls.pipeline import Invocation
 from executor.sandbox.boundary import CallRun
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord, StoredJob
@@ -85,8 +86,6 @@ def set_status(rt: Runtime, job_id: str, status: str, *, mutate: Callable[[JobRe
 def notify(rt: Runtime, job: JobRecord) -> None:
     """Queue the webhook of the job's new status, if it has one (``notify_status`` never raises, never waits on
     the receiver)."""
-    from executor.runs import webhooks  # noqa: PLC0415 - webhooks defines a Celery task; the app loads with the first use
-
     webhooks.notify_status(rt, job)
 
 

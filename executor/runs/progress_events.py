@@ -19,7 +19,7 @@ from toolrail.logging import get_logger
 from tools.context import PROGRESS_MAX_PER_S
 
 if TYPE_CHECKING:
-    from executor.runs.runtime import Runtime
+    from executor.ports import Runtime
 
 __all__ = ["MAX_EVENTS_PER_CALL", "progress_recorder"]
 

@@ -18,8 +18,9 @@ from typing import Any
 
 from executor.errors import ApprovalConflictError, StoreUnavailableError
 from executor.runs import policy
+from executor.runs.webhooks import finish_delivery
 from executor.runs.loop import Dispatch, NextStep, advance, check_client_output, set_status, start_checked
-from executor.runs.runtime import Runtime
+from executor.ports import Runtime
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, JobRecord
 from toolrail.logging import get_logger
 
@@ -114,9 +115,7 @@ def end_stranded(rt: Runtime, task: str, args: list[Any], exc: BaseException, *,
         elif task == "toolrail.run_call" and len(args) >= 2:
             _end_call(rt, str(args[0]), str(args[1]), exc, next_step)
         elif task == "toolrail.deliver_webhook" and len(args) >= 2:
-            from executor.runs.webhooks import _finish  # noqa: PLC0415 - the delivery's one end
-
-            _finish(rt, str(args[0]), str(args[1]), state="failed", outcome="error", reason=type(exc).__name__)
+            finish_delivery(rt, str(args[0]), str(args[1]), state="failed", outcome="error", reason=type(exc).__name__)
     except Exception as error:  # noqa: BLE001 - the reconciler is the next line of defence
         log.error("task.end_stranded_failed", task=task, error=f"{type(error).__name__}: {error}")
 

@@ -1,4 +1,4 @@
-"""Signed webhooks of job status changes (Standard Webhooks), delivered by a Celery task.
+"""Signed webhooks of job status changes (Standard Webhooks), delivered by a worker task.
 
 A job that reaches ``succeeded``, ``failed``, ``needs_review``, ``awaiting_approval`` or
 ``expired`` is announced to its ``webhook_url`` (else its tenant's default URL, else nobody)
@@ -8,8 +8,9 @@ the headers ``webhook-id`` (stable across retries: receivers deduplicate on it),
 where the key is the tenant's ``whsec_<base64>`` secret.
 
 The run loop calls :func:`notify_status` after every status change; it only writes a delivery
-record (``SET NX``: once per job and event, however often it is called) and queues
-``toolrail.deliver_webhook`` on the ``webhooks`` queue, and never raises. The task makes one
+record (``SET NX``: once per job and event, however often it is called) and publishes it through the
+runtime's queues (``rt.queues.webhook``: the worker's ``toolrail.deliver_webhook`` task on the ``webhooks``
+queue, which calls :func:`attempt_delivery`), and never raises. The task makes one
 attempt per run: 2xx ends it (delivered); 5xx, 408, 429, timeouts and connection errors retry
 with exponential backoff and jitter until ``webhook_max_attempts``; any other answer ends it
 (rejected). Every attempt is appended to the delivery's list (:func:`deliveries` reads them).
@@ -48,24 +49,20 @@ import httpx
 
 from executor import metrics
 from executor.calls.breaker import DEFAULT_TENANT
-from executor.worker.celery import app
-from executor.worker.config import WEBHOOK_QUEUE
 from executor.errors import WebhookUrlError
-from executor.runs.runtime import Runtime, get_runtime
+from executor.ports import Runtime
 from executor.store.records import JobRecord
 from toolrail import netguard
-from toolrail.context import CELERY_REQUEST_ID_HEADER, request_scope
 from toolrail.logging import get_logger
 from toolrail.settings import Settings
 
 __all__ = [
     "DeliveryResult",
     "EVENTS",
-    "WEBHOOK_QUEUE",
     "attempt_delivery",
-    "deliver_webhook",
     "deliveries",
     "event_for",
+    "finish_delivery",
     "notify_status",
     "resolve_host",
     "secret_for",
@@ -234,16 +231,14 @@ def _notify(rt: Runtime, job: JobRecord) -> None:
     pipe.expire(f"{_prefix(rt, job.job_id)}:webhooks", ttl)
     pipe.execute()
     if secret_for(rt.settings, job.tenant) is None:
-        _finish(rt, job.job_id, slug, state="failed", outcome="not_sent",
+        finish_delivery(rt, job.job_id, slug, state="failed", outcome="not_sent",
                 reason=f"no webhook signing secret is configured for tenant {job.tenant!r}")
         log.warning("webhook.no_secret", job_id=job.job_id, tenant=job.tenant, webhook_event=event)
         return
     try:
-        with request_scope(job.request_id):
-            deliver_webhook.apply_async(args=[job.job_id, slug], queue=WEBHOOK_QUEUE,
-                                        headers={CELERY_REQUEST_ID_HEADER: job.request_id}, retry=True,
-                                        retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2,
-                                                      "interval_max": 0.5})
+        if rt.queues is None:
+            raise RuntimeError("this runtime has no queues to publish the delivery on")
+        rt.queues.webhook(job, slug)
     except Exception:
         rt.redis.delete(record_key, attempts_key, final_key)  # a later notify may queue it again
         rt.redis.lrem(f"{_prefix(rt, job.job_id)}:webhooks", 0, slug)
@@ -256,7 +251,7 @@ def _load(rt: Runtime, job_id: str, slug: str) -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
-def _finish(rt: Runtime, job_id: str, slug: str, *, state: str, outcome: str, reason: str | None = None) -> None:
+def finish_delivery(rt: Runtime, job_id: str, slug: str, *, state: str, outcome: str, reason: str | None = None) -> None:
     """End a delivery once: its state on the record, and one count in ``toolrail_webhook_deliveries_total``."""
     record_key, _, final_key = _keys(rt, job_id, slug)
     if not rt.redis.set(final_key, outcome, nx=True, ex=rt.settings.job_ttl_s):
@@ -340,7 +335,7 @@ def attempt_delivery(rt: Runtime, job_id: str, slug: str, *, settings: Settings 
     _, attempts_key, _ = _keys(rt, job_id, slug)
     attempt = int(rt.redis.llen(attempts_key)) + 1
     if attempt > settings.webhook_max_attempts:
-        _finish(rt, job_id, slug, state="failed", outcome="exhausted")
+        finish_delivery(rt, job_id, slug, state="failed", outcome="exhausted")
         return DeliveryResult("exhausted", attempt - 1)
     started, at = time.monotonic(), time.time()
     entry: dict[str, Any] = {"attempt": attempt, "at": _rfc3339(at)}
@@ -390,28 +385,15 @@ def attempt_delivery(rt: Runtime, job_id: str, slug: str, *, settings: Settings 
              outcome=outcome, status=entry.get("status"), error_type=(entry.get("error") or {}).get("type"),
              duration_s=entry["duration_s"])
     if outcome == "delivered":
-        _finish(rt, job_id, slug, state="delivered", outcome="delivered")
+        finish_delivery(rt, job_id, slug, state="delivered", outcome="delivered")
         return DeliveryResult("delivered", attempt)
     if outcome == "rejected":
-        _finish(rt, job_id, slug, state="failed", outcome="rejected", reason=(entry.get("error") or {}).get("message")
+        finish_delivery(rt, job_id, slug, state="failed", outcome="rejected", reason=(entry.get("error") or {}).get("message")
                 or f"the receiver answered {entry.get('status')}")
         return DeliveryResult("rejected", attempt)
     if attempt >= settings.webhook_max_attempts:
-        _finish(rt, job_id, slug, state="failed", outcome="exhausted",
+        finish_delivery(rt, job_id, slug, state="failed", outcome="exhausted",
                 reason=f"no 2xx answer in {attempt} attempt(s)")
         log.warning("webhook.exhausted", job_id=job_id, delivery_id=record["id"], attempts=attempt)
         return DeliveryResult("exhausted", attempt)
     return DeliveryResult("retry", attempt, _backoff(settings, attempt, retry_after))
-
-
-# ----------------------------------------------------------------- the task
-
-
-@app.task(name="toolrail.deliver_webhook", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None,
-          ignore_result=True)
-def deliver_webhook(self, job_id: str, slug: str) -> str:
-    """One attempt of one delivery; retried with backoff on the ``webhooks`` queue until it ends."""
-    result = attempt_delivery(get_runtime(), job_id, slug)
-    if result.retry_in_s is not None:
-        raise self.retry(countdown=result.retry_in_s, max_retries=None, queue=WEBHOOK_QUEUE)
-    return result.outcome

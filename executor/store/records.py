@@ -103,6 +103,8 @@ class JobRecord(BaseModel):
     #: Calls queued while their step was still being decoded that the final decision did not make (a re-ask,
     #: review, a changed call): they belong to no step; what came of them is kept here (read from the store).
     discarded_calls: list[CallRecord] = Field(default_factory=list)
+    #: The OpenAI Responses API object this job answered with (``POST /v1/responses``: a response is a job).
+    response: dict[str, Any] | None = None
 
     def public(self) -> dict[str, Any]:
         """What the API returns: the record, every call (by step, then index) and each step with its own calls."""

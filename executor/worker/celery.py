@@ -7,11 +7,8 @@ never Celery's ``correlation_id``, which is the task id.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import threading
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -22,14 +19,18 @@ from celery import Celery, Task
 from celery.signals import (before_task_publish, celeryd_init, task_postrun, task_prerun, worker_init,
                             worker_process_init)
 
-from executor.worker.config import DECIDE_QUEUE, DECIDER_WARM_KEY, TOOL_CHECK_EXIT, celery_config
-from executor.runs.tracing_hooks import instrument_celery
+from executor.worker.config import DECIDE_QUEUE, TOOL_CHECK_EXIT, celery_config
+from executor.worker.tracing import instrument_celery
+from toolrail.lifeline import die_with_parent
 from toolrail.context import CELERY_REQUEST_ID_HEADER, bind_request, current_request_id
 from toolrail.logging import configure_logging, get_logger
 from toolrail.redis_embed import redis_url
 from toolrail.settings import get_settings
+from executor.sandbox.toolcheck import check_tools
+from tools.registry import default_registry, demo_tools_from_settings, tool_modules_from_env
+from executor.store.worker_tools import publish
 
-__all__ = ["app"]
+__all__ = ["PREWARM_ENV", "WARM_DECIDER_ENV", "BoundaryTask", "app"]
 
 log = get_logger("toolrail.worker")
 
@@ -46,7 +47,7 @@ class BoundaryTask(Task):
             BoundaryTask.given_up(self.name, list(args or ()), exc)
 
 
-app = Celery("toolrail", include=["executor.worker.tasks", "executor.runs.webhooks"], task_cls=BoundaryTask)
+app = Celery("toolrail", include=["executor.worker.tasks"], task_cls=BoundaryTask)
 # REDIS_URL, never a default port: without it this import is RedisNotConfiguredError (one line from `toolrail worker`)
 app.conf.update(celery_config(redis_url(get_settings()), visibility_timeout_s=get_settings().visibility_timeout_s,
                               task_time_limit_s=getattr(get_settings(), "task_time_limit_s", None)))
@@ -85,63 +86,16 @@ def _clear_request_id(**_: object) -> None:
 
 @worker_process_init.connect
 def _configure_child_logging(**_: object) -> None:
+    die_with_parent()  # a pool process never outlives its worker's main process, however that dies
     configure_logging(force=True)
     instrument_celery("worker")  # tracing after the prefork fork: the batch processor's thread lives here
-    if os.environ.get(_PREWARM_ENV) == "1":
-        _prewarm_sandbox()
-    if os.environ.get(_WARM_DECIDER_ENV) == "1":  # a thread: Celery gives a pool process 4 s to say it is up
-        threading.Thread(target=_warm_decider, name="toolrail-decider-warmup", daemon=True).start()
 
 
-#: Set by the main process of a worker that runs tools: each pool process starts its sandbox at once.
-_PREWARM_ENV = "TOOLRAIL_SANDBOX_PREWARM"
+#: Set by the main process of a worker that runs tools: each pool process starts its sandbox at once
+#: (``executor.worker.tasks`` warms it).
+PREWARM_ENV = "TOOLRAIL_SANDBOX_PREWARM"
 #: Set by the main process of a worker that decides: each pool process loads its decider at once.
-_WARM_DECIDER_ENV = "TOOLRAIL_DECIDER_PREWARM"
-
-
-def _warm_decider() -> None:
-    """Load this pool process's decider and compile the base grammars (every registered tool, and each alone)
-    before the first job, then say so in Redis (``DECIDER_WARM_KEY``: ``toolrail serve``'s readiness waits for it).
-
-    The first decision of a fresh worker paid the model load inside its task: 5.9 s, then 1.0 s for each of the
-    next three (four cities, one run, a busy 2-core machine). Warmed (6.5 s at pool start), the first took 1.6 s
-    beside 1.6-2.2 s for the next three. A decide task that arrives during the warm-up waits on the runtime's lock
-    for this load instead of starting another.
-    """
-    from decider.protocol import DecideRequest  # noqa: PLC0415
-    from executor.runs.runtime import get_runtime  # noqa: PLC0415
-
-    started = time.monotonic()
-    try:
-        rt = get_runtime()
-        decider = rt.decider()
-        plan = getattr(decider, "plan", None)  # the backend decider's cheap step: its compile fills the grammar cache
-        specs = rt.registry.specs() if plan is not None else []
-        for tools in ([specs, *([spec] for spec in specs)] if specs else []):  # every tool, and each alone: ~0.2 s
-            plan(DecideRequest(request_id="warmup", messages=[{"role": "user", "content": "warm up"}], tools=tools))
-        state: dict[str, Any] = {"available": decider is not None}
-    except Exception as exc:  # noqa: BLE001 - the first decide task loads it again and reports a typed error
-        log.warning("decider.warm_failed", error=f"{type(exc).__name__}: {exc}")
-        state = {"available": False, "error": type(exc).__name__}
-    seconds = round(time.monotonic() - started, 3)
-    log.info("decider.warm", seconds=seconds, **state)
-    try:  # done either way: a decider that cannot load is the decide step's typed error, not a readiness that hangs
-        get_runtime().redis.set(DECIDER_WARM_KEY, json.dumps({"pid": os.getpid(), "seconds": seconds, **state}))
-    except Exception as exc:  # noqa: BLE001 - readiness keeps waiting; the log says why
-        log.warning("decider.warm_unrecorded", error=type(exc).__name__)
-
-
-def _prewarm_sandbox() -> None:
-    """Start this pool process's sandbox (its fork server imports the tool modules) before the first task.
-
-    Otherwise the first call of each pool process pays those imports inside its task's time limit.
-    """
-    from executor.runs.runtime import get_runtime  # noqa: PLC0415
-
-    try:
-        get_runtime().sandbox  # noqa: B018 - built on first access
-    except Exception as exc:  # noqa: BLE001 - the first call builds it again and reports a typed error
-        log.warning("sandbox.prewarm_failed", error=f"{type(exc).__name__}: {exc}")
+WARM_DECIDER_ENV = "TOOLRAIL_DECIDER_PREWARM"
 
 
 @worker_init.connect
@@ -151,11 +105,9 @@ def _check_tools(sender: object = None, **_: object) -> None:
     queues = getattr(getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None), "consume_from", None)
     names = None if queues is None else {str(name) for name in queues}
     if (names is None or DECIDE_QUEUE in names) and get_settings().decider != "none":
-        os.environ[_WARM_DECIDER_ENV] = "1"  # inherited by the pool processes, forked after this
+        os.environ[WARM_DECIDER_ENV] = "1"  # inherited by the pool processes, forked after this
     if names is not None and names <= {DECIDE_QUEUE, "webhooks"}:
         return  # a decide/webhooks-only worker runs no tool
-    from executor.sandbox.toolcheck import check_tools  # noqa: PLC0415
-    from tools.registry import default_registry  # noqa: PLC0415
 
     configure_logging()
     report = check_tools(default_registry(), schemas=False)
@@ -168,4 +120,22 @@ def _check_tools(sender: object = None, **_: object) -> None:
               file=sys.stderr, flush=True)
         raise SystemExit(TOOL_CHECK_EXIT)
     log.info("tools.checked", tools=len(report.checked), refused=sorted(report.failed_tools()))
-    os.environ[_PREWARM_ENV] = "1"  # pool processes are forked after this: they inherit it
+    _publish_tools(str(getattr(sender, "hostname", "") or ""), [name for name in default_registry().names()
+                                                                 if name not in report.failed_tools()])
+    os.environ[PREWARM_ENV] = "1"  # pool processes are forked after this: they inherit it
+
+
+def _publish_tools(worker: str, tools: list[str]) -> None:
+    """What this pool serves, in Redis (``executor.store.worker_tools``): a process started with an environment of its
+    own (``toolrail mcp stdio`` from an MCP host) loads the same tools, or says which it cannot."""
+    import redis  # noqa: PLC0415
+
+    try:
+        client = redis.Redis.from_url(redis_url(get_settings()), socket_connect_timeout=2, socket_timeout=5)
+        try:
+            publish(client, worker or f"pid{os.getpid()}", demo_tools=demo_tools_from_settings(),
+                    modules=tool_modules_from_env(), tools=tools)
+        finally:
+            client.close()
+    except Exception as exc:  # noqa: BLE001 - the pool serves its queues regardless; stdio will say what it lacks
+        log.warning("tools.publish_failed", error=f"{type(exc).__name__}: {exc}")

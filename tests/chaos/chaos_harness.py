@@ -44,7 +44,7 @@ QUEUES = ["decide", "tool.chaos_transfer", "tool.linger"]
 
 def api_factory():  # noqa: ANN201 - ``uvicorn --factory`` entry point, configured by the environment
     from executor.api.app import create_app  # noqa: PLC0415
-    from executor.runs.runtime import Runtime  # noqa: PLC0415
+    from executor.runtime import Runtime  # noqa: PLC0415
     from toolrail.settings import get_settings  # noqa: PLC0415
 
     settings = get_settings()

@@ -83,3 +83,14 @@ def test_reask_feedback_is_never_evidence():
                               errors=[{"path": "/speed", "message": "'slow' is not one of ['standard', 'express']"}])
     result = narrow_tools([SHIP], messages)
     assert result.narrowed["ship_parcel"] == {"/speed": ["express"]}
+
+
+def test_a_field_of_cents_is_offered_the_stated_amount_in_cents():
+    """Issue 32: "5 dollars" offered 5 to a USD-cents field (the grammar then forced the wrong amount); now 500."""
+    refund = ToolSpec(name="refund", side_effects=True, parameters={
+        "type": "object", "additionalProperties": False, "required": ["order_id", "amount_cents"],
+        "properties": {"order_id": {"type": "string", "pattern": "^[A-Z]-[0-9]+$"},
+                       "amount_cents": {"type": "integer", "minimum": 1,
+                                        "x-unit": {"currency": "USD", "scale": "minor"}}}})
+    result = narrow_tools([refund], [{"role": "user", "content": "refund order A-17 by 5 dollars, not 7 euros"}])
+    assert result.narrowed["refund"]["/amount_cents"] == [500]

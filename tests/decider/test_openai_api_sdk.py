@@ -60,7 +60,7 @@ def test_non_streaming_parallel_tool_calls(client):
     assert completion.usage.prompt_tokens > 0
 
 
-def test_streaming_parallel_tool_calls_same_id_every_chunk(client):
+def test_streaming_parallel_tool_calls_one_id_each(client):
     stream = client.chat.completions.create(
         model="toolrail", messages=[{"role": "user", "content": MARKER_TEXT}], tools=_tools(marker_tools()),
         tool_choice="required", stream=True, stream_options={"include_usage": True},
@@ -73,7 +73,8 @@ def test_streaming_parallel_tool_calls_same_id_every_chunk(client):
             finish = choice.finish_reason or finish
             for delta in choice.delta.tool_calls or []:
                 entry = calls.setdefault(delta.index, {"id": delta.id, "name": "", "arguments": ""})
-                assert delta.id == entry["id"] == f"call_sdk-stream-1_{delta.index}"
+                assert entry["id"] == f"call_sdk-stream-1_{delta.index}"
+                assert delta.id in (None, entry["id"])
                 entry["name"] += (delta.function.name or "") if delta.function else ""
                 entry["arguments"] += (delta.function.arguments or "") if delta.function else ""
     assert finish == "tool_calls"
@@ -129,7 +130,7 @@ def test_prompt_too_long_is_400(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="toolrail", messages=[{"role": "user", "content": "word " * 3000}],
                                        tools=_tools(marker_tools()))
-    assert info.value.body["type"] == "context_length_exceeded"
+    assert info.value.body["code"] == "context_length_exceeded" and info.value.body["param"] == "messages"
 
 
 def test_a_generation_bound_is_a_200_with_finish_reason_length(client):

@@ -76,7 +76,7 @@ def _no_server_error(client: TestClient, requests: list[tuple[str, list[dict], l
         assert response.status_code < 500, f"{label}: {response.status_code} {response.text[:500]}"
         if response.status_code != 200:
             assert 400 <= response.status_code < 500, f"{label}: {response.status_code} {response.text[:500]}"
-            refusals.setdefault(response.json()["error"]["type"], []).append(label)
+            refusals.setdefault(response.json()["error"]["code"], []).append(label)
     # every schema is accepted; the only refusal is a prompt longer than the tiny model's 512-token context
     assert set(refusals) <= {"context_length_exceeded"}, {kind: labels[:5] for kind, labels in refusals.items()}
     assert len(sum(refusals.values(), [])) < len(requests) / 2

@@ -31,6 +31,10 @@ def _echo_marker():
         prompt = fields["text_input"]
         marker = prompt.split("marker=", 1)[1].split()[0] if "marker=" in prompt else "none"
         text = json.dumps({"marker": marker}) if "marker=" in prompt else "the sea was wide and grey and old"
+        guide = fields.get("guided_decoding_guide", "")
+        if fields.get("guided_decoding_guide_type") == "ebnf_grammar" and "<tool_call>" in guide and marker in guide:
+            # the Qwen-format probe: what a constrained model writes (the grammar names the call and its marker)
+            text = '<tool_call>\n{"name": "echo_marker", "arguments": {"marker": "%s"}}\n</tool_call>' % marker
         for start in range(0, len(text), 3):
             await asyncio.sleep(0.0005)
             yield text[start:start + 3]
@@ -64,3 +68,4 @@ def test_probe_passes_against_the_double_and_sees_the_bls_final_only_with_the_op
         assert checks["start"]["input_names"]["seed"] == "random_seed"
         assert "probe-raw-0:0" in double.stats.swallowed_finals
     assert double.stats.rejected == []
+    assert checks["qwen_format"]["ok"] and checks["qwen_format"]["text"].startswith("<tool_call>")

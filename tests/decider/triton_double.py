@@ -293,15 +293,20 @@ def marker_generator(*, chunk: int = 5, delay_s: float = 0.0005) -> Produce:
 
 
 def engine_generator(engine: Any) -> Produce:
-    """Stream from the embedded engine: the schema is enforced by xgrammar exactly when guided decoding is on."""
+    """Stream from the embedded engine: the schema (or EBNF grammar) is enforced by xgrammar exactly when guided
+    decoding is on."""
     from decider.backend import GenerationRequest
 
     counter = iter(range(1 << 30))
 
     async def produce(fields: dict[str, Any]) -> AsyncIterator[str]:
-        schema = fields.get("guided_decoding_guide") if fields.get("_guided") else None
+        guide = fields.get("guided_decoding_guide") if fields.get("_guided") else None
+        # the release's guide types: a json_schema or an ebnf_grammar (what a native tool format's tag travels as);
+        # special tokens are skipped in the text, as the release's detokenizer does by default
+        ebnf = fields.get("guided_decoding_guide_type") == "ebnf_grammar"
         request = GenerationRequest(
-            request_id=f"double-{next(counter)}", prompt=fields["text_input"], json_schema=schema,
+            request_id=f"double-{next(counter)}", prompt=fields["text_input"], json_schema=None if ebnf else guide,
+            ebnf_grammar=guide if ebnf else None,
             max_tokens=int(fields["max_tokens"]), temperature=float(fields.get("temperature", 0.0)),
             top_p=float(fields.get("top_p", 1.0)), seed=fields.get("seed", fields.get("random_seed")),
         )

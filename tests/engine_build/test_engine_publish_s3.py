@@ -128,3 +128,19 @@ def test_cli_writes_terraforms_engine_variable(s3, tiny_model_dir, tiny_tokenize
     engine = json.loads(tfvars.read_text())["engine"]
     assert engine["build_key"] == plan.key and engine["task_memory_mib"] > 0 and engine["hub_egress"] is False
     assert "terraform engine variable" in capsys.readouterr().out
+
+
+def test_the_double_serves_on_a_moto_without_its_request_handler(monkeypatch):
+    """moto 5.2.1 (an image's system Python, which the GPU script's venv inherits) has no ``MotoRequestHandler``:
+    the double falls back to werkzeug's handler and still answers S3 in its region (issue 38)."""
+    from moto.moto_server import werkzeug_app
+
+    monkeypatch.delattr(werkzeug_app, "MotoRequestHandler", raising=False)
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    with S3Double(REGION) as double:
+        client = boto3.client("s3", region_name=REGION, endpoint_url=double.url, **CREDENTIALS)
+        bucket = f"old-moto-{uuid.uuid4().hex[:12]}"
+        client.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+        client.put_object(Bucket=bucket, Key="k", Body=b"v")
+        assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == b"v"

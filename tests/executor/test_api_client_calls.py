@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from executor.api.app import create_app
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from toolrail.settings import get_settings
 
 TRANSFER = {"from_account": "alice", "to": "bob", "amount": 5, "currency": "CNY"}

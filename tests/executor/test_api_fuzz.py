@@ -33,7 +33,7 @@ CHECKS = [not_a_server_error, response_schema_conformance, content_type_conforma
 
 def _fuzz_app():
     """The API over the session Redis; jobs are stored but never queued: the fuzzer targets the API."""
-    from executor.runs.runtime import Runtime  # noqa: PLC0415
+    from executor.runtime import Runtime  # noqa: PLC0415
 
     settings = Settings(api_keys=f"{KEY}:fuzz", rate_limit_per_s=0)
     return create_app(settings, Runtime.from_settings(settings), enqueue=lambda job: None, ping_workers=lambda: 1,

@@ -53,7 +53,7 @@ def ledger(db_url: str) -> Ledger:
 @pytest.fixture(scope="module")
 def api(db_url: str, ledger: Ledger) -> Iterator[str]:
     from executor.api.app import create_app
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
     from tools.registry import load_registry

@@ -42,7 +42,7 @@ def stream_worker(db_url: str) -> Iterator[object]:
 @pytest.fixture(scope="module")
 def client(db_url: str, stream_worker) -> Iterator[httpx.Client]:
     from executor.api.app import create_app
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
 

@@ -18,7 +18,7 @@ from executor.api.app import create_app
 from executor.calls.breaker import CircuitBreaker
 from executor.calls.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
 from executor.api.ratelimit import RateLimiter
-from executor.runs.runtime import Runtime
+from executor.runtime import Runtime
 from toolrail.redis_embed import free_port
 from toolrail.settings import Settings
 

@@ -61,7 +61,7 @@ def run_worker(db_url: str, marker_dir: Path) -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def runtime(db_url: str):
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from toolrail.settings import Settings
 
     return Runtime.from_settings(Settings(decider="custom", run_max_identical_calls=2), redis_url=db_url)

@@ -211,7 +211,7 @@ def enqueue_on(broker_url: str):  # noqa: ANN201 - the API's ``enqueue`` hook
 @pytest.fixture(scope="module")
 def hostile_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     from executor.api.app import create_app
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from toolrail.settings import get_settings
 
     redis_url = own_database(f"{__name__}:workers")

@@ -229,7 +229,7 @@ def enqueue_on(broker_url: str):  # noqa: ANN201 - the API's ``enqueue`` hook
 def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """A worker with the user's tools, and an API whose registry was built the same way."""
     from executor.api.app import create_app
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from toolrail.settings import get_settings
 
     redis_url = own_database(f"{__name__}:workers")

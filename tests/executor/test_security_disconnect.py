@@ -22,7 +22,7 @@ from executor.stack import serve_in_thread
 from toolrail.settings import Settings, get_settings
 
 KEY = {"Authorization": "Bearer key-disconnect"}
-LONG = {"messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 1024,
+LONG = {"messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 512,  # the tiny model's context
         "tool_choice": "none"}
 
 

@@ -154,7 +154,7 @@ def test_a_call_that_ends_its_job_costs_six_round_trips(counted) -> None:
     breaker admit and record, finish the call (reading the job back), end the job (one compare-and-set)."""
     from executor.runs import loop as jobs
     from executor.store.idempotency import IdempotencyStore
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from executor.sandbox.process import ProcessSandbox
     from toolrail.settings import get_settings
     from tools.registry import default_registry

@@ -153,7 +153,7 @@ def traced_api(trace_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
 
     from executor.api.app import create_app
     from executor.worker.config import celery_config
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail.context import CELERY_REQUEST_ID_HEADER
     from toolrail.settings import get_settings
@@ -442,7 +442,7 @@ from celery.signals import after_task_publish, before_task_publish, task_postrun
 from opentelemetry import trace
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
-from executor.runs.tracing_hooks import instrument_celery
+from executor.worker.tracing import instrument_celery
 from toolrail import tracing
 
 instrument_celery("worker")
@@ -497,7 +497,7 @@ import json
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from executor.runs.tracing_hooks import instrument_api
+from executor.api.tracing import instrument_api
 from toolrail import tracing
 
 app = FastAPI()

@@ -32,7 +32,7 @@ def test_every_dashboard_metric_is_exported_and_queue_age_is_measured(redis_url:
 
     from executor.api.app import create_app
     from executor.worker.config import celery_config
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail.settings import get_settings
 

@@ -42,7 +42,7 @@ def _finish(runtime, name: str, queue: str) -> None:
 
 def test_the_public_scrape_names_no_tenants_private_tools(tmp_path) -> None:
     from executor.api.app import create_app
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
 
@@ -73,7 +73,7 @@ def receiver() -> Iterator[Receiver]:
 
 def test_the_webhook_worker_logs_no_full_url(receiver: Receiver, worker_env: dict[str, str], tmp_path: Path) -> None:
     from executor.api.app import create_app
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
     from tools.registry import default_registry

@@ -50,7 +50,7 @@ def traced_worker(db_url: str, worker_env: dict[str, str], tmp_path_factory) -> 
 @pytest.fixture(scope="module")
 def api(db_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
     from executor.api.app import create_app
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from executor.stack import serve_in_thread
     from toolrail import tracing
     from toolrail.settings import Settings

@@ -86,10 +86,11 @@ def worker(redis_url: str, worker_env: dict[str, str], worker_log: Path) -> Iter
 
 @pytest.fixture(scope="session")
 def runtime(redis_url: str):
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
+    from executor.worker.tasks import QUEUES
     from toolrail.settings import get_settings
 
-    return Runtime.from_settings(get_settings(), redis_url=redis_url)
+    return Runtime.from_settings(get_settings(), redis_url=redis_url, queues=QUEUES)
 
 
 @pytest.fixture(scope="session")

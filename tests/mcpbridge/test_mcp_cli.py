@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import anyio
+import redis
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -37,8 +38,9 @@ def test_add_mcp_over_the_api(api: str, http_server: str) -> None:
 
 
 def test_mcp_stdio_serves_the_registry(worker, redis_url: str) -> None:  # noqa: ANN001 - the worker fixture
-    env = {"REDIS_URL": redis_url, "TOOLRAIL_TOOL_MODULES": "tests.executor.tools_for_tests", "TOOLRAIL_DECIDER": "none",
-           "TOOLRAIL_DEMO_TOOLS": "all", "PYTHONPATH": os.getcwd()}
+    """The host's config names Redis only (docs/mcp.md): the tools are the ones the workers load (demo tools and
+    tests.executor.tools_for_tests), not what this process's own environment would enable (none)."""
+    env = {"REDIS_URL": redis_url, "PYTHONPATH": os.getcwd()}
     params = StdioServerParameters(command=sys.executable, args=["-m", "toolrail.cli", "mcp", "stdio"], env=env,
                                    cwd=os.getcwd())
 
@@ -61,3 +63,22 @@ def test_mcp_stdio_without_a_redis_url_is_one_line() -> None:
     assert done.returncode == 1 and done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "REDIS_URL" in lines[0] and "6379" not in lines[0], done.stderr
+
+
+def test_mcp_stdio_refuses_to_start_naming_the_tools_it_cannot_load() -> None:
+    from executor.store.worker_tools import publish
+    from tests.harness.databases import own_database
+
+    url = own_database(f"{__name__}:stdio-refusal")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TOOLRAIL_")}, "REDIS_URL": url}
+    nobody = subprocess.run([*TOOLRAIL, "mcp", "stdio"], capture_output=True, text=True, timeout=120, env=env,
+                            stdin=subprocess.DEVNULL)
+    assert nobody.returncode == 1 and nobody.stdout == "" and "no worker has published" in nobody.stderr, nobody.stderr
+    publish(redis.Redis.from_url(url), "elsewhere@host", demo_tools=["get_weather"], modules=["acme_tools_not_here"],
+            tools=["get_weather", "acme_lookup"])
+    done = subprocess.run([*TOOLRAIL, "mcp", "stdio"], capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert "acme_lookup" in line and "acme_tools_not_here" in line and "elsewhere@host" in line, line
+    assert "get_weather" not in line.split("which")[0]  # the tool it can load is not named missing

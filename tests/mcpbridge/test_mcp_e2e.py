@@ -30,7 +30,7 @@ def scripted_api(db_url: str, tmp_path_factory) -> Iterator[str]:  # noqa: ANN00
     from celery import Celery
 
     from executor.api.app import create_app
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from toolrail.settings import Settings
 
     env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": "tests.executor.scripted_decider:make",
@@ -80,7 +80,7 @@ def test_real_model_picks_the_mcp_tool(http_server: str) -> None:
     import uuid
 
     from executor.runs import loop as jobs
-    from executor.runs.runtime import Runtime
+    from executor.runtime import Runtime
     from executor.store.records import JobRecord
     from mcpbridge import providers
     from toolrail.settings import Settings

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from tests.mcpbridge.mcp_servers import KEYS
 
@@ -58,8 +59,6 @@ def test_invalid_arguments_are_an_error_result(api: str) -> None:
             # the check path's typed error, with the failing value and the validator, for the model to act on
             assert bad.meta[f"{META}error"]["type"] == "invalid_tool_calls" and "someday" in text and "enum" in text
             assert f"{META}job_id" in bad.meta
-            unknown = await mcp.call_tool("no_such_tool", {})
-            assert unknown.is_error is True and unknown.meta[f"{META}error"]["type"] == "unknown_tool"
 
     anyio.run(main)
 
@@ -97,8 +96,14 @@ def test_tenants_and_keys(keyed_api: str, http_server: str) -> None:
     assert "mcp__calc__add" in anyio.run(names, KEYS["alpha"])
     assert "mcp__calc__add" not in anyio.run(names, KEYS["beta"])
     assert anyio.run(call, KEYS["alpha"]).structured_content == {"sum": 5}
-    denied = anyio.run(call, KEYS["beta"])
-    assert denied.is_error and denied.meta[f"{META}error"]["type"] == "unknown_tool"
+
+    async def denied() -> int:  # another tenant's tool does not exist for beta: unknown (-32602)
+        async with _client(f"{keyed_api}/mcp", KEYS["beta"]) as mcp:
+            with pytest.raises(MCPError) as raised:
+                await mcp.call_tool("mcp__calc__add", {"a": 2, "b": 3})
+        return raised.value.code
+
+    assert anyio.run(denied) == -32602
     # no key, a wrong key: 401 before any MCP handling
     for headers in ({}, {"Authorization": "Bearer nope"}):
         response = httpx.post(f"{keyed_api}/mcp", headers={**headers, "Accept": "application/json, text/event-stream"},
@@ -138,9 +143,12 @@ def test_rate_limit_and_loopback_rule(runtime) -> None:  # noqa: ANN001 - the se
         server.should_exit = True
         thread.join(timeout=10)
     # without keys, a client that is not on loopback is refused before any MCP handling
+    from executor.api.context import JobDesk
+    from executor.api.middleware import LOOPBACK_NAMES
     from mcpbridge.server import McpEndpoint, McpService, build_server
 
-    endpoint = McpEndpoint(build_server(McpService(runtime, Settings(), lambda job: None)), tenants={})
+    endpoint = McpEndpoint(build_server(McpService(JobDesk(runtime, lambda job: None, None), Settings())), tenants={},
+                           loopback_names=tuple(LOOPBACK_NAMES))
     sent: list[dict] = []
 
     async def send(message: dict) -> None:
@@ -196,10 +204,13 @@ def test_dns_rebinding_is_refused_without_keys(keyless_api: str, runtime) -> Non
     from starlette.routing import Route
 
     from executor.stack import serve_in_thread
+    from executor.api.context import JobDesk
+    from executor.api.middleware import LOOPBACK_NAMES
     from mcpbridge.server import McpEndpoint, McpService, build_server
     from toolrail.settings import Settings
 
-    endpoint = McpEndpoint(build_server(McpService(runtime, Settings(), _no_queue)), tenants={})
+    endpoint = McpEndpoint(build_server(McpService(JobDesk(runtime, _no_queue, None), Settings())), tenants={},
+                           loopback_names=tuple(LOOPBACK_NAMES))
 
     @asynccontextmanager
     async def lifespan(app):  # noqa: ANN001, ANN202

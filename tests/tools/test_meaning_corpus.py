@@ -253,3 +253,23 @@ def test_a_finding_names_the_unit_it_was_stated_in():
     (finding,) = check_grounding(case.spec.parameters, case.arguments, ConversationValues.from_messages(_messages(case)),
                                  side_effects=True)
     assert finding["path"] == "/amount_cents" and "USD" in finding["message"]
+
+
+@pytest.mark.parametrize(("amount", "message"), [
+    ({"type": "number", "x-unit": {"currency": "XYZ"}}, "x-unit currency 'XYZ' is not an ISO 4217 code in use"),
+    ({"type": "number", "x-unit": {"currency_field": "cur"}}, "x-unit currency_field 'cur' is not a field next to it"),
+    ({"type": "number", "x-unit": {"currency": "USD", "scale": "cents"}}, "x-unit scale must be one of major, minor"),
+    ({"type": "number", "x-unit": {"currency": "USD", "currency_field": "currency"}}, "exactly one of currency and"),
+    ({"type": "string", "x-role": "payer"}, "x-role must be one of source, destination"),
+])
+def test_unit_and_role_declarations_are_checked_at_registration(amount, message):
+    with pytest.raises(ValueError, match=message):
+        _tool("bad", {"amount": amount, "currency": {"type": "string", "enum": ["USD"]}})
+
+
+def test_the_operator_vouches_for_a_read_only_tool_and_side_effects_win():
+    listed = {"name": "search", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}
+    check = lambda **flags: check_listed_tool("s", 0, listed, registry=Registry(), approval=set(), **flags)  # noqa: E731
+    assert check(side_effects=set())["side_effects"] is True  # unannotated: MCP's defaults
+    assert check(side_effects=set(), read_only={"search"})["side_effects"] is False
+    assert check(side_effects={"search"}, read_only={"search"})["side_effects"] is True

@@ -1,4 +1,4 @@
-"""Where the executor's processes meet ``toolrail.tracing``: Celery, the API, the trace endpoint.
+"""Where the worker's tasks meet ``toolrail.tracing``: Celery's instrumentation, the queue-wait span, the job's trace.
 
 - :func:`instrument_celery` — OpenTelemetry's Celery instrumentation (the producer injects W3C
   context into the message headers on ``before_task_publish``; the worker extracts it on
@@ -8,26 +8,21 @@
   pool process); publishing processes (the API) call it at start. A worker with no span sink
   only relays the context (current while a task runs, injected into what it publishes): the
   spans of each task would go nowhere, and making them costs every task.
-- :func:`instrument_api` — FastAPI's instrumentation (an incoming ``traceparent`` is honoured, one
-  is generated when absent), a link from each later request about a job (polls, event streams,
-  the trace itself) to the job's span (a cancelled job's span is written by ``set_status``, as every end's).
 - :func:`in_job_trace` — wraps ``enqueue(job)``/``dispatch(job, call)`` so what they publish is a
   child of the job's span (the reconciler's requeues included).
 - :func:`step` — the ``step {n}`` span of a decide task (a call's ``execute_tool`` span is a stage of the call
   pipeline: ``executor.calls.stages.Span``).
-- :func:`trace_router` — ``GET /v1/jobs/{id}/trace``: the job's spans from the Redis sink, its tenant's only
-  (spans are stored per tenant and trace: a trace id two tenants used shows each its own).
+
+The API's side (its instrumentation, the trace endpoint) is ``executor.api.tracing``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
-import re
+import os
 import time
-import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,21 +32,19 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from toolrail import tracing
-from toolrail.trace_sinks import read_trace
 from toolrail.logging import get_logger
 
-__all__ = ["PUBLISHED_AT_HEADER", "StepScope", "in_job_trace", "instrument_api", "instrument_celery",
-           "message_age_s", "step", "trace_router"]
+__all__ = ["CONTEXT_HEADERS", "PUBLISHED_AT_HEADER", "StepScope", "in_job_trace", "instrument_celery", "message_age_s",
+           "step"]
 
 log = get_logger("toolrail.tracing")
 
 #: Celery message header: when the message was published (epoch seconds, the publisher's clock).
 PUBLISHED_AT_HEADER = "toolrail_published_at"
-_JOB_PATH = re.compile(r"^/v1/jobs/(job_[0-9a-f]{1,64})(?:/[a-z]+)?$")
 #: What instrumented Celery in this process: (pid, "spans" or "relay").
 _instrumented: dict[str, tuple[int, str]] = {}
 #: The W3C headers a task message carries.
-_CONTEXT_HEADERS = ("traceparent", "tracestate", "baggage")
+CONTEXT_HEADERS = ("traceparent", "tracestate", "baggage")
 
 
 # ----------------------------------------------------------------- Celery
@@ -63,8 +56,6 @@ def instrument_celery(kind: str, **setup_options: Any) -> None:
     A process whose spans go nowhere (no sink: ``tracing.recording()`` is false) gets the context relay
     instead of the instrumentation: a client's ``traceparent`` and the job's trace still reach workers
     that do record, with no span made per task or publish."""
-    import os  # noqa: PLC0415
-
     provider = tracing.setup(kind, **setup_options)
     mode = "relay" if not tracing.recording() else "spans"
     if _instrumented.get("celery") == (os.getpid(), mode):
@@ -103,7 +94,7 @@ class _ContextRelay:
     def enter(self, task: Any = None, task_id: str | None = None, **_: object) -> None:
         if task is None or task_id is None:
             return
-        carrier = {key: value for key in _CONTEXT_HEADERS if isinstance(value := _header(task.request, key), str)}
+        carrier = {key: value for key in CONTEXT_HEADERS if isinstance(value := _header(task.request, key), str)}
         ctx = tracing.context_from(carrier)
         if ctx is not None:
             self._tokens[task_id] = otel_context.attach(ctx)
@@ -142,7 +133,7 @@ def _queue_wait_span(task: Any = None, **_: object) -> None:
     except (TypeError, ValueError):
         return
     now_ns = time.time_ns()
-    carrier = {key: value for key in _CONTEXT_HEADERS if isinstance(value := _header(request, key), str)}
+    carrier = {key: value for key in CONTEXT_HEADERS if isinstance(value := _header(request, key), str)}
     parent = tracing.context_from(carrier)
     if parent is None:
         return
@@ -215,84 +206,3 @@ def step(runtime_of: Callable[[], Any], job_id: str) -> Iterator[StepScope]:
             carrier = runtime_of().store.get(job_id).trace_context
     with tracing.job_context(carrier), tracing.step_span(job_id) as span:
         yield StepScope(span)
-
-
-# ----------------------------------------------------------------- the API
-
-
-def instrument_api(app: Any, runtime: Any, **setup_options: Any) -> None:
-    """FastAPI's instrumentation on ``app``, Celery's for publishing, and links from job requests to the job span.
-
-    Where the API's spans go nowhere (no sink), neither instrumentation runs: a plain ASGI
-    middleware makes an incoming ``traceparent`` current for the request (the job joins the
-    client's trace, and what the request publishes carries it), and Celery gets the relay.
-    The instrumentation cost about 0.85 ms of the API's CPU per job that way (bench/worker_cpu.py).
-    """
-    instrument_celery("api", **setup_options)
-    if not tracing.recording():
-        app.add_middleware(_IncomingContext)
-        return
-    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor  # noqa: PLC0415 - only where spans are made
-
-    FastAPIInstrumentor.instrument_app(app, tracer_provider=tracing.setup("api", **setup_options),
-                                       excluded_urls="/healthz,/readyz,/metrics",
-                                       exclude_spans=["receive", "send"])
-
-    @app.middleware("http")
-    async def link_to_job(request: Any, call_next: Callable) -> Any:
-        match = _JOB_PATH.match(request.url.path) if tracing.recording() else None
-        if match is not None and request.method == "GET" and trace.get_current_span().is_recording():
-            try:
-                job = await asyncio.to_thread(runtime.store.get, match.group(1))
-                tracing.link_to(job.trace_context)
-            except Exception:  # noqa: BLE001 - a missing job is the endpoint's 404 to give, not ours
-                pass
-        return await call_next(request)  # a cancelled job's span: set_status writes it (executor.runs.submit.cancel)
-
-
-class _IncomingContext:
-    """Plain ASGI middleware of an API that records no spans: the request's W3C context is current while it runs."""
-
-    _NAMES = tuple(name.encode() for name in _CONTEXT_HEADERS)
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope.get("type") != "http":
-            await self.app(scope, receive, send)
-            return
-        carrier = {name.decode(): value.decode("latin-1") for name, value in scope.get("headers", ())
-                   if name in self._NAMES}
-        ctx = tracing.context_from(carrier) if carrier else None
-        if ctx is None:
-            await self.app(scope, receive, send)
-            return
-        token = otel_context.attach(ctx)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            otel_context.detach(token)
-
-
-def trace_router(runtime: Any, tenant: Any) -> Any:
-    """``GET /v1/jobs/{job_id}/trace``: the job's spans (``TOOLRAIL_TRACE_STORE=redis``), oldest first."""
-    from fastapi import APIRouter  # noqa: PLC0415
-
-    from executor.errors import JobNotFoundError  # noqa: PLC0415
-
-    router = APIRouter()
-    depends = typing.get_args(tenant)[1]  # ``Annotated[str, Depends(...)]``: the API's authentication and rate limit
-
-    @router.get("/v1/jobs/{job_id}/trace", tags=["jobs"])
-    def job_trace(job_id: str, tenant_name: str = depends) -> dict[str, Any]:
-        """The spans of the job's trace that reached the Redis sink (empty unless ``TOOLRAIL_TRACE_STORE=redis``)."""
-        if len(job_id) > 100 or not all(c.isalnum() or c in "_-" for c in job_id):
-            raise JobNotFoundError(f"job {job_id[:100]!r} not found")
-        job = runtime.store.get(job_id, tenant=tenant_name)
-        trace_id = tracing.trace_id_of(job.trace_context)
-        spans = read_trace(runtime.redis, trace_id, tenant=job.tenant) if trace_id else []  # this tenant's spans only
-        return {"job_id": job.job_id, "request_id": job.request_id, "trace_id": trace_id,
-                "store": runtime.settings.trace_store, "spans": spans}
-
-    return router

@@ -1,7 +1,9 @@
-"""Per-process dependencies of the executor, built once: Redis pool, stores, sandbox, decider.
+"""Per-process dependencies of the executor, built once by whoever starts the process: Redis pool, stores, the
+call pipeline, sandbox, decider, and the queues work is published on.
 
-Tasks stay thin: they fetch the runtime and call plain functions in ``executor.runs.loop``.
-Tests build their own ``Runtime`` over their own Redis.
+The assembly builds one (the worker process: ``executor.worker.tasks.runtime``; the API: ``app_from_environment``;
+``toolrail serve``: ``executor.stack``) and hands it on; nothing looks it up. The run loop and extensions see it
+through ``executor.ports.Runtime``. Tests build their own over their own Redis.
 """
 
 from __future__ import annotations
@@ -22,17 +24,18 @@ from executor.calls.breaker import CircuitBreaker
 from executor.calls.concurrency import ConcurrencyLimiter
 from executor.calls.pipeline import Pipeline
 from executor.store.idempotency import IdempotencyStore
-from executor.sandbox.boundary import Sandbox
+from executor.sandbox.boundary import CallRun, Sandbox, SandboxResult
 from executor.sandbox.process import ProcessSandbox
+from executor.ports import Queues, ToolSource
 from executor.store.records import RedisJobStore
 from toolrail.logging import get_logger
 from toolrail.redis_embed import redis_url as resolve_redis_url
-from toolrail.settings import Settings, get_settings
+from toolrail.settings import Settings
 from toolrail.extensions import TOOL_SOURCES_GROUP, installed
 from tools.registry import Registry, default_registry
 from tools.spec import ToolSpec
 
-__all__ = ["Runtime", "get_runtime", "load_decider"]
+__all__ = ["Runtime", "load_decider"]
 
 log = get_logger("toolrail.runtime")
 
@@ -69,21 +72,23 @@ class Runtime:
     registry: Registry
     sandbox_factory: Callable[[], Sandbox]
     decider_factory: Callable[[Settings], Decider | None] = load_decider
+    #: Where this process publishes work (``executor.worker.tasks.QUEUES``); None: it publishes nothing.
+    queues: Queues | None = None
     #: Tools beyond the registry (a tenant's MCP servers), each source running its own calls.
-    tool_sources: tuple[Any, ...] = field(default_factory=lambda: installed(TOOL_SOURCES_GROUP))
+    tool_sources: tuple[ToolSource, ...] = field(default_factory=lambda: installed(TOOL_SOURCES_GROUP))
     _sandbox: Sandbox | None = field(default=None, init=False)
     _decider: Any = field(default=None, init=False)
     _decider_loaded: bool = field(default=False, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, redis_url: str | None = None) -> "Runtime":
+    def from_settings(cls, settings: Settings, *, redis_url: str | None = None, queues: Queues | None = None) -> Runtime:
         url = redis_url or resolve_redis_url(settings)  # never a default port: unset is RedisNotConfiguredError
         client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=10,
                                       retry_on_timeout=True)
         return cls(settings=settings, redis=client, store=RedisJobStore(client, ttl_s=settings.job_ttl_s),
                    idempotency=IdempotencyStore(client, ttl_s=settings.idempotency_ttl_s), registry=default_registry(),
-                   sandbox_factory=lambda: ProcessSandbox(warm=1))
+                   sandbox_factory=lambda: ProcessSandbox(warm=1), queues=queues)
 
     @cached_property
     def breaker(self) -> CircuitBreaker:
@@ -123,7 +128,7 @@ class Runtime:
             specs.update(source.specs(self, tenant, names))
         return specs
 
-    def _source_of(self, spec: ToolSpec) -> Any | None:
+    def _source_of(self, spec: ToolSpec) -> ToolSource | None:
         """The tool source that provides ``spec`` (None: a registered tool, run by the process sandbox)."""
         return next((source for source in self.tool_sources if source.owns(spec)), None)
 
@@ -133,7 +138,7 @@ class Runtime:
         source = self._source_of(spec)
         return nullcontext() if source is None else source.admit(self, spec)
 
-    def runner_for(self, spec: ToolSpec) -> Callable[[ToolSpec, Any], Any]:
+    def runner_for(self, spec: ToolSpec) -> Callable[[ToolSpec, CallRun], SandboxResult]:
         """The call boundary for ``spec``: its source's sandbox, or the process sandbox for a registered tool."""
         source = self._source_of(spec)
         return self.sandbox.run if source is None else lambda spec, call: source.run(self, spec, call)
@@ -164,14 +169,3 @@ def _url_of(client: redis.Redis) -> str:
         return f"unix://{kw['path']}?db={kw.get('db', 0)}"
     auth = f":{kw['password']}@" if kw.get("password") else ""
     return f"redis://{auth}{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
-
-
-_runtime: Runtime | None = None
-
-
-def get_runtime() -> Runtime:
-    """The process-wide runtime, from the environment's settings."""
-    global _runtime
-    if _runtime is None:
-        _runtime = Runtime.from_settings(get_settings())
-    return _runtime

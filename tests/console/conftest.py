@@ -1,0 +1,92 @@
+"""The console's browser tests: Debian's chromium (``/usr/bin/chromium``, installed by ``make install``) driven by
+Playwright (pytest-playwright's ``page``), never a downloaded browser; a real stack of the module's own: a traced
+Celery worker on its own Redis database, and two APIs over it (one without keys, one with two tenants' keys)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from executor.stack import start_worker, stop_process, wait_for_workers
+from tests.harness.databases import own_database
+from tests.harness.fixtures import LEDGER_PREFIX
+from tests.harness.jobs import publishers
+
+CHROMIUM = Path("/usr/bin/chromium")
+KEYS = {"alpha": "key-console-alpha", "beta": "key-console-beta"}
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
+    """pytest-playwright's launch arguments, with the system's chromium: no browser is downloaded."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (`make install` runs it)")
+    return {**browser_type_launch_args, "executable_path": str(CHROMIUM)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _executor_env(executor_env: None) -> Iterator[None]:
+    yield  # this process sees the workers' tools (the test tools: slow_echo) and settings
+
+
+@pytest.fixture(scope="session")
+def console_db() -> str:
+    return own_database("tests.console")
+
+
+@pytest.fixture(scope="session")
+def console_worker(console_db: str, worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Celery worker on the console tests' database, its spans (and its sandboxes') kept in Redis."""
+    import redis
+
+    from executor.worker.config import worker_queues
+    from tools.ledger import Ledger
+    from tools.registry import default_registry
+
+    Ledger(redis.Redis.from_url(console_db), prefix=LEDGER_PREFIX).seed()
+    log = tmp_path_factory.mktemp("console") / "worker.log"
+    proc = start_worker(console_db, queues=worker_queues(default_registry()), concurrency=2,
+                        env={**worker_env, "TOOLRAIL_TRACE_STORE": "redis"}, log_file=log, hostname="toolrail-console@%h")
+    try:
+        wait_for_workers(console_db, count=1, timeout_s=90)
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+def _serve(console_db: str, **settings: Any) -> tuple[Any, Any, str]:
+    from executor.api.app import create_app
+    from executor.runtime import Runtime
+    from executor.stack import serve_in_thread
+    from toolrail import tracing
+    from toolrail.settings import Settings
+
+    config = Settings(redis_url=console_db, trace_store="redis", rate_limit_per_s=0, **settings)
+    runtime = Runtime.from_settings(config)
+    tracing.setup("api", settings=config, redis_client=runtime.redis)  # the API's spans, in the same store
+    enqueue, rerun = publishers(console_db)
+    server, thread, base = serve_in_thread(create_app(config, runtime, enqueue=enqueue, rerun=rerun,
+                                                      ping_workers=lambda: 1, mount_openai=False))
+    return server, thread, base
+
+
+@pytest.fixture(scope="session")
+def console_api(console_db: str, console_worker: Any) -> Iterator[str]:
+    """The API without keys (a local install), reconciling every half second (the workers view shows its sweep)."""
+    server, thread, base = _serve(console_db, reconcile_interval_s=0.5)
+    yield base
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def keyed_api(console_db: str, console_worker: Any) -> Iterator[str]:
+    """The API with two tenants' keys, over the same store and worker."""
+    server, thread, base = _serve(console_db, reconcile_interval_s=0,
+                                  api_keys=",".join(f"{key}:{tenant}" for tenant, key in KEYS.items()))
+    yield base
+    server.should_exit = True
+    thread.join(timeout=10)
