@@ -38,7 +38,6 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,8 @@ import torch
 import xgrammar as xgr
 
 from decider.backend import GenerationChunk, GenerationRequest
+from decider.engine_sequence import DETOKENIZER_CONTEXT, REPETITION_WINDOW, IncrementalDetokenizer
+from decider.engine_sequence import EngineSequence as _Sequence
 from decider.kv_runner import LlamaRunner, PrefixCache
 from decider.errors import (
     BackendUnavailableError,
@@ -78,8 +79,6 @@ DEFAULT_PREFILL_CHUNK = 256
 #: Prefix-cache granularity in tokens.
 DEFAULT_PREFIX_BLOCK = 32
 DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
-#: Prompt tokens given to the detokenizer as context (leading-space handling of SentencePiece vocabularies).
-DETOKENIZER_CONTEXT = 4
 
 
 #: Engines still open at interpreter exit are closed first: a scheduler thread killed inside
@@ -91,108 +90,6 @@ _OPEN_ENGINES: weakref.WeakSet[EmbeddedEngine] = weakref.WeakSet()
 def _close_open_engines() -> None:
     for engine in list(_OPEN_ENGINES):
         engine.close()
-
-
-# --------------------------------------------------------------------------------------------
-# Per-request pieces
-# --------------------------------------------------------------------------------------------
-
-
-#: Tokens the model chose itself that a repetition penalty looks back over.
-REPETITION_WINDOW = 64
-
-
-class _IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas without splitting UTF-8 characters.
-
-    Byte-level BPE splits one Chinese character over several tokens; decoding them one by one
-    yields U+FFFD. We decode a short window and only emit once the window's text no longer ends
-    in a replacement character (the scheme vLLM and TGI use).
-    """
-
-    def __init__(self, decode: Callable[[list[int]], str], context: list[int]) -> None:
-        self._decode = decode
-        self._ids = list(context)
-        self._prefix_offset = 0
-        self._read_offset = len(self._ids)
-
-    def push(self, token_ids: list[int]) -> str:
-        self._ids.extend(token_ids)
-        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = self._decode(self._ids[self._prefix_offset :])
-        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            self._prefix_offset = self._read_offset
-            self._read_offset = len(self._ids)
-            return new_text[len(prefix_text) :]
-        return ""
-
-    def flush(self) -> str:
-        """Whatever is still held back (an incomplete character at a length stop)."""
-        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = self._decode(self._ids[self._prefix_offset :])
-        self._prefix_offset = self._read_offset = len(self._ids)
-        return new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
-
-
-@dataclass(eq=False, kw_only=True)
-class _Sequence:
-    """Everything one request owns inside the engine."""
-
-    key: str
-    request: GenerationRequest
-    prompt_ids: list[int]
-    max_new_tokens: int
-    matcher: xgr.GrammarMatcher | None
-    #: For JSON constraints, a bitmask row of tokens free of raw control bytes, AND-ed into every mask.
-    json_tokens: torch.Tensor | None
-    generator: torch.Generator | None
-    detokenizer: _IncrementalDetokenizer
-    sink: Callable[[GenerationChunk | BaseException], None]
-    slot: int = -1
-    #: Tokens whose KV is in the slot (prompt first, then generated tokens once fed back).
-    cached_len: int = 0
-    prefix_hit_tokens: int = 0
-    output_ids: list[int] = field(default_factory=list)
-    #: How many of ``output_ids`` have been reported in a chunk's ``token_ids``.
-    reported_ids: int = 0
-    #: Text decoded but not yet sent (held back while it could be the start of a stop string).
-    pending_text: str = ""
-    text: str = ""
-    cancel_requested: bool = False
-    finished: bool = False
-    #: Sum of the chosen tokens' log-probabilities under the model (before the grammar mask); tokens
-    #: a jump-forward appends are not scored (the grammar left no choice).
-    logprob: float = 0.0
-    #: What a repetition penalty may touch: tokens the model chose itself (the grammar allowed more than one)
-    #: that the prompt does not hold. Forced tokens (keys, quotes, brackets) and values copied from the
-    #: conversation are never penalised: a penalty on them made the model avoid closing strings.
-    penalizable: list[int] = field(default_factory=list)
-    #: Token ids of the prompt (built only for a request with a penalty).
-    prompt_tokens: frozenset[int] = frozenset()
-    #: Whether the grammar left exactly one token at the step just picked.
-    forced: bool = False
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def prefilled(self) -> bool:
-        return self.cached_len >= len(self.prompt_ids)
-
-    def unfed(self) -> list[int]:
-        """Generated tokens whose KV is not in the slot yet (one, or more after a jump-forward)."""
-        return self.output_ids[self.cached_len - len(self.prompt_ids) :]
-
-    def usage(self) -> dict[str, int]:
-        prompt = len(self.prompt_ids)
-        completion = len(self.output_ids)
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "cached_tokens": self.prefix_hit_tokens,
-        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -542,7 +439,7 @@ class EmbeddedEngine:
             matcher=matcher,
             json_tokens=json_tokens,
             generator=generator,
-            detokenizer=_IncrementalDetokenizer(self._decode_with_special if request.keep_special_tokens else self._decode_ids,
+            detokenizer=IncrementalDetokenizer(self._decode_with_special if request.keep_special_tokens else self._decode_ids,
                                                 prompt_ids[-DETOKENIZER_CONTEXT:]),
             sink=sink,
             prompt_tokens=frozenset(prompt_ids) if request.repetition_penalty != 1.0 else frozenset(),

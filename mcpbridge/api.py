@@ -66,6 +66,9 @@ class McpServerCreate(BaseModel):
                                             "(nothing of the worker's is passed on); values are never shown back")
     side_effects: list[str] = Field(default_factory=list, max_length=256,
                                     description="remote tool names to treat as side-effecting (idempotency key, grounding)")
+    read_only: list[str] = Field(default_factory=list, max_length=256,
+                                 description="remote tool names the operator vouches only read (a tool is side-effecting "
+                                             "unless its annotations say readOnlyHint: true, MCP's defaults)")
     requires_approval: list[str] = Field(default_factory=list, max_length=256)
     timeout_s: float = Field(default=30.0, gt=0, le=600, description="hard cap of one call")
     idle_timeout_s: float = Field(default=10.0, gt=0, le=600, description="give up after this long without progress")
@@ -159,7 +162,7 @@ def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | No
     fetching: Counter[str] = Counter()  # registrations and refreshes in flight per tenant (this process's event loop)
 
     def public(record: dict[str, Any]) -> dict[str, Any]:
-        keep = ("name", "url", "command", "network", "side_effects", "requires_approval", "timeout_s", "idle_timeout_s",
+        keep = ("name", "url", "command", "network", "side_effects", "read_only", "requires_approval", "timeout_s", "idle_timeout_s",
                 "memory_mb", "queue", "refused", "fetched_at")
         return {**{k: record.get(k) for k in keep}, "env": sorted(record.get("env") or {}), "tools": [
             {"name": t["name"], "remote_name": t["remote_name"], "description": t["description"],

@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add.add_argument("--network", action="store_true", help="stdio: the server may use the network")
     add.add_argument("--side-effects", action="append", default=[], metavar="TOOL",
                      help="treat this remote tool as side-effecting (repeatable)")
+    add.add_argument("--read-only", action="append", default=[], metavar="TOOL",
+                     help="this remote tool only reads, whatever its annotations say (MCP's default for a tool "
+                          "without readOnlyHint: it may change things) (repeatable)")
     add.add_argument("--requires-approval", action="append", default=[], metavar="TOOL",
                      help="a person approves each call of this remote tool (repeatable)")
     add.add_argument("--timeout", type=float, default=None, help="hard cap of one call, seconds")
@@ -76,7 +79,7 @@ def _refused(prog: str, response: Any) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"name": args.name, "side_effects": args.side_effects,
+    body: dict[str, Any] = {"name": args.name, "side_effects": args.side_effects, "read_only": args.read_only,
                             "requires_approval": args.requires_approval}
     if args.url:
         body["url"] = args.url

@@ -91,7 +91,8 @@ class ServerConfig(dict):
 
     @classmethod
     def build(cls, tenant: str, *, name: str, url: str | None = None, command: list[str] | None = None,
-              network: bool = False, side_effects: list[str] = (), requires_approval: list[str] = (),
+              network: bool = False, side_effects: list[str] = (), read_only: list[str] = (),
+              requires_approval: list[str] = (),
               timeout_s: float = 30.0, idle_timeout_s: float = 10.0, memory_mb: int = 1024,
               max_timeout_s: float | None = None, env: dict[str, str] | None = None) -> "ServerConfig":
         if not SERVER_NAME.match(name or ""):
@@ -109,6 +110,7 @@ class ServerConfig(dict):
                                          reason="url_or_command")
         return cls(name=name, tenant=tenant, url=url, command=list(command) if command else None,
                    network=bool(network) if command else True, side_effects=sorted(set(side_effects)),
+                   read_only=sorted(set(read_only) - set(side_effects)),
                    requires_approval=sorted(set(requires_approval)), timeout_s=float(timeout_s),
                    idle_timeout_s=float(idle_timeout_s), memory_mb=int(memory_mb), queue=queue_for(tenant, name),
                    env=dict(env or {}) if command else {})
@@ -145,6 +147,7 @@ def _checked_record(config: dict[str, Any], listed: list[dict[str, Any]], *, reg
             break
         try:
             tool = check_listed_tool(server, index, raw, registry=registry, side_effects=set(config["side_effects"]),
+                                     read_only=set(config.get("read_only") or ()),
                                      approval=set(config["requires_approval"]),
                                      max_description_chars=int(settings.mcp_max_description_chars),
                                      max_schema_bytes=int(settings.max_schema_bytes),

@@ -123,13 +123,15 @@ def _schema(server: str, remote: str, schema: Any, path: str, *, max_bytes: int,
 
 
 def check_listed_tool(server: str, index: int, tool: dict[str, Any], *, registry: Registry, side_effects: set[str],
+                      read_only: set[str] = frozenset(),
                       approval: set[str], max_description_chars: int = MAX_DESCRIPTION_CHARS,
                       max_schema_bytes: int = 64 * 1024, max_schema_depth: int = 24) -> dict[str, Any]:
     """One tool of a ``tools/list`` answer, checked: the stored form, or ``McpToolRejectedError``.
 
-    ``side_effects`` and ``approval`` are the operator's flags (remote names); a tool whose
+    ``side_effects``, ``read_only`` and ``approval`` are the operator's flags (remote names); a tool whose
     annotations do not say ``readOnlyHint: true`` is side-effecting too (the MCP spec's defaults:
-    ``readOnlyHint`` false, ``destructiveHint`` true), so every string and number of its calls is covered.
+    ``readOnlyHint`` false, ``destructiveHint`` true), so every string and number of its calls is covered,
+    unless the operator vouches that it only reads (``read_only``; ``side_effects`` wins over it).
     """
     base = f"/tools/{index}"
     remote = tool.get("name")
@@ -155,7 +157,7 @@ def check_listed_tool(server: str, index: int, tool: dict[str, Any], *, registry
         output = _schema(server, remote, output, f"{base}/outputSchema", **limits)
     annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
     # MCP's defaults: readOnlyHint false, destructiveHint true: a tool that does not say it only reads may change things
-    destructive = annotations.get("readOnlyHint") is not True
+    destructive = annotations.get("readOnlyHint") is not True and remote not in read_only
     strict = strict_schema(params)
     strict.setdefault("type", "object")
     try:  # the spec's own checks (x-grounded declarations) on the strict form

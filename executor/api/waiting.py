@@ -27,6 +27,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from fastapi.responses import JSONResponse
+from pydantic_core import to_json
 from starlette.concurrency import run_in_threadpool
 
 from executor.api.bodies import ApiError
@@ -34,7 +35,7 @@ from executor.api.sse import AsyncRedisFactory, StreamSlots
 from executor.store.records import TERMINAL_JOB, JobRecord
 from toolrail.logging import get_logger
 
-__all__ = ["MAX_WAIT_S", "SETTLED", "JobWaiter", "preferred_wait", "settled"]
+__all__ = ["MAX_WAIT_S", "SETTLED", "JobWaiter", "RecordResponse", "preferred_wait", "settled"]
 
 log = get_logger("toolrail.api.waiting")
 
@@ -82,6 +83,14 @@ async def settled(client: aredis.Redis, key: str, *, wait_s: float, block_s: flo
     return None
 
 
+class RecordResponse(JSONResponse):
+    """A job record as JSON, written by pydantic-core (Rust) rather than ``json.dumps``: the record is the largest
+    body the API sends, and ``json.dumps`` of it was 3.2 % of the API's CPU at 16 clients (py-spy, GIL samples)."""
+
+    def render(self, content: Any) -> bytes:
+        return to_json(content, inf_nan_mode="null", serialize_unknown=True)
+
+
 class JobWaiter:
     """The API's waits over the job store: a tenant's waiters bounded, each one coroutine on the event stream."""
 
@@ -115,7 +124,7 @@ class JobWaiter:
             return JSONResponse(short, status_code=202 if created else 200, headers=headers)
         wait_s = min(wait_s, MAX_WAIT_S)
         if job.status in SETTLED and created:  # stored settled in the create script itself: this is the record
-            return JSONResponse(job.public(), status_code=200, headers={**headers, **_applied(wait_s)})
+            return RecordResponse(job.public(), status_code=200, headers={**headers, **_applied(wait_s)})
         if job.status not in SETTLED:
             if not self.slots.acquire(job.tenant):
                 return JSONResponse(short, status_code=202, headers=headers)  # a preference, not a demand
@@ -126,7 +135,7 @@ class JobWaiter:
             if not reached:
                 return JSONResponse(short, status_code=202, headers={**headers, **_applied(wait_s)})
         record = await run_in_threadpool(self._store.get, job.job_id)
-        return JSONResponse(record.public(), status_code=200, headers={**headers, **_applied(wait_s)})
+        return RecordResponse(record.public(), status_code=200, headers={**headers, **_applied(wait_s)})
 
     async def _wait(self, job_id: str, wait_s: float) -> bool:
         try:

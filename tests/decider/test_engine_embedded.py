@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from decider.backend import GenerationRequest, InferenceBackend
-from decider.embedded import EmbeddedEngine, _IncrementalDetokenizer
+from decider.embedded import EmbeddedEngine
+from decider.engine_sequence import IncrementalDetokenizer
 from decider.errors import InvalidRequestError, PromptTooLongError
 from decider.model import tiny_random_model
 
@@ -121,7 +122,7 @@ def test_stop_string_truncates_output(engine):
 def test_incremental_detokenizer_never_splits_a_character(engine):
     sentence = "北京明天天气怎么样？转账给张三 100 元。🌟 héllo"
     ids = engine.encode(sentence)
-    detok = _IncrementalDetokenizer(engine._decode_ids, [])
+    detok = IncrementalDetokenizer(engine._decode_ids, [])
     pieces = [detok.push([token]) for token in ids]
     pieces.append(detok.flush())
     assert "".join(pieces) == sentence

@@ -175,9 +175,13 @@ def test_stdio_servers_run_confined(client: httpx.Client) -> None:
 
 
 def test_operator_flags_side_effects_and_approval(client: httpx.Client, http_server: str) -> None:
-    server = _register(client, name="guarded", url=http_server, side_effects=["add"], requires_approval=["pay"])
+    server = _register(client, name="guarded", url=http_server, side_effects=["add"], requires_approval=["pay"],
+                       read_only=["slow", "add"])
     tools = {t["remote_name"]: t for t in server["tools"]}
     assert tools["add"]["side_effects"] is True and tools["pay"]["requires_approval"] is True
+    # unannotated tools may change things (MCP's defaults) unless the operator vouches they only read
+    assert tools["slow"]["side_effects"] is False and tools["hang"]["side_effects"] is True
+    assert server["read_only"] == ["slow"]  # side_effects wins over read_only
     added = _call(client, _submit(client, "mcp__guarded__add", {"a": 1, "b": 2}))
     assert added["result"] == {"sum": 3}
     job_id = _submit(client, "mcp__guarded__pay", {"amount": 5})

@@ -265,3 +265,11 @@ def test_a_finding_names_the_unit_it_was_stated_in():
 def test_unit_and_role_declarations_are_checked_at_registration(amount, message):
     with pytest.raises(ValueError, match=message):
         _tool("bad", {"amount": amount, "currency": {"type": "string", "enum": ["USD"]}})
+
+
+def test_the_operator_vouches_for_a_read_only_tool_and_side_effects_win():
+    listed = {"name": "search", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}
+    check = lambda **flags: check_listed_tool("s", 0, listed, registry=Registry(), approval=set(), **flags)  # noqa: E731
+    assert check(side_effects=set())["side_effects"] is True  # unannotated: MCP's defaults
+    assert check(side_effects=set(), read_only={"search"})["side_effects"] is False
+    assert check(side_effects={"search"}, read_only={"search"})["side_effects"] is True

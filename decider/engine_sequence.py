@@ -1,0 +1,116 @@
+"""What one request owns inside the embedded engine: its incremental detokenizer and its sequence record.
+
+Split out of :mod:`decider.embedded` (issue 33: the engine module by concern). Everything here is per
+request, built fresh by the engine's ``_prepare`` and never shared: the scheduler rebuilds each step's
+batch from these objects, keyed by request id, never by batch position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import xgrammar as xgr
+
+from decider.backend import GenerationChunk, GenerationRequest
+
+__all__ = ["DETOKENIZER_CONTEXT", "EngineSequence", "IncrementalDetokenizer", "REPETITION_WINDOW"]
+
+#: Prompt tokens given to the detokenizer as context (leading-space handling of SentencePiece vocabularies).
+DETOKENIZER_CONTEXT = 4
+#: Tokens the model chose itself that a repetition penalty looks back over.
+REPETITION_WINDOW = 64
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas without splitting UTF-8 characters.
+
+    Byte-level BPE splits one Chinese character over several tokens; decoding them one by one
+    yields U+FFFD. We decode a short window and only emit once the window's text no longer ends
+    in a replacement character (the scheme vLLM and TGI use).
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], context: list[int]) -> None:
+        self._decode = decode
+        self._ids = list(context)
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+
+    def push(self, token_ids: list[int]) -> str:
+        self._ids.extend(token_ids)
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+            return new_text[len(prefix_text) :]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at a length stop)."""
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset :])
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
+
+
+@dataclass(eq=False, kw_only=True)
+class EngineSequence:
+    """Everything one request owns inside the engine."""
+
+    key: str
+    request: GenerationRequest
+    prompt_ids: list[int]
+    max_new_tokens: int
+    matcher: xgr.GrammarMatcher | None
+    #: For JSON constraints, a bitmask row of tokens free of raw control bytes, AND-ed into every mask.
+    json_tokens: torch.Tensor | None
+    generator: torch.Generator | None
+    detokenizer: IncrementalDetokenizer
+    sink: Callable[[GenerationChunk | BaseException], None]
+    slot: int = -1
+    #: Tokens whose KV is in the slot (prompt first, then generated tokens once fed back).
+    cached_len: int = 0
+    prefix_hit_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    #: How many of ``output_ids`` have been reported in a chunk's ``token_ids``.
+    reported_ids: int = 0
+    #: Text decoded but not yet sent (held back while it could be the start of a stop string).
+    pending_text: str = ""
+    text: str = ""
+    cancel_requested: bool = False
+    finished: bool = False
+    #: Sum of the chosen tokens' log-probabilities under the model (before the grammar mask); tokens
+    #: a jump-forward appends are not scored (the grammar left no choice).
+    logprob: float = 0.0
+    #: What a repetition penalty may touch: tokens the model chose itself (the grammar allowed more than one)
+    #: that the prompt does not hold. Forced tokens (keys, quotes, brackets) and values copied from the
+    #: conversation are never penalised: a penalty on them made the model avoid closing strings.
+    penalizable: list[int] = field(default_factory=list)
+    #: Token ids of the prompt (built only for a request with a penalty).
+    prompt_tokens: frozenset[int] = frozenset()
+    #: Whether the grammar left exactly one token at the step just picked.
+    forced: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prefilled(self) -> bool:
+        return self.cached_len >= len(self.prompt_ids)
+
+    def unfed(self) -> list[int]:
+        """Generated tokens whose KV is not in the slot yet (one, or more after a jump-forward)."""
+        return self.output_ids[self.cached_len - len(self.prompt_ids) :]
+
+    def usage(self) -> dict[str, int]:
+        prompt = len(self.prompt_ids)
+        completion = len(self.output_ids)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "cached_tokens": self.prefix_hit_tokens,
+        }
