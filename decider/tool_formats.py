@@ -40,6 +40,7 @@ __all__ = [
     "MANIFEST_KEY",
     "MistralFormat",
     "NativeCallParser",
+    "Scan",
     "ScannedCall",
     "TOOL_FORMATS",
     "ToolFormat",
@@ -86,8 +87,10 @@ class ToolFormat:
     name: ClassVar[str]
     #: Whether the family's template renders tools itself (``apply_chat_template(tools=...)``).
     native: ClassVar[bool] = True
-    #: The special tokens the syntax uses that a decoder must keep in the text (``[TOOL_CALLS]``).
-    marker_tokens: ClassVar[tuple[str, ...]] = ()
+    #: The family writes all its calls in one block (stop after it).
+    one_block: ClassVar[bool] = False
+    #: What stands between two calls the family writes in a row.
+    separator: ClassVar[str] = "\n"
 
     def detect(self, template: str) -> bool:
         """Whether a chat template writes calls in this format."""
@@ -108,11 +111,6 @@ class ToolFormat:
         return {"type": "structural_tag", "format": {
             "type": "triggered_tags", "triggers": triggers, "tags": tags, "at_least_one": not allow_text,
             "stop_after_first": self.one_block or max_calls == 1}}
-
-    #: The family writes all its calls in one block (stop after it).
-    one_block: ClassVar[bool] = False
-    #: What stands between two calls the family writes in a row.
-    separator: ClassVar[str] = "\n"
 
     def ebnf(self, tools: Sequence[tuple[str, Mapping[str, Any]]], *, allow_text: bool, max_calls: int | None,
              calls_schema: Mapping[str, Any]) -> str:
@@ -271,7 +269,6 @@ class Llama3JsonFormat(ToolFormat):
     TRIGGER = '{"name": "'
     separator = "; "
     PYTHON_TAG = "<|python_tag|>"
-    marker_tokens = (PYTHON_TAG,)
 
     def detect(self, template: str) -> bool:
         return "<|start_header_id|>" in template and '"parameters"' in template
@@ -328,7 +325,6 @@ class MistralFormat(ToolFormat):
 
     name = "mistral"
     MARKER = "[TOOL_CALLS]"
-    marker_tokens = (MARKER,)
     one_block = True
 
     def detect(self, template: str) -> bool:

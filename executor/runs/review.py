@@ -26,6 +26,8 @@ from toolrail import tracing
 from toolrail.logging import get_logger
 from tools.calls import call_id
 from tools.validator import validate
+from executor.runs.loop import job_specs, notify
+from executor.runs.submit import enqueue_failed
 
 if TYPE_CHECKING:
     from executor.ports import Runtime
@@ -49,9 +51,6 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
     not in review, or another reviewer's answer won) and ``InvalidApprovalError`` (422: an unknown tool, or
     arguments that fail its schema). Nothing changes on an error.
     """
-    from executor.runs.loop import job_specs, notify  # noqa: PLC0415 - the loop's helpers; the loop never imports this
-    from executor.runs.submit import enqueue_failed  # noqa: PLC0415 - as submit ends a job the broker refused
-
     if sum(item is not None for item in (calls, answer, reject)) != 1:
         raise InvalidApprovalError("a review is exactly one of calls, answer or reject", job_id=job_id)
     job = rt.store.get(job_id, tenant=tenant)
