@@ -260,3 +260,13 @@ def test_the_ebnf_sent_to_a_server_is_the_formats_constraint_in_portable_syntax(
     text = PORTABLE_CASES[(name, allow_text)]
     assert accepts(grammar, text)
     assert not accepts(grammar, text.replace('"CET"', '"PST"').replace('"Rome"', '"Oslo"').replace('"UTC"', '"PST"').replace('"Paris"', '"Oslo"'))
+
+
+def test_a_clients_broken_native_output_is_not_dropped_but_read_by_the_cleaning_reader():
+    """A Llama-style output with one body that is not JSON: the native reading is not whole, so the cleaning reader
+    takes the text and refuses it with a typed error — never the first call run alone as if it were the output."""
+    from decider.checked import _check_client
+
+    broken = '{"name": "get_time", "parameters": {"zone": "CET"}}; {"name": "get_weather", "parameters": {"city": "Rome", "days": }}'
+    _raw, check = _check_client(broken, {"get_weather": WEATHER, "get_time": TIME}, None)
+    assert check.calls == [] and check.errors and check.errors[0]["validator"] == "ambiguous"
