@@ -6,6 +6,8 @@ One run, rows interleaved (``--repeat``), each for ``--seconds`` from ``--client
 - ``celery-fork``    a Celery task that forks a no-op child and waits for it: a process per call, bare
 - ``api-validate``   ``POST /v1/jobs`` (``Prefer: wait=30``) with a call of an inline tool: validated, stored
 - ``api-sandboxed``  ``POST /v1/jobs`` (``Prefer: wait=30``) with a ``get_weather`` call: run in the sandbox
+- ``…-poll``         the same jobs waited on the way the API allowed before ``Prefer: wait`` (issue 37's
+                     measurement): a plain submit, then ``GET /v1/jobs/{id}`` every 5 ms until it ends
 
 The stack is ``toolrail serve`` as the README starts it (its own Redis, API, worker pool of
 ``TOOLRAIL_WORKER_CONCURRENCY`` processes), with ``TOOLRAIL_DEMO_TOOLS=get_weather`` (the sandboxed row's tool)
@@ -191,6 +193,21 @@ def runners(base: str) -> dict[str, Callable[[], bool]]:
             return reply.status_code == 200 and reply.json().get("status") == "succeeded"
         return one
 
+    def polled(body: dict) -> Callable[[], bool]:
+        def one() -> bool:
+            reply = http().post("/v1/jobs", json=body)
+            if reply.status_code != 202:
+                return False
+            path = f"/v1/jobs/{reply.json()['job_id']}"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                status = http().get(path).json().get("status")
+                if status in {"succeeded", "failed", "needs_review", "cancelled", "expired"}:
+                    return status == "succeeded"
+                time.sleep(0.005)
+            return False
+        return one
+
     def task(fn: Callable) -> Callable[[], bool]:
         def one() -> bool:
             fn.apply_async(queue=QUEUE).get(timeout=30)
@@ -198,7 +215,8 @@ def runners(base: str) -> dict[str, Callable[[], bool]]:
         return one
 
     return {"celery-noop": task(noop), "celery-fork": task(fork_noop),
-            "api-validate": job(BODIES["api-validate"]), "api-sandboxed": job(BODIES["api-sandboxed"])}
+            "api-validate": job(BODIES["api-validate"]), "api-sandboxed": job(BODIES["api-sandboxed"]),
+            "api-validate-poll": polled(BODIES["api-validate"]), "api-sandboxed-poll": polled(BODIES["api-sandboxed"])}
 
 
 def median_row(runs: list[dict]) -> dict:
@@ -220,12 +238,13 @@ def report(results: dict[str, dict], *, clients: int, seconds: float, repeat: in
     for name, r in results.items():
         lines.append(f"| {name} | {r['jobs_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
                      f"{r['server_cpu_ms']:.2f} | {r['api_cpu_ms']:.2f} | {r['client_cpu_ms']:.2f} | {r['jobs']} ({r['errors']}) |")
-    validate, sandboxed = results["api-validate"], results["api-sandboxed"]
-    lines += ["", "| ratio | throughput | server CPU per job (reference ÷ ours: higher is better) |", "| --- | ---: | ---: |",
-              f"| api-validate ÷ celery-noop | {validate['jobs_per_s'] / noop_['jobs_per_s']:.2f}× | "
-              f"{noop_['server_cpu_ms'] / validate['server_cpu_ms']:.2f}× |",
-              f"| api-sandboxed ÷ celery-fork | {sandboxed['jobs_per_s'] / fork_['jobs_per_s']:.2f}× | "
-              f"{fork_['server_cpu_ms'] / sandboxed['server_cpu_ms']:.2f}× |"]
+    lines += ["", "| ratio | throughput | server CPU per job (reference ÷ ours: higher is better) |", "| --- | ---: | ---: |"]
+    for name, reference in (("api-validate", "celery-noop"), ("api-sandboxed", "celery-fork"),
+                            ("api-validate-poll", "celery-noop"), ("api-sandboxed-poll", "celery-fork")):
+        if name in results:
+            ours, ref = results[name], results[reference]
+            lines.append(f"| {name} ÷ {reference} | {ours['jobs_per_s'] / ref['jobs_per_s']:.2f}× | "
+                         f"{ref['server_cpu_ms'] / ours['server_cpu_ms']:.2f}× |")
     return "\n".join(lines) + "\n"
 
 
@@ -237,7 +256,9 @@ def plot(results: dict[str, dict], path: Path, title: str) -> None:
 
     names = list(results)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    colors = ["#888888", "#bbbbbb", "#1f77b4", "#ff7f0e"]
+    palette = {"celery-noop": "#888888", "celery-fork": "#bbbbbb", "api-validate": "#1f77b4", "api-sandboxed": "#ff7f0e",
+               "api-validate-poll": "#9ec5e8", "api-sandboxed-poll": "#ffc48a"}
+    colors = [palette.get(n, "#555555") for n in names]
     axes[0].bar(names, [results[n]["jobs_per_s"] for n in names], color=colors)
     axes[0].set_title("jobs/s (higher is better)")
     width = 0.38
@@ -273,7 +294,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds per row and run")
     parser.add_argument("--repeat", type=int, default=1, help="runs of every row, interleaved; medians reported")
     parser.add_argument("--decider", default="none", help="TOOLRAIL_DECIDER of serve (default none: no row decides)")
-    parser.add_argument("--rows", default="celery-noop,celery-fork,api-validate,api-sandboxed")
+    parser.add_argument("--rows", default="celery-noop,celery-fork,api-validate,api-sandboxed,api-validate-poll,"
+                                          "api-sandboxed-poll")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="where client.md/.png go")
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
                         help="py-spy the API process during each run of --profile-row: collapsed stacks to FILE")

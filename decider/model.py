@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from decider.errors import DeciderPermanentError
+from toolrail.settings import Settings
 
 if TYPE_CHECKING:
     from toolrail.settings import Settings
@@ -79,8 +80,6 @@ class ModelInfo:
 
 def _cache_root(cache_dir: Path | str | None) -> Path:
     if cache_dir is None:
-        from toolrail.settings import Settings  # noqa: PLC0415
-
         cache_dir = Settings().cache_dir
     return Path(cache_dir).expanduser()
 

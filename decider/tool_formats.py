@@ -40,6 +40,7 @@ __all__ = [
     "MANIFEST_KEY",
     "MistralFormat",
     "NativeCallParser",
+    "Scan",
     "ScannedCall",
     "TOOL_FORMATS",
     "ToolFormat",
@@ -86,8 +87,10 @@ class ToolFormat:
     name: ClassVar[str]
     #: Whether the family's template renders tools itself (``apply_chat_template(tools=...)``).
     native: ClassVar[bool] = True
-    #: The special tokens the syntax uses that a decoder must keep in the text (``[TOOL_CALLS]``).
-    marker_tokens: ClassVar[tuple[str, ...]] = ()
+    #: The family writes all its calls in one block (stop after it).
+    one_block: ClassVar[bool] = False
+    #: What stands between two calls the family writes in a row.
+    separator: ClassVar[str] = "\n"
 
     def detect(self, template: str) -> bool:
         """Whether a chat template writes calls in this format."""
@@ -108,11 +111,6 @@ class ToolFormat:
         return {"type": "structural_tag", "format": {
             "type": "triggered_tags", "triggers": triggers, "tags": tags, "at_least_one": not allow_text,
             "stop_after_first": self.one_block or max_calls == 1}}
-
-    #: The family writes all its calls in one block (stop after it).
-    one_block: ClassVar[bool] = False
-    #: What stands between two calls the family writes in a row.
-    separator: ClassVar[str] = "\n"
 
     def ebnf(self, tools: Sequence[tuple[str, Mapping[str, Any]]], *, allow_text: bool, max_calls: int | None,
              calls_schema: Mapping[str, Any]) -> str:
@@ -271,7 +269,6 @@ class Llama3JsonFormat(ToolFormat):
     TRIGGER = '{"name": "'
     separator = "; "
     PYTHON_TAG = "<|python_tag|>"
-    marker_tokens = (PYTHON_TAG,)
 
     def detect(self, template: str) -> bool:
         return "<|start_header_id|>" in template and '"parameters"' in template
@@ -328,7 +325,6 @@ class MistralFormat(ToolFormat):
 
     name = "mistral"
     MARKER = "[TOOL_CALLS]"
-    marker_tokens = (MARKER,)
     one_block = True
 
     def detect(self, template: str) -> bool:
@@ -423,17 +419,18 @@ def resolve_tool_format(tokenizer: Any, *, override: str | None = None, model_di
 
 
 def read_native_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
-    """A client's raw output read in the first native syntax whose marks it carries (``[TOOL_CALLS]``,
-    ``<tool_call>``, ``<|python_tag|>`` or ``{"name": ..., "parameters": ...}``): ``(format name, calls)`` with
-    each call's ``name``, ``arguments`` (an object, or None) and ``raw_arguments``; None when it carries none
-    (the JSON-array reading applies)."""
-    claims = (("mistral", MistralFormat.MARKER in text), ("hermes", HermesFormat.BEGIN in text),
+    """A client's raw output read in the native syntax whose marks it carries (``[TOOL_CALLS]``,
+    ``<|python_tag|>`` or ``{"name": ..., "parameters": ...}``): ``(format name, calls)`` with each call's
+    ``name``, ``arguments`` (an object, or None) and ``raw_arguments``. None when it carries none, or when its
+    reading is not whole (a broken body): the cleaning reader of :func:`tools.check.check_output` then takes the
+    text, repairs included, so nothing is dropped. ``<tool_call>`` blocks are that reader's already."""
+    claims = (("mistral", MistralFormat.MARKER in text),
               ("llama3_json", Llama3JsonFormat.PYTHON_TAG in text or re.search(r'"parameters"\s*:', text) is not None))
     for name, claimed in claims:
         if not claimed:
             continue
         scan = TOOL_FORMATS[name].scan(text)
-        if scan.calls:
+        if scan.calls and scan.problem is None:
             parser = NativeCallParser(TOOL_FORMATS[name], "client")
             return name, [{"name": c.name, "arguments": parser._call(i, c).arguments, "raw_arguments": c.raw_arguments}
                           for i, c in enumerate(scan.calls)]

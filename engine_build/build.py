@@ -23,6 +23,7 @@ from engine_build.errors import BuildStepError, NoGPUError, PlanError, TensorRTL
 from engine_build.gpus import detect_gpus
 from engine_build.manifest import FileHashCache, Manifest, find_cached, hash_tree
 from engine_build.plan import BuildOptions, BuildPlan, Step, plan_build
+from engine_build.tokenizer_info import stop_token_ids_for, write_tokenizer_info
 
 __all__ = [
     "BuildResult",
@@ -114,8 +115,6 @@ def _write_llm_api_options(plan: BuildPlan) -> None:
 
 def _write_tokenizer_info(plan: BuildPlan) -> None:
     from transformers import AutoTokenizer
-
-    from engine_build.tokenizer_info import stop_token_ids_for, write_tokenizer_info
 
     model_dir = Path(plan.options.model)
     tokenizer = AutoTokenizer.from_pretrained(plan.options.model, revision=plan.options.revision)

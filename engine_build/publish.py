@@ -36,6 +36,7 @@ from engine_build.errors import EngineBuildError
 from engine_build.gpus import resolve_gpu
 from engine_build.manifest import MANIFEST_NAME, Manifest, hash_file
 from engine_build.sizing import TaskSizing, weight_files
+from engine_build.plan import BuildOptions, plan_sizing
 
 __all__ = [
     "DEFAULT_ENGINE_ROOT",
@@ -157,8 +158,6 @@ def _bls_instances(repo_dir: Path) -> int | None:
 
 def publish_sizing(build_dir: Path, files: Mapping[str, Path], *, repo_dir: Path) -> TaskSizing:
     """The task's sizing from what is published: the engine's or the weights' real bytes, the repository's BLS count."""
-    from engine_build.plan import BuildOptions, plan_sizing
-
     manifest = Manifest.read(build_dir)
     prefix = "engine/" if manifest.backend == "engine" else f"{MODEL_DIR}/"
     weights = [path for name, path in files.items() if name.startswith(prefix) and name.endswith((".engine", ".safetensors"))]

@@ -23,8 +23,8 @@ NEXT_STEPS = (
     "next:",
     f"  export TOOLRAIL_DEMO_TOOLS={DEMO_TOOLS}   # the demo's tool (no demo tool is registered by default)",
     f'  toolrail run "{DEMO_PROMPT}" --tools get_weather   # one job of your own on a local stack (--json, --trace)',
-    "  toolrail serve        # the API on 127.0.0.1:8000, a worker pool and its own Redis (prints its REDIS_URL)",
-    "  then open http://127.0.0.1:8000/console/   # the console: jobs live, traces, approvals and review",
+    "  toolrail serve        # the API on 127.0.0.1:8000, a worker pool and its own Redis (prints its REDIS_URL); then "
+    "watch jobs and approve calls in the console: http://127.0.0.1:8000/console/",
     "  toolrail tools list   # the tools a worker loads; your own: README.md, 'Write your own tool'",
 )
 

@@ -22,6 +22,12 @@ import redis
 from toolrail.lifeline import dies_with_parent
 from toolrail.logging import get_logger
 from toolrail.redis_embed import EmbeddedRedis, display_url, ensure_redis, free_port
+from executor.worker.config import DECIDER_WARM_KEY, TOOL_CHECK_EXIT, worker_queues
+from tools.registry import default_registry
+from executor.store.records import TERMINAL_JOB
+from executor.api.readiness import mark_worker_down
+from toolrail.settings import DEFAULT_CACHE_DIR, get_settings
+from executor.runtime import Runtime
 
 __all__ = ["LocalStack", "SupervisedWorker", "deployment_queues", "serve_in_thread", "start_worker", "wait_for_job",
            "wait_for_workers", "wait_http_ok"]
@@ -33,9 +39,7 @@ def deployment_queues(redis_url: str | None = None, *, extra: tuple[str, ...] | 
     """The queues of this deployment's worker (``executor.worker.config.worker_queues``): decide, webhooks, every tool
     queue, ``extra``, and every registered MCP server's queue when ``redis_url`` answers (else none: a worker still
     picks those up from the broadcast sent when a server is registered)."""
-    from executor.worker.config import worker_queues  # noqa: PLC0415
     from mcpbridge.providers import known_queues  # noqa: PLC0415 - the assembly is the one place that knows mcpbridge
-    from tools.registry import default_registry  # noqa: PLC0415
 
     mcp: list[str] = []
     if redis_url:
@@ -113,8 +117,6 @@ def wait_for_job(client: object, job_id: str, *, timeout_s: float = 60.0, poll_s
     """Wait until the job is terminal (or in a status of ``until``) with ``GET /v1/jobs/{id}?wait=``: the API answers
     the moment the job settles, no polling. At the deadline, the last record seen. ``poll_s``: the pause before
     asking again while the job waits for approval and ``until`` does not name it (the API answers such a wait at once)."""
-    from executor.store.records import TERMINAL_JOB  # noqa: PLC0415
-
     deadline = time.monotonic() + timeout_s
     while True:
         wait_s = round(max(0.0, min(deadline - time.monotonic(), 20.0)), 3)
@@ -179,8 +181,6 @@ class SupervisedWorker:
         stop_process(self.proc)  # never started, or the thread is stuck: from here
 
     def _spawn(self) -> None:
-        from executor.worker.config import DECIDER_WARM_KEY  # noqa: PLC0415
-
         if self.wait_warm:  # a warm mark left by an earlier pool says nothing of this one
             _quietly(redis.Redis.from_url(self.redis_url, socket_connect_timeout=2).delete, DECIDER_WARM_KEY)
         self._hostname = f"toolrail-serve-{os.getpid()}-{self.restarts}@{socket.gethostname()}"
@@ -195,9 +195,6 @@ class SupervisedWorker:
             stop_process(self.proc)
 
     def _supervise(self) -> None:
-        from executor.api.readiness import mark_worker_down  # noqa: PLC0415
-        from executor.worker.config import TOOL_CHECK_EXIT  # noqa: PLC0415
-
         client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2, socket_timeout=5)
         backoff, started = self.backoff_s, time.monotonic()
         if self.wait_warm:
@@ -231,9 +228,6 @@ class SupervisedWorker:
         """Until the new pool answers a ping by its name (and, with ``wait_warm``, has a warm decider: then it is
         marked up), dies, or the supervisor stops."""
         from celery import Celery  # noqa: PLC0415
-
-        from executor.api.readiness import mark_worker_down  # noqa: PLC0415
-        from executor.worker.config import DECIDER_WARM_KEY  # noqa: PLC0415
 
         probe = Celery("toolrail-supervisor", broker=self.redis_url)
         answered = False
@@ -292,8 +286,6 @@ class LocalStack:
         return f"http://{self.host}:{self.port}"
 
     def start(self, *, wait_workers: bool = True) -> "LocalStack":
-        from toolrail.settings import DEFAULT_CACHE_DIR, get_settings  # noqa: PLC0415
-
         started = time.monotonic()
         settings = get_settings()
         url, self._redis = ensure_redis(self.redis_url or settings.redis_url, self.cache_dir or settings.cache_dir or DEFAULT_CACHE_DIR,
@@ -311,8 +303,6 @@ class LocalStack:
 
     def _start_api(self) -> None:
         from executor.api.app import create_app  # noqa: PLC0415
-        from executor.runtime import Runtime  # noqa: PLC0415
-        from toolrail.settings import get_settings  # noqa: PLC0415
 
         settings = get_settings()
         app = create_app(settings, Runtime.from_settings(settings, redis_url=self.redis_url))

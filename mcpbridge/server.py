@@ -47,6 +47,7 @@ from toolrail.context import new_request_id, sanitize_request_id
 from toolrail.logging import get_logger
 from toolrail.trace_sinks import TraceClaims
 from tools.errors import UnknownToolError
+from mcpbridge.providers import specs_for
 
 __all__ = ["McpEndpoint", "McpService", "TENANT_SCOPE_KEY", "build_server", "serve_stdio"]
 
@@ -67,8 +68,6 @@ class McpService:
 
     def specs(self, tenant: str) -> list[Any]:
         """The tools a tenant sees: the registry's, then its MCP servers' (``mcp__<server>__<tool>``)."""
-        from mcpbridge.providers import specs_for  # noqa: PLC0415
-
         return [*self.runtime.registry.specs(), *specs_for(self.runtime.redis, tenant).values()]
 
     async def list_tools(self, tenant: str) -> types.ListToolsResult:

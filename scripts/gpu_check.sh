@@ -10,7 +10,8 @@
 #
 # Inside the image: toolrail is installed from the source tree into a virtualenv over the image's
 # packages (its TensorRT-LLM, torch and transformers 4.x stay; WHEELHOUSE=<dir> installs offline:
-# `pip download` there toolrail's dependencies, setuptools, wheel and moto[server] for the image's Python);
+# `pip download` there toolrail's dependencies, setuptools, wheel and moto[server] for the image's Python;
+# a moto 5.x the image already has serves the local S3 too: the double needs no MotoRequestHandler);
 # the model is GPU_CHECK_MODEL (an HF dir, e.g. the SmolLM2 export of `toolrail engine export-hf4`)
 # or a tiny random llama made here (the grammar forces the probe's answers, so it needs no weights
 # worth the name). Then, for each flavour - pytorch (LLM API), then engine (trtllm-build, the
@@ -19,8 +20,9 @@
 #   toolrail engine build → triton-repo (publish layout) → publish to a local S3 (moto, region
 #   eu-west-1, refusing region-less clients) → the image's entrypoint downloads and verifies it →
 #   tritonserver → scripts/triton_probe.py with the decider's client: 1 and 16 concurrent guided
-#   decisions, a length stop, a client hang-up, the stream's final response; the task's peak RSS
-#   against the task_memory_mib publish computed.
+#   decisions, a length stop, a call forced in the Qwen/Hermes format (its constraint as ebnf_grammar),
+#   a client hang-up, the stream's final response; the task's peak RSS against the task_memory_mib
+#   publish computed.
 #
 # Every step has a time limit that never passes the deadline; a failed step is recorded and the next
 # still runs. Results: $OUT/summary.json (one JSON object), probe_*.json, logs.

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import structlog
+from toolrail.settings import Settings, unknown_variables
 
 __all__ = ["QUIET_LOGGERS", "StaticFields", "configure_logging", "get_logger"]
 
@@ -41,7 +42,6 @@ def configure_logging(*, json: bool | None = None, level: str | None = None, for
     global _configured
     if _configured and not force:
         return
-    from toolrail.settings import Settings  # noqa: PLC0415 - fresh: logging may be reconfigured after env changes
 
     settings = Settings()
     if json is None:
@@ -72,7 +72,6 @@ def configure_logging(*, json: bool | None = None, level: str | None = None, for
     first = not _configured
     _configured = True
     if first:  # once per process, at its start: a misspelt variable is said, never silently ignored
-        from toolrail.settings import unknown_variables  # noqa: PLC0415
 
         for name, nearest in unknown_variables().items():
             structlog.get_logger("toolrail.settings").warning("settings.unknown_variable", variable=name,

@@ -60,6 +60,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from toolrail.trace_sinks import (TENANT_ATTRIBUTE, BoundedMemoryExporter, ChildRecorder, RedisSpanExporter, TenantStamp,
                                   span_from_dict)
+from toolrail.redis_embed import redis_url
+from toolrail.settings import get_settings
 
 if TYPE_CHECKING:
     from toolrail.settings import Settings
@@ -137,8 +139,6 @@ def setup(kind: str, *, settings: Settings | None = None, memory: bool = False, 
     Calling it again in the same process adds sinks not yet there (a test's memory exporter).
     """
     if settings is None:
-        from toolrail.settings import get_settings  # noqa: PLC0415
-
         settings = get_settings()
     with _lock:
         if _state["pid"] != os.getpid():
@@ -204,8 +204,6 @@ class _ProxySwap:
 
 def _redis_of(settings: Settings) -> Any:
     import redis  # noqa: PLC0415
-
-    from toolrail.redis_embed import redis_url  # noqa: PLC0415
 
     return redis.Redis.from_url(redis_url(settings), socket_timeout=5, socket_connect_timeout=5)
 

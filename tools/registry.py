@@ -30,6 +30,7 @@ from typing import Any
 from tools.builtin import BalanceArgs, StressArgs, TransferArgs, WeatherArgs
 from tools.errors import ToolError, UnknownToolError
 from tools.spec import ToolSpec
+from toolrail.settings import get_settings
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -212,8 +213,6 @@ def demo_tools_from_settings(value: str | None = None) -> tuple[str, ...]:
     """The demo tools a ``TOOLRAIL_DEMO_TOOLS`` value enables (default: the process settings'):
     comma-separated names, or ``all``; an unknown name is an error, not ignored."""
     if value is None:
-        from toolrail.settings import get_settings  # noqa: PLC0415 - read where the registry is built
-
         value = get_settings().demo_tools
     names = [name.strip() for name in value.split(",") if name.strip()]
     if names == ["all"]:

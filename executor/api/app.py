@@ -61,7 +61,7 @@ from executor.api.ratelimit import install_load_control, rate_limited
 from executor.api.readiness import Readiness
 from executor.runtime import Runtime
 from executor.runs.submit import cancel, submit
-from executor.worker.config import worker_queues
+from executor.worker.config import task_time_limit_for, worker_queues
 from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse, StreamSlots, job_event_stream
 from executor.api.waiting import JobWaiter, RecordResponse
 from executor.store.records import CallRecord, JobRecord
@@ -69,13 +69,18 @@ from executor.api.tracing import instrument_api, trace_router
 from executor.worker.tracing import in_job_trace, message_age_s
 from toolrail import tracing
 from toolrail.extensions import API_GROUP, installed
-from toolrail.logging import get_logger
+from toolrail.logging import configure_logging, get_logger
 from toolrail.settings import Settings, get_settings
 from toolrail.trace_sinks import TraceClaims
 from tools.errors import SchemaRejectedError, UnknownToolError
 from tools.schema_guard import check_client_schema
 from tools.spec import ToolSpec
 from tools.validator import validator_for
+from executor.runs.review import review
+from executor.runs.approvals import resolve
+from executor.runs.reconcile import Reconciler
+from executor.runs.webhooks import deliveries
+from decider.model import DEFAULT_MODEL_NAME
 
 __all__ = ["ApiError", "JobCreate", "app_from_environment", "create_app"]
 
@@ -125,8 +130,6 @@ def app_from_environment() -> FastAPI:
     frozen: the collector no longer walks it, and its first full collection under load no longer stalls every
     request in flight (110-150 ms at 16 clients; bench/results/executor.md). Not for a process that builds and
     drops apps (tests: ``create_app``): what it froze would never be collected."""
-    from toolrail.logging import configure_logging  # noqa: PLC0415
-
     configure_logging()
     settings = get_settings()
     app = create_app(settings, Runtime.from_settings(settings))
@@ -155,9 +158,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         reconciler = None
         if rerun is not None and settings.reconcile_interval_s > 0:
-            from executor.worker.config import task_time_limit_for  # noqa: PLC0415
-            from executor.runs.reconcile import Reconciler  # noqa: PLC0415
-
             limit = settings.task_time_limit_s or task_time_limit_for(settings.visibility_timeout_s)
             reconciler = Reconciler(runtime, interval_s=settings.reconcile_interval_s,
                                     stale_after_s=settings.visibility_timeout_s + limit,
@@ -333,8 +333,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     def review_job(job_id: str, tenant: Tenant, body: ReviewBody) -> dict[str, Any]:
         """Resolve a job in ``needs_review``: run the given calls instead (validated again), end it with a text
         answer, or reject the model's proposal (the model sees the reason and decides again)."""
-        from executor.runs.review import review  # noqa: PLC0415
-
         runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 first: unknown jobs, other tenants
         if rerun is None:
             raise ApiError(503, "unavailable", "this API process does not queue work")
@@ -344,8 +342,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return job.public()
 
     def _resolve(job_id: str, call_id: str, tenant: str, decision: Literal["approve", "reject"], **answer: Any) -> dict[str, Any]:
-        from executor.runs.approvals import resolve  # noqa: PLC0415
-
         runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 first: unknown jobs, other tenants
         if rerun is None:
             raise ApiError(503, "unavailable", "this API process does not queue work")
@@ -366,16 +362,17 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         job = await waiter.job(_checked_id(job_id), tenant=tenant, wait_s=wait)
         data = job.public()
         if job.webhook_url or settings.webhook_urls:
-            from executor.runs.webhooks import deliveries  # noqa: PLC0415
-
             data["webhooks"] = await run_in_threadpool(deliveries, runtime, job.job_id)
         return RecordResponse(data)
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
-    def cancel_job(job_id: str, tenant: Tenant) -> JSONResponse:
-        """Stop a job: calls not yet started never run; a call already running finishes in its sandbox."""
+    def cancel_job(job_id: str, tenant: Tenant, request: Request) -> JSONResponse:
+        """Stop a job: calls not yet started end ``call_cancelled`` and never run; a running one is stopped. A job in
+        ``needs_review`` can be cancelled too (a review and a cancel sent at once: one wins, the other is 409)."""
         runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 for other tenants
-        job, cancelled = cancel(runtime, job_id, "the job was cancelled by its owner")  # through set_status
+        # through set_status; ordered against a review by when it arrived (one winner, the other 409)
+        job, cancelled = cancel(runtime, job_id, "the job was cancelled by its owner",
+                                sent_at=getattr(request.state, "arrived_at", None))
         if not cancelled:
             raise ApiError(409, "already_terminal", f"job {job_id} already ended: {job.status}", job_status=job.status)
         log.info("job.cancelled", job_id=job_id, tenant=tenant)
@@ -439,8 +436,6 @@ def _served_models(settings: Settings, *, created: int) -> list[dict[str, Any]]:
     elif settings.decider == "custom":
         model_id = settings.model or "custom"
     else:
-        from decider.model import DEFAULT_MODEL_NAME  # noqa: PLC0415
-
         model_id = settings.model or DEFAULT_MODEL_NAME
     return [{"id": model_id, "object": "model", "created": created, "owned_by": "toolrail", "backend": settings.decider}]
 

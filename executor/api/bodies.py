@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from executor.errors import ExecutorError
 from executor.runtime import Runtime
 from toolrail.settings import Settings
+from executor.runs.loop import job_specs
+from tools.check import CONTRACT_VALIDATORS, check_tool_calls
+from executor.runs.webhooks import validate_webhook_url
 
 __all__ = ["AnyToolCall", "ApiError", "ApprovalBody", "JobCreate", "Message", "NamedChoice", "RejectionBody", "check_conversation",
            "error_body", "refuse_invalid_calls", "run_fields"]
@@ -280,8 +283,6 @@ def refuse_invalid_calls(runtime: Runtime, body: JobCreate, job: Any) -> None:
     """
     if body.tool_calls is None:
         return
-    from executor.runs.loop import job_specs  # noqa: PLC0415 - the job's tools, registered, inline or the tenant's
-    from tools.check import CONTRACT_VALIDATORS, check_tool_calls  # noqa: PLC0415
 
     specs = job_specs(runtime, job)
     check = check_tool_calls([call.flat() for call in body.tool_calls], specs)
@@ -321,8 +322,6 @@ def run_fields(runtime: Runtime, body: JobCreate, settings: Settings, *, client_
                            tools=unknown)
     webhook_url = None
     if body.webhook_url is not None:
-        from executor.runs.webhooks import validate_webhook_url  # noqa: PLC0415 - resolves the host: only when one is given
-
         try:
             webhook_url = validate_webhook_url(body.webhook_url, allow_private=settings.webhook_allow_private)
         except ExecutorError as exc:

@@ -20,6 +20,8 @@ import redis
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter
+from executor.calls.breaker import BreakerCollector
+from executor.calls.concurrency import ConcurrencyCollector
 
 __all__ = ["Decision", "RateLimitedError", "RateLimiter", "install_load_control", "rate_limited"]
 
@@ -106,9 +108,6 @@ def install_load_control(app: FastAPI, *, settings: Any, runtime: Any, metrics: 
                          counters: CollectorRegistry | None) -> RateLimiter:
     """Rate limiter on ``app.state``, its 429 handler, and the load-control metrics (the 429 counter in
     ``counters``: ``None`` when several API processes share their counters through prometheus_client's files)."""
-    from executor.calls.breaker import BreakerCollector  # noqa: PLC0415 - sibling modules, imported where wired
-    from executor.calls.concurrency import ConcurrencyCollector  # noqa: PLC0415
-
     limiter = RateLimiter(runtime.redis, rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst)
     app.state.rate_limiter = limiter
     rejected = Counter("toolrail_rate_limited_total", "Requests answered 429 by the per-tenant rate limit", ["tenant"],

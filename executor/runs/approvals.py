@@ -26,6 +26,8 @@ from executor.runs.policy import close_step
 from executor.store.records import TERMINAL_CALL, CallRecord, JobRecord
 from toolrail.logging import get_logger
 from tools.validator import validate
+from executor.runs.loop import advance, job_specs, set_status
+from executor.runs.submit import enqueue_failed
 
 if TYPE_CHECKING:
     from executor.ports import Runtime
@@ -54,8 +56,6 @@ class Resolution:
 
 
 def _expire(rt: Runtime, job_id: str) -> JobRecord:
-    from executor.runs.loop import set_status  # noqa: PLC0415 - jobs imports this module
-
     def mutate(job: JobRecord) -> None:
         if job.status != "awaiting_approval":
             raise _NotWaiting
@@ -93,8 +93,6 @@ def resolve(rt: Runtime, job_id: str, call_id: str, *, tenant: str, decision: Li
     (409: the job ended or expired, the call needs no approval, it was already decided the other way) and
     ``InvalidApprovalError`` (422: edited arguments that fail the schema). Nothing changes on an error.
     """
-    from executor.runs.loop import advance, job_specs  # noqa: PLC0415 - jobs imports this module
-
     job = rt.store.get(job_id, tenant=tenant)
     if job.status == "awaiting_approval" and job.approval_deadline_at is not None and time.time() > job.approval_deadline_at:
         job = _expire(rt, job_id)
@@ -215,11 +213,12 @@ def _maybe_resume(rt: Runtime, job_id: str, call: CallRecord, *, dispatch: Calla
             item.status, item.dispatched_at = "pending", now
             rt.store.put_call(job_id, item)
             to_run.append(item)
+    if to_run and rt.store.end_unstarted(job_id):  # a cancel landed after the resume: none of them runs
+        to_run = []
     try:
         for item in to_run:
             dispatch(job, item)
     except Exception as exc:  # noqa: BLE001 - resumed with its calls not queued: the job ends, never runs on nothing
-        from executor.runs.submit import enqueue_failed  # noqa: PLC0415 - submit imports the loop, as this module does
 
         raise enqueue_failed(rt, job, exc) from exc
     if not to_run:

@@ -26,6 +26,10 @@ from executor.errors import ExecutorError
 from executor.ports import Runtime
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
 from toolrail.logging import get_logger
+from executor.runs.approvals import expire_due
+from executor.runs.loop import advance, set_status
+from executor.runs.policy import close_step
+from executor.runs.submit import internal_error
 
 __all__ = ["LAST_SWEEP_KEY", "MAX_REQUEUES", "Reconciler", "reconcile_once"]
 
@@ -40,9 +44,6 @@ MAX_REQUEUES = 3
 def reconcile_once(rt: Runtime, *, stale_after_s: float, redecide: Callable[[JobRecord], None],
                    rerun: Callable[[JobRecord, CallRecord], None], limit: int = 100) -> int:
     """Re-queue the work of every job stuck longer than ``stale_after_s``. Returns how many."""
-    from executor.runs.approvals import expire_due  # noqa: PLC0415 - jobs imports runtime; keep this module light
-    from executor.runs.loop import advance  # noqa: PLC0415
-
     expire_due(rt)  # approvals past their deadline end as expired, whatever their staleness
     requeued = 0
     for job_id in rt.store.stale_jobs(older_than_s=stale_after_s, limit=limit):
@@ -85,10 +86,6 @@ def _requeues(rt: Runtime, job: JobRecord) -> int:
 
 
 def _end_lost(rt: Runtime, job: JobRecord) -> None:
-    from executor.runs.loop import set_status  # noqa: PLC0415 - as above
-    from executor.runs.policy import close_step  # noqa: PLC0415
-    from executor.runs.submit import internal_error  # noqa: PLC0415
-
     log.error("job.lost", job_id=job.job_id, request_id=job.request_id, status=job.status, step=job.step,
               requeues=MAX_REQUEUES)
     set_status(rt, job.job_id, "failed", mutate=lambda j: close_step(j, status="failed"),

@@ -26,6 +26,8 @@ from toolrail import tracing
 from toolrail.logging import get_logger
 from tools.calls import call_id
 from tools.validator import validate
+from executor.runs.loop import job_specs, notify
+from executor.runs.submit import enqueue_failed
 
 if TYPE_CHECKING:
     from executor.ports import Runtime
@@ -49,9 +51,6 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
     not in review, or another reviewer's answer won) and ``InvalidApprovalError`` (422: an unknown tool, or
     arguments that fail its schema). Nothing changes on an error.
     """
-    from executor.runs.loop import job_specs, notify  # noqa: PLC0415 - the loop's helpers; the loop never imports this
-    from executor.runs.submit import enqueue_failed  # noqa: PLC0415 - as submit ends a job the broker refused
-
     if sum(item is not None for item in (calls, answer, reject)) != 1:
         raise InvalidApprovalError("a review is exactly one of calls, answer or reject", job_id=job_id)
     job = rt.store.get(job_id, tenant=tenant)
@@ -66,7 +65,8 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
     def mutate(j: JobRecord) -> dict[str, Any]:
         if j.status != "needs_review":
             raise _NotInReview(j.status)
-        policy.open_step(j)["review"] = {**entry, "outcome": "answer" if answer is not None else
+        policy.open_step(j)["review"] = {**entry, "at": time.time(),  # when it landed: a cancel sent before loses
+                                         "outcome": "answer" if answer is not None else
                                          "reject" if reject is not None else "calls"}
         j.error = None
         if answer is not None:
@@ -98,6 +98,8 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
     try:
         if records:
             rt.store.set_calls(job_id, records, step=job.step)
+            if rt.store.end_unstarted(job_id):  # a cancel landed after this review: none of them runs
+                return rt.store.get(job_id)
             for record in records:
                 if record.status == "pending":
                     dispatch(job, record)

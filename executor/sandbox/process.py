@@ -68,6 +68,9 @@ from executor.sandbox.child import (
 )
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
+from tools.registry import default_registry
+from toolrail.settings import get_settings
+from toolrail.tracing import adopt_spans
 
 __all__ = ["SANDBOX_UID_BASE", "ProcessSandbox", "SandboxDeniedError", "ScratchRootError", "ToolLeftProcessError", "ToolProcessLimitError", "default_scratch_root", "module_search_path", "prepare_scratch_root"]
 
@@ -169,8 +172,6 @@ def module_search_path(*, exclude: Path | None = None) -> list[str]:
 
 def registry_modules() -> str:
     """The modules of every registered tool's entrypoint, comma separated (the fork server preloads them)."""
-    from tools.registry import default_registry  # noqa: PLC0415 - the registry is built at worker start
-
     modules = {"tools.builtin"}
     modules.update(spec.entrypoint.partition(":")[0] for spec in default_registry().specs() if spec.entrypoint)
     return ",".join(sorted(modules))
@@ -521,14 +522,10 @@ def _tool_failure(error: dict[str, Any]) -> SandboxError:
 
 def _tracebacks_setting() -> bool:
     """``TOOLRAIL_TOOL_ERROR_TRACEBACKS``, as the process's settings read it."""
-    from toolrail.settings import get_settings  # noqa: PLC0415 - read where the sandbox is built
-
     return get_settings().tool_error_tracebacks
 
 
 def _adopt_spans(spans: Any, call: CallRun) -> None:
-    from toolrail.tracing import adopt_spans  # noqa: PLC0415 - only calls that carry a trace context get here
-
     adopt_spans(spans, trace_context=call.trace_context)
 
 

@@ -24,6 +24,8 @@ from typing import Any
 from executor.errors import PermanentError
 from tools.registry import Registry
 from tools.spec import ToolSpec
+from executor.sandbox.boundary import CallRun
+from executor.sandbox.process import ProcessSandbox
 
 __all__ = ["CHECK_ENTRYPOINT", "CheckReport", "Finding", "ToolCheckError", "check_schema", "check_tools",
            "sandbox_import_check"]
@@ -73,9 +75,6 @@ class CheckReport:
 
 def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., Any] | None = None) -> list[Finding]:
     """Import every tool module inside one real, confined sandbox child; a finding per tool that fails."""
-    from executor.sandbox.boundary import CallRun  # noqa: PLC0415
-    from executor.sandbox.process import ProcessSandbox  # noqa: PLC0415
-
     specs = [s for s in registry.specs() if s.entrypoint]
     if not specs:
         return []

@@ -26,6 +26,9 @@ from toolrail.context import CELERY_REQUEST_ID_HEADER, bind_request, current_req
 from toolrail.logging import configure_logging, get_logger
 from toolrail.redis_embed import redis_url
 from toolrail.settings import get_settings
+from executor.sandbox.toolcheck import check_tools
+from tools.registry import default_registry, demo_tools_from_settings, tool_modules_from_env
+from executor.store.worker_tools import publish
 
 __all__ = ["PREWARM_ENV", "WARM_DECIDER_ENV", "BoundaryTask", "app"]
 
@@ -105,8 +108,6 @@ def _check_tools(sender: object = None, **_: object) -> None:
         os.environ[WARM_DECIDER_ENV] = "1"  # inherited by the pool processes, forked after this
     if names is not None and names <= {DECIDE_QUEUE, "webhooks"}:
         return  # a decide/webhooks-only worker runs no tool
-    from executor.sandbox.toolcheck import check_tools  # noqa: PLC0415
-    from tools.registry import default_registry  # noqa: PLC0415
 
     configure_logging()
     report = check_tools(default_registry(), schemas=False)
@@ -128,9 +129,6 @@ def _publish_tools(worker: str, tools: list[str]) -> None:
     """What this pool serves, in Redis (``executor.store.worker_tools``): a process started with an environment of its
     own (``toolrail mcp stdio`` from an MCP host) loads the same tools, or says which it cannot."""
     import redis  # noqa: PLC0415
-
-    from executor.store.worker_tools import publish  # noqa: PLC0415
-    from tools.registry import demo_tools_from_settings, tool_modules_from_env  # noqa: PLC0415
 
     try:
         client = redis.Redis.from_url(redis_url(get_settings()), socket_connect_timeout=2, socket_timeout=5)

@@ -70,7 +70,8 @@ CHECKS: dict[str, Check] = {
     "toolrail run \"What's the weather in Beijing tomorrow?\" --trace": Check("slow"),
     'TOOLRAIL_DEMO_TOOLS=transfer toolrail run "Transfer 12 CNY from alice to bob" --tools transfer '
     '--require-approval side_effects':
-        Check("slow", rc=3, why="exit 3: the job waits for approval (no terminal to ask on)"),
+        Check("elsewhere", why="tests/console/test_console_newcomer.py runs it as printed and approves the transfer at "
+                               "the console URL it prints, in chromium"),
     "echo '{“city”：“沪”，“date”：“明天”}' | toolrail repair --tool get_weather": Check("fast"),
     'toolrail generate --schema s.json --prompt "..."': Check("slow", why="s.json: a small schema the test writes"),
     "toolrail model pull": Check("fast"),
@@ -244,8 +245,6 @@ def test_model_command_works_as_printed(command: str, exports: list[str], user_d
                                                  f"{out.stderr[-3000:]}"
     if "--json" in command:
         assert json.loads(out.stdout)["status"] == "succeeded"
-    if "--require-approval" in command:
-        assert "awaiting approval: transfer(" in out.stderr, out.stderr
 
 
 def _port_free(port: int) -> bool:

@@ -45,6 +45,7 @@ WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-call-worker"
 def rt() -> Iterator[Runtime]:
     runtime = Runtime.from_settings(get_settings(), redis_url=own_database(__name__))
     runtime.registry = Registry([*default_registry().specs(), SLEEPY])
+    assert _run(runtime, _job(runtime, "sleepy", {"value": "warm"})).status == "succeeded"  # the fork server is up
     yield runtime
     WORKER.submit(runtime.sandbox.close).result()
 
@@ -62,16 +63,18 @@ def _job(rt: Runtime, tool: str, arguments: dict[str, Any], tenant: str = "defau
 
 
 def _run_and_cancel(rt: Runtime, job_id: str, *, after: float = 0.6) -> tuple[CallRecord, float]:
-    """``run_call`` in a thread (as the worker task runs it); the job cancelled once the call is running."""
+    """``run_call`` on the worker thread (as the worker task runs it); the job cancelled once the call has run for
+    ``after`` seconds. Returns the call and how long it took to end after the cancel."""
     started = time.monotonic()
     running = WORKER.submit(loop.run_call, rt, job_id, "c0")
     while rt.store.get_call(job_id, "c0").status != "running":
-        assert time.monotonic() - started < 10, "the call never started"
+        assert time.monotonic() - started < 20, "the call never started"
         time.sleep(0.02)
     time.sleep(after)
     _, cancelled = cancel(rt, job_id, "the test cancelled it")
     assert cancelled
-    return running.result(timeout=15), time.monotonic() - started
+    cancelled_at = time.monotonic()
+    return running.result(timeout=15), time.monotonic() - cancelled_at
 
 
 def test_five_cancellations_do_not_open_the_breaker_and_each_call_stops_at_once(rt: Runtime) -> None:
@@ -81,7 +84,7 @@ def test_five_cancellations_do_not_open_the_breaker_and_each_call_stops_at_once(
         job_id = _job(rt, "sleepy", {"value": "x", "delay_s": 9}, tenant=tenant)
         call, took = _run_and_cancel(rt, job_id)
         assert call.status == "failed" and call.error["type"] == "call_cancelled", call.error
-        assert took < SLEEPY.timeout_s + 0.5  # stopped, not run to its limit
+        assert took < 1.5 and call.error["details"]["stopped_after_s"] < SLEEPY.timeout_s  # stopped, not run to its limit
     assert rt.breaker.state("sleepy", tenant) == {"state": "closed", "failures": 0, "opens": 0}
     # the breaker still counts the tool's own ill health: a run to its limit is one failure
     call = _run(rt, _job(rt, "sleepy", {"value": "x", "delay_s": 9}, tenant=tenant))
@@ -91,7 +94,7 @@ def test_five_cancellations_do_not_open_the_breaker_and_each_call_stops_at_once(
 def test_a_cancelled_side_effect_is_killed_and_its_idempotency_record_says_so(rt: Runtime) -> None:
     job_id = _job(rt, "slow_transfer", {"from_account": "alice", "to": "bob", "amount": 1, "delay_s": 6})
     call, took = _run_and_cancel(rt, job_id, after=1.0)
-    assert took < 5 and call.error["type"] == "call_cancelled"
+    assert took < 1.5 and call.error["type"] == "call_cancelled"
     record = json.loads(rt.redis.get(rt.idempotency.key(job_id, "c0")))
     assert record["state"] == "completed" and record["outcome"]["ok"] is False and record["outcome"]["cancelled"] is True
     assert "may stand" in record["outcome"]["error"]["message"]

@@ -152,6 +152,9 @@ def test_serve_prints_its_url_and_the_redis_url_a_second_process_needs(tmp_path:
         assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200  # ready when it said so
         shell = subprocess.run(["bash", "-c", f"{second.strip()}; echo \"$REDIS_URL\""], capture_output=True, text=True)
         assert shell.stdout.strip() == redis_url  # the line works as printed
+        console = lines.get(timeout=10).strip()  # then where a person watches jobs and approves calls
+        assert console == f"console: http://127.0.0.1:{port}/console/", console
+        assert httpx.get(console.split(" ", 1)[1], timeout=5).headers["content-security-policy"]
     finally:
         stop_process(proc, grace_s=30)
 
