@@ -16,6 +16,7 @@ from playwright.sync_api import Page, expect
 
 from executor.stack import wait_for_job
 from tests.console.conftest import KEYS
+from tests.harness.receiver import Receiver, wait_for
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 TRANSFER = {"name": "transfer", "arguments": {"from_account": "alice", "to": "bob", "amount": 12, "currency": "CNY"}}
@@ -139,16 +140,27 @@ def test_approve_with_an_edit_checked_against_the_schema(page: Page, console_api
 
 
 def test_reject_with_a_reason(page: Page, console_api: str) -> None:
-    job_id = _waiting(console_api)
-    page.goto(f"{console_api}/console/#/jobs/{job_id}")
-    card = page.locator(".approval")
-    card.locator("input[id^=reason-]").fill("bob is not a known payee")
-    card.locator("button.reject").click()
-    expect(page.locator(".call[data-status=rejected]")).to_be_visible(timeout=10000)
-    job = _settled(console_api, job_id)
-    (call,) = job["calls"]
-    assert call["status"] == "rejected" and call["approval"]["reason"] == "bob is not a known payee", call
-    assert call["result"] is None and call["started_at"] is None  # it never ran
+    with Receiver() as receiver:
+        hook = receiver.path()
+        job_id = _waiting(console_api, webhook_url=receiver.url(hook))
+        page.goto(f"{console_api}/console/#/jobs/{job_id}")
+        card = page.locator(".approval")
+        card.locator("input[id^=reason-]").fill("bob is not a known payee")
+        card.locator("button.reject").click()
+        expect(page.locator(".call[data-status=rejected]")).to_be_visible(timeout=10000)
+        job = _settled(console_api, job_id)
+        (call,) = job["calls"]
+        assert call["status"] == "rejected" and call["approval"]["reason"] == "bob is not a known payee", call
+        assert call["result"] is None and call["started_at"] is None  # it never ran
+        # its webhook deliveries, as the API records them (event, URL, state, attempts)
+        recorded = wait_for(lambda: len(_job(console_api, job_id).get("webhooks") or []) >= 2 and
+                            _job(console_api, job_id)["webhooks"], timeout_s=15)
+        page.reload()
+        rows = page.locator("table.webhooks tbody tr")
+        expect(rows).to_have_count(len(recorded))
+        for delivery in recorded:
+            expect(page.locator("table.webhooks")).to_contain_text(delivery["event"])
+        expect(rows.first).to_contain_text(receiver.url(hook))
 
 
 def test_review_runs_an_edited_call(page: Page, console_api: str) -> None:

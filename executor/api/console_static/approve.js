@@ -22,7 +22,7 @@ function refusal(error) {
   return `${error.type}: ${error.message}${details}`;
 }
 
-function provenanceTable(approval) {
+export function provenanceTable(approval) {
   if (!approval.provenance || !approval.provenance.length) return null;
   return h('table', {class: 'provenance'},
     h('caption', {text: 'Where each value came from'}),

@@ -2,7 +2,7 @@
 // cleaning steps, findings, grounding, calls with arguments and results), webhook deliveries. Live over the job's
 // own event stream (GET /v1/jobs/{id}/events).
 import {api, ApiError, stream, tools as loadTools} from './api.js';
-import {approvalCard, reviewPanel} from './approve.js';
+import {approvalCard, provenanceTable, reviewPanel} from './approve.js';
 import {add, badge, h, json, section, TERMINAL, when} from './dom.js';
 
 function meta(rows) {
@@ -51,7 +51,7 @@ function call(c) {
     (c.repairs || []).length ? [h('h4', {text: 'Cleaning steps'}), h('ul', {class: 'repairs'}, c.repairs.map((r) => h('li', {text: r})))] : null,
     approval ? [h('h4', {text: 'Approval'}), meta([['state', approval.state], ['required by', approval.required_by],
       ['by', approval.by], ['reason', approval.reason], ['edited', approval.edited ? 'yes' : undefined],
-      ['untrusted', (approval.untrusted || []).join(', ')]]),
+      ['untrusted', (approval.untrusted || []).join(', ')]]), provenanceTable(approval),
     approval.original_arguments ? [h('h4', {text: 'Arguments as proposed'}), json(approval.original_arguments)] : null] : null,
     c.result !== null && c.result !== undefined ? [h('h4', {text: 'Result'}), json(c.result, 'json result')] : null,
     c.error ? [h('h4', {text: 'Error'}), h('p', {class: 'error'}, h('strong', {text: String(c.error.type)}), ' ', String(c.error.message || '')),
