@@ -419,17 +419,18 @@ def resolve_tool_format(tokenizer: Any, *, override: str | None = None, model_di
 
 
 def read_native_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
-    """A client's raw output read in the first native syntax whose marks it carries (``[TOOL_CALLS]``,
-    ``<tool_call>``, ``<|python_tag|>`` or ``{"name": ..., "parameters": ...}``): ``(format name, calls)`` with
-    each call's ``name``, ``arguments`` (an object, or None) and ``raw_arguments``; None when it carries none
-    (the JSON-array reading applies)."""
-    claims = (("mistral", MistralFormat.MARKER in text), ("hermes", HermesFormat.BEGIN in text),
+    """A client's raw output read in the native syntax whose marks it carries (``[TOOL_CALLS]``,
+    ``<|python_tag|>`` or ``{"name": ..., "parameters": ...}``): ``(format name, calls)`` with each call's
+    ``name``, ``arguments`` (an object, or None) and ``raw_arguments``. None when it carries none, or when its
+    reading is not whole (a broken body): the cleaning reader of :func:`tools.check.check_output` then takes the
+    text, repairs included, so nothing is dropped. ``<tool_call>`` blocks are that reader's already."""
+    claims = (("mistral", MistralFormat.MARKER in text),
               ("llama3_json", Llama3JsonFormat.PYTHON_TAG in text or re.search(r'"parameters"\s*:', text) is not None))
     for name, claimed in claims:
         if not claimed:
             continue
         scan = TOOL_FORMATS[name].scan(text)
-        if scan.calls:
+        if scan.calls and scan.problem is None:
             parser = NativeCallParser(TOOL_FORMATS[name], "client")
             return name, [{"name": c.name, "arguments": parser._call(i, c).arguments, "raw_arguments": c.raw_arguments}
                           for i, c in enumerate(scan.calls)]

@@ -213,6 +213,8 @@ def _maybe_resume(rt: Runtime, job_id: str, call: CallRecord, *, dispatch: Calla
             item.status, item.dispatched_at = "pending", now
             rt.store.put_call(job_id, item)
             to_run.append(item)
+    if to_run and rt.store.end_unstarted(job_id):  # a cancel landed after the resume: none of them runs
+        to_run = []
     try:
         for item in to_run:
             dispatch(job, item)

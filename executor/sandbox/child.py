@@ -51,7 +51,7 @@ from typing import Any
 
 from executor.sandbox.linux import (
     LIMITS,
-    _host_pid,
+    host_pid,
     children,  # noqa: F401 - re-exported: tests and benchmarks count a process's children through here
     confine,
     die_with_parent,
@@ -231,19 +231,19 @@ def decode_object(data: bytes, *, what: str, max_bytes: int = MAX_RESULT_BYTES, 
     return value
 
 
-def _error(kind: str, message: str, **details: Any) -> dict:
+def error_frame(kind: str, message: str, **details: Any) -> dict:
     return {"ok": False, "error": {"type": kind, "message": message, "details": details}}
 
 
-def _checked_answer(payload: dict) -> dict:
+def checked_answer(payload: dict) -> dict:
     """The tool process's answer reduced to ``{ok, result}`` or ``{ok: false, error}`` of known shape."""
     if payload.get("ok") is True:
         if not isinstance(payload.get("result"), dict):
-            return _error("tool_output_invalid", "the tool's result is not a JSON object")
+            return error_frame("tool_output_invalid", "the tool's result is not a JSON object")
         return {"ok": True, "result": payload["result"]}
     error = payload.get("error")
     if payload.get("ok") is not False or not isinstance(error, dict):
-        return _error("tool_output_invalid", "the tool's answer has neither a result nor an error")
+        return error_frame("tool_output_invalid", "the tool's answer has neither a result nor an error")
     claimed = error.get("type")
     kind = tool_error_type(claimed, from_sandbox=True) or "tool_error"
     details = error.get("details") if isinstance(error.get("details"), dict) else {}
@@ -261,12 +261,12 @@ def encode_result(payload: dict) -> bytes:
             payload = {**payload, "result": result.model_dump(mode="json")}
         if payload.get("ok") and not isinstance(payload.get("result"), dict):
             kind = type(payload.get("result")).__name__
-            payload = _error("tool_output_invalid", f"the tool returned a {kind}; a tool returns a JSON object (a dict)")
+            payload = error_frame("tool_output_invalid", f"the tool returned a {kind}; a tool returns a JSON object (a dict)")
         return json.dumps(payload, ensure_ascii=False, default=str).encode()
     except RecursionError:
-        return json.dumps(_error("tool_output_invalid", "the tool's result nests too deeply to encode")).encode()
+        return json.dumps(error_frame("tool_output_invalid", "the tool's result nests too deeply to encode")).encode()
     except (TypeError, ValueError) as exc:
-        return json.dumps(_error("tool_output_invalid", f"the tool's result is not JSON: {exc}")).encode()
+        return json.dumps(error_frame("tool_output_invalid", f"the tool's result is not JSON: {exc}")).encode()
 
 
 # ----------------------------------------------------------------- the tool process
@@ -435,7 +435,7 @@ def tool_namespaces(request: dict) -> tuple[dict, dict[str, str]]:
         else:
             limits.pop("nproc", None)  # without a namespace of its own the count would be the worker's whole uid
     elif request.get("own_uid"):
-        uid = SANDBOX_UID_BASE + _host_pid()
+        uid = SANDBOX_UID_BASE + host_pid()
         os.chown(request["scratch_dir"], uid, uid)
         request = {**request, "uid": uid}
         if "nproc" in limits:
@@ -482,7 +482,7 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
             read = read_paths([*modules, request["entrypoint"].partition(":")[0]],
                               exclude=[request.get("scratch_root", "")])
             isolation.update(confine(uid=request.get("uid"), scratch_dir=request["scratch_dir"], read=read,
-                                     network=bool(request.get("network")), own_proc=f"/proc/{_host_pid()}",
+                                     network=bool(request.get("network")), own_proc=f"/proc/{host_pid()}",
                                      prepared=prepared_rules(), landlock=landlock_abi_prepared()))
             require_no_sockets(isolation)
         release_prepared()  # confined or not, the tool never holds the fork server's descriptors
@@ -490,11 +490,11 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
         os.chdir(request["scratch_dir"])
     except Exception as exc:  # noqa: BLE001 - a sandbox that cannot be set up must not run the tool
         _write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")
-        _write_all(answer_fd, json.dumps(_error("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}",
+        _write_all(answer_fd, json.dumps(error_frame("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}",
                                                 exception=type(exc).__name__)).encode())
         os._exit(0)
     _write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")  # the last line the sandbox writes
-    _emit("tool.start", ids, pid=_host_pid(), **{f"isolation_{k}": v for k, v in isolation.items()})
+    _emit("tool.start", ids, pid=host_pid(), **{f"isolation_{k}": v for k, v in isolation.items()})
     set_current_call(CallContext(request_id=request["request_id"], job_id=request["job_id"], call_id=request["call_id"],
                                  idempotency_key=request["idempotency_key"], scratch_dir=request["scratch_dir"],
                                  progress_fd=PROGRESS_FD if _progress_pipe else None))

@@ -116,8 +116,10 @@ def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ANN001 - pytest 
 
 
 def _version(package: str | None) -> str:
-    if package is None:
-        return "npm `openai` (see tests/conformance/node)"
+    if package is None:  # openai-node: the version package.json pins
+        import json  # noqa: PLC0415
+
+        return json.loads((Path(__file__).parent / "node" / "package.json").read_text())["dependencies"]["openai"]
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:

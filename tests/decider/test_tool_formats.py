@@ -260,3 +260,30 @@ def test_the_ebnf_sent_to_a_server_is_the_formats_constraint_in_portable_syntax(
     text = PORTABLE_CASES[(name, allow_text)]
     assert accepts(grammar, text)
     assert not accepts(grammar, text.replace('"CET"', '"PST"').replace('"Rome"', '"Oslo"').replace('"UTC"', '"PST"').replace('"Paris"', '"Oslo"'))
+
+
+def test_a_clients_broken_native_output_is_not_dropped_but_read_by_the_cleaning_reader():
+    """A Llama-style output with one body that is not JSON: the native reading is not whole, so the cleaning reader
+    takes the text and refuses it with a typed error — never the first call run alone as if it were the output."""
+    from decider.checked import _check_client
+
+    broken = '{"name": "get_time", "parameters": {"zone": "CET"}}; {"name": "get_weather", "parameters": {"city": "Rome", "days": }}'
+    _raw, check = _check_client(broken, {"get_weather": WEATHER, "get_time": TIME}, None)
+    assert check.calls == [] and check.errors and check.errors[0]["validator"] == "ambiguous"
+
+
+def test_the_model_manifest_overrides_the_detected_format(tmp_path):
+    """``tool_call_format`` in the model directory's ``toolrail-model.json`` wins over the template (an operator
+    keeping the platform's JSON array for a Qwen model); an unknown name is a clear error."""
+    from transformers import AutoTokenizer
+
+    from decider.errors import InvalidRequestError
+    from decider.tool_formats import resolve_tool_format
+
+    directory = build_family_model("qwen2", tmp_path / "qwen")
+    assert resolve_tool_format(AutoTokenizer.from_pretrained(str(directory))).name == "hermes"
+    (directory / "toolrail-model.json").write_text(json.dumps({"name": "tiny", "tool_call_format": "json_array"}))
+    assert resolve_tool_format(AutoTokenizer.from_pretrained(str(directory))).name == "json_array"
+    (directory / "toolrail-model.json").write_text(json.dumps({"tool_call_format": "harmony"}))
+    with pytest.raises(InvalidRequestError, match="unknown tool-call format 'harmony'"):
+        resolve_tool_format(AutoTokenizer.from_pretrained(str(directory)))

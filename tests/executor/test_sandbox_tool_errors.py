@@ -21,7 +21,7 @@ from executor.sandbox.child import (
     RESERVED_TYPES,
     SANDBOX_REPORTED_TYPES,
     TOOL_RAISABLE_TYPES,
-    _checked_answer,
+    checked_answer,
     tool_error_type,
 )
 from executor.sandbox.pipes import MAX_OUTPUT_LINES, Captured, log_output, output_budgets
@@ -97,11 +97,11 @@ def test_no_platform_error_type_can_be_claimed_by_a_tool_except_those_meant_for_
 
 
 def test_the_call_parent_keeps_a_tools_error_and_names_a_refused_type() -> None:
-    own = _checked_answer({"ok": False, "error": {"type": "order_not_found", "message": "no order", "details": {"id": 1}}})
+    own = checked_answer({"ok": False, "error": {"type": "order_not_found", "message": "no order", "details": {"id": 1}}})
     assert own == {"ok": False, "error": {"type": "order_not_found", "message": "no order", "details": {"id": 1}}}
-    forged = _checked_answer({"ok": False, "error": {"type": "tool_timeout", "message": "m", "details": {"a": 1}}})
+    forged = checked_answer({"ok": False, "error": {"type": "tool_timeout", "message": "m", "details": {"a": 1}}})
     assert forged["error"] == {"type": "tool_error", "message": "m", "details": {"a": 1, "refused_type": "tool_timeout"}}
-    long = _checked_answer({"ok": False, "error": {"type": "x" * 500, "message": "m" * 5000}})["error"]
+    long = checked_answer({"ok": False, "error": {"type": "x" * 500, "message": "m" * 5000}})["error"]
     assert long["type"] == "tool_error" and len(long["details"]["refused_type"]) == 80 and len(long["message"]) == 2000
 
 
