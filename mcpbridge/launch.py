@@ -190,7 +190,7 @@ def _server(command: list[str], exe: str, *, scratch: str, read: list[str], netw
     try:
         linux.remember_parent()
         linux.die_with_parent()
-        own_proc = "/proc" if linux.mount_own_proc() == "own-proc" else f"/proc/{linux._host_pid()}"
+        own_proc = "/proc" if linux.mount_own_proc() == "own-proc" else f"/proc/{linux.host_pid()}"
         _limits(memory_mb, cpu_s)
         applied = linux.confine(uid=uid, scratch_dir=scratch, read=read, network=network, own_proc=own_proc)
         if uid is not None and applied["uid"] != str(uid):

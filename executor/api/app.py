@@ -160,8 +160,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         if rerun is not None and settings.reconcile_interval_s > 0:
             limit = settings.task_time_limit_s or task_time_limit_for(settings.visibility_timeout_s)
             reconciler = Reconciler(runtime, interval_s=settings.reconcile_interval_s,
-                                    stale_after_s=settings.visibility_timeout_s + limit,
-                                    redecide=enqueue, rerun=rerun).start()
+                                    stale_after_s=settings.visibility_timeout_s + limit, redecide=enqueue, rerun=rerun,
+                                    restore_dead=getattr(runtime.queues, "restore_dead_workers", None)).start()
         async with AsyncExitStack() as extensions:  # e.g. /mcp's session manager, the MCP tools' refresh
             for running in _.state.lifespans:
                 await extensions.enter_async_context(running())
@@ -366,10 +366,13 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return RecordResponse(data)
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
-    def cancel_job(job_id: str, tenant: Tenant) -> JSONResponse:
-        """Stop a job: calls not yet started never run; a call already running finishes in its sandbox."""
+    def cancel_job(job_id: str, tenant: Tenant, request: Request) -> JSONResponse:
+        """Stop a job: calls not yet started end ``call_cancelled`` and never run; a running one is stopped. A job in
+        ``needs_review`` can be cancelled too (a review and a cancel sent at once: one wins, the other is 409)."""
         runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 for other tenants
-        job, cancelled = cancel(runtime, job_id, "the job was cancelled by its owner")  # through set_status
+        # through set_status; ordered against a review by when it arrived (one winner, the other 409)
+        job, cancelled = cancel(runtime, job_id, "the job was cancelled by its owner",
+                                sent_at=getattr(request.state, "arrived_at", None))
         if not cancelled:
             raise ApiError(409, "already_terminal", f"job {job_id} already ended: {job.status}", job_status=job.status)
         log.info("job.cancelled", job_id=job_id, tenant=tenant)

@@ -57,15 +57,16 @@ def job_specs(rt: Runtime, job: JobRecord) -> dict[str, ToolSpec]:
 
 
 def set_status(rt: Runtime, job_id: str, status: str, *, mutate: Callable[[JobRecord], Any] | None = None,
-               read: StoredJob | None = None, **fields: Any) -> JobRecord:
+               read: StoredJob | None = None, leaving: frozenset[str] = frozenset(), **fields: Any) -> JobRecord:
     """Move a non-terminal job to ``status`` (and set ``fields``); tell its webhook about the new status.
 
-    ``read``: the job as just read from the store, when the caller has it (the update then starts from it)."""
+    ``read``: the job as just read from the store, when the caller has it (the update then starts from it).
+    ``leaving``: terminal statuses this move may leave all the same (a cancel leaves ``needs_review``)."""
     changed: dict[str, bool] = {}
 
     def apply(job: JobRecord) -> Any:
         changed.clear()  # a compare-and-set retry runs this again: only the attempt that lands counts
-        if job.status in TERMINAL_JOB:
+        if job.status in TERMINAL_JOB and job.status not in leaving:
             return None
         extra = mutate(job) if mutate is not None else None  # sees the status before the change
         changed["status"] = job.status != status
@@ -411,6 +412,9 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
                      approval_deadline_at=deadline)
     if waiting:
         rt.store.mark_waiting(job)
+    if job.status == "cancelled":  # cancelled while deciding: the calls just written never run
+        rt.store.end_unstarted(job.job_id)
+        to_run = []
     for call in to_run:
         dispatch(job, call)
     log.info("job.calls_dispatched", job_id=job.job_id, step=job.step, calls=len(calls), dispatched=len(to_run),

@@ -65,7 +65,8 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
     def mutate(j: JobRecord) -> dict[str, Any]:
         if j.status != "needs_review":
             raise _NotInReview(j.status)
-        policy.open_step(j)["review"] = {**entry, "outcome": "answer" if answer is not None else
+        policy.open_step(j)["review"] = {**entry, "at": time.time(),  # when it landed: a cancel sent before loses
+                                         "outcome": "answer" if answer is not None else
                                          "reject" if reject is not None else "calls"}
         j.error = None
         if answer is not None:
@@ -97,6 +98,8 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
     try:
         if records:
             rt.store.set_calls(job_id, records, step=job.step)
+            if rt.store.end_unstarted(job_id):  # a cancel landed after this review: none of them runs
+                return rt.store.get(job_id)
             for record in records:
                 if record.status == "pending":
                     dispatch(job, record)

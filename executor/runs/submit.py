@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from executor.errors import StoreUnavailableError
+from executor.errors import ApprovalConflictError, RetryableError, StoreUnavailableError
 from executor.runs import policy
 from executor.runs.webhooks import finish_delivery
 from executor.runs.loop import Dispatch, NextStep, advance, check_client_output, set_status, start_checked
@@ -24,7 +24,7 @@ from executor.ports import Runtime
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, JobRecord
 from toolrail.logging import get_logger
 
-__all__ = ["cancel", "end_stranded", "enqueue_failed", "internal_error", "submit"]
+__all__ = ["cancel", "end_call", "end_stranded", "enqueue_failed", "internal_error", "submit"]
 
 log = get_logger("toolrail.submit")
 
@@ -61,14 +61,37 @@ def enqueue_failed(rt: Runtime, job: JobRecord, exc: BaseException) -> StoreUnav
     return StoreUnavailableError(f"could not queue the job: {exc}", job_id=job.job_id)
 
 
-def cancel(rt: Runtime, job_id: str, message: str) -> tuple[JobRecord, bool]:
-    """Cancel a job through ``set_status`` (calls not started never run; one running finishes in its sandbox).
+#: A review that landed less than this before a cancel arrived was sent at once with it: the review stands.
+REVIEW_RACE_S = 1.0
 
+
+def cancel(rt: Runtime, job_id: str, message: str, *, sent_at: float | None = None) -> tuple[JobRecord, bool]:
+    """Cancel a job through ``set_status``: its calls not started end ``failed`` (``call_cancelled``) and never
+    run; one running is stopped by the call pipeline's cancellation watch.
+
+    A job in ``needs_review`` can be cancelled too (its owner drops it instead of reviewing it). A review and a
+    cancel sent at once have one winner, as two reviews do, ordered by one compare-and-set of the job: the
+    review's refuses a job no longer in review, and the cancel's refuses a job whose review landed less than
+    :data:`REVIEW_RACE_S` before the cancel arrived (``sent_at``) — a review its sender cannot have seen. The
+    loser is ``ApprovalConflictError`` (409 ``job_not_in_review``; cancel again to stop the run the review started).
     Returns ``(job, cancelled)``: False when it had already ended (``job.status`` says how)."""
-    seen: list[str] = []
-    job = set_status(rt, job_id, "cancelled", mutate=lambda j: seen.append(j.status),
+    before: list[str] = []
+
+    def mutate(job: JobRecord) -> None:
+        reviews = [step["review"] for step in job.steps if step.get("review")]
+        if sent_at is not None and reviews and reviews[-1].get("at", 0) > sent_at - REVIEW_RACE_S:
+            raise ApprovalConflictError(f"job {job_id} was reviewed just before the cancel arrived; the review stands "
+                                        "(cancel again to stop the run it started)", job_id=job_id,
+                                        reason="job_not_in_review", job_status=job.status,
+                                        reviewed_at=reviews[-1].get("at"))
+        before.append(job.status)
+
+    job = set_status(rt, job_id, "cancelled", mutate=mutate, leaving=frozenset({"needs_review"}),
                      error={"type": "cancelled", "message": message, "details": {}})
-    return job, bool(seen) and job.status == "cancelled"
+    cancelled = bool(before) and job.status == "cancelled"
+    if cancelled:
+        rt.store.end_unstarted(job_id)
+    return job, cancelled
 
 
 def internal_error(message: str, *, request_id: str, **details: Any) -> dict[str, Any]:
@@ -106,15 +129,25 @@ def _end_job(rt: Runtime, job_id: str, exc: BaseException) -> None:
                error=_raised(exc, request_id=job.request_id, where="the decide step"))
 
 
+def end_call(rt: Runtime, job_id: str, call_id: str, exc: RetryableError, *, next_step: NextStep | None = None) -> None:
+    """End a call with ``exc``, its own typed error (a wait its class bounds, ``max_retries``, ran out), and advance
+    the run when it was its step's last."""
+    _end_call(rt, job_id, call_id, exc, next_step)
+
+
 def _end_call(rt: Runtime, job_id: str, call_id: str, exc: BaseException, next_step: NextStep | None) -> None:
     job = rt.store.get(job_id)
     call = next((c for c in job.calls if c.id == call_id), None)
     if job.status in TERMINAL_JOB or call is None or call.status in TERMINAL_CALL:
         return
-    log.error("call.internal_error", job_id=job_id, call_id=call_id, request_id=job.request_id,
-              error=f"{type(exc).__name__}: {exc}")
     call.status, call.finished_at = "failed", time.time()
-    call.error = _raised(exc, request_id=job.request_id, where=f"call {call.name}")
+    if isinstance(exc, RetryableError) and exc.max_retries is not None:  # typed: what the platform waited for
+        log.warning("call.gave_up", job_id=job_id, call_id=call_id, error_type=exc.type)
+        call.error = {**exc.to_dict(), "details": {**exc.details, "request_id": job.request_id}}
+    else:
+        log.error("call.internal_error", job_id=job_id, call_id=call_id, request_id=job.request_id,
+                  error=f"{type(exc).__name__}: {exc}")
+        call.error = _raised(exc, request_id=job.request_id, where=f"call {call.name}")
     remaining, read = rt.store.finish_call_and_read(job_id, call)
     if remaining == 0:
         advance(rt, job_id, next_step, read=read)

@@ -26,13 +26,16 @@ from pydantic import BaseModel, Field
 from executor import metrics
 from executor.errors import IdempotencyConflictError, JobNotFoundError, StoreUnavailableError
 
-__all__ = ["CallRecord", "JobRecord", "JobStore", "RedisJobStore", "StoredJob", "TERMINAL_CALL", "TERMINAL_JOB"]
+__all__ = ["CallRecord", "JobRecord", "JobStore", "NOT_STARTED", "RedisJobStore", "StoredJob", "TERMINAL_CALL", "TERMINAL_JOB"]
 
 JobStatus = Literal["queued", "deciding", "validating", "running", "awaiting_approval", "succeeded", "failed",
                     "needs_review", "cancelled", "expired"]
 CallStatus = Literal["pending", "awaiting_approval", "running", "succeeded", "failed", "validated", "rejected"]
 TERMINAL_JOB = frozenset({"succeeded", "failed", "needs_review", "cancelled", "expired"})
 TERMINAL_CALL = frozenset({"succeeded", "failed", "validated", "rejected"})
+#: What a call a cancel ended before it started says (as the call pipeline's cancellation says it).
+NOT_STARTED = {"type": "call_cancelled", "message": "the job was cancelled before the call started; it did not run",
+               "details": {"stopped_after_s": 0.0}}
 #: Statuses of a job while its output is being decided or checked (what the decision latency measures).
 DECIDING_JOB = frozenset({"validating", "deciding"})
 
@@ -141,6 +144,7 @@ class JobStore(Protocol):
     def settle_calls(self, job_id: str, calls: list[CallRecord], *, step: int, discard: set[str],
                      keep_stale: Callable[[CallRecord], bool] = ...) -> int: ...
     def finish_call(self, job_id: str, call: CallRecord) -> int: ...
+    def end_unstarted(self, job_id: str) -> int: ...
     def finish_call_and_read(self, job_id: str, call: CallRecord) -> tuple[int, StoredJob | None]: ...
     def events(self, job_id: str, *, last_id: str = "0", block_ms: int = 15000) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
@@ -434,6 +438,29 @@ class RedisJobStore:
     def cancelled(self, job_id: str) -> bool:
         """Whether the job was cancelled (one EXISTS: what a running call polls)."""
         return bool(self.redis.exists(self._k(job_id, ":cancelled")))
+
+    @_guard
+    def end_unstarted(self, job_id: str) -> int:
+        """On a cancelled job (its mark set), end every call not started (``pending``, ``awaiting_approval``) as
+        ``failed`` (:data:`NOT_STARTED`); nothing on any other job. Whoever writes calls after a status move calls it,
+        and so does the cancel: whichever comes last finds them. Returns how many it ended."""
+        calls_key, mark = self._k(job_id, ":calls"), self._k(job_id, ":cancelled")
+        with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(calls_key, mark)  # a call that starts meanwhile is left to its own cancellation watch
+                    unstarted = [c for c in map(CallRecord.model_validate_json, pipe.hvals(calls_key))
+                                 if c.status in {"pending", "awaiting_approval"}] if pipe.exists(mark) else []
+                    pipe.multi()
+                    for call in unstarted:
+                        call.status, call.error, call.finished_at = "failed", NOT_STARTED, time.time()
+                        pipe.hset(calls_key, call.id, call.model_dump_json())
+                        pipe.xadd(self._k(job_id, ":events"), {"data": json.dumps({"type": "call", "call_id": call.id,
+                                  "index": call.index, "name": call.name, "status": "failed"})}, maxlen=1000)
+                    pipe.execute()
+                    return len(unstarted)
+                except redis.WatchError:
+                    continue
 
     @_guard
     def set_calls(self, job_id: str, calls: list[CallRecord], *, step: int = 0) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -122,3 +123,73 @@ def test_a_review_whose_work_cannot_be_queued_ends_the_job(client: httpx.Client,
                calls=[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}])
     ended = client.get(f"/v1/jobs/{job['job_id']}").json()
     assert ended["status"] == "failed" and ended["error"]["type"] == "enqueue_failed", ended  # not left running
+
+
+def _sent_together(api: str, requests: list[tuple[str, bytes]]) -> list[int]:
+    """POST each ``(path, JSON body)`` on its own connection, the bytes written back to back (both requests are in
+    flight before either is answered); the status codes, in order."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(api)
+    sockets = [socket.create_connection((where.hostname, where.port), timeout=30) for _ in requests]
+    wire = [(f"POST {path} HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json\r\n"
+             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body for path, body in requests]
+    for sock, data in zip(sockets, wire):
+        sock.sendall(data)
+    codes = []
+    for sock in sockets:
+        with sock:
+            codes.append(int(sock.makefile("rb").readline().split()[1]))
+    return codes
+
+
+def test_a_review_and_a_cancel_sent_at_once_have_exactly_one_winner(api: str) -> None:
+    """20 pairs, both requests in flight together (review first in half of them): exactly one 2xx, and a record that
+    says the same. Before (issue 32): 1 of 20 pairs gave two 200s and ended ``cancelled`` with the reviewer's call
+    left ``pending``; and a job in review could not be cancelled at all when the cancel came first."""
+    with httpx.Client(base_url=api, timeout=30) as client:
+        jobs = [_in_review(client) for _ in range(20)]
+        outcomes = []
+        for n, job in enumerate(jobs):
+            path = f"/v1/jobs/{job['job_id']}"
+            pair = [(f"{path}/review", json.dumps({"calls": [
+                        {"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}]}).encode()),
+                    (f"{path}/cancel", b"{}")]
+            kinds = ["review", "cancel"] if n % 2 == 0 else ["cancel", "review"]
+            codes = dict(zip(kinds, _sent_together(api, pair if n % 2 == 0 else pair[::-1])))
+            won = [kind for kind, code in codes.items() if 200 <= code < 300]
+            final = wait_terminal(client, job["job_id"])
+            assert len(won) == 1 and 409 in codes.values(), (n, codes, final["error"], [s.get("review") for s in final["steps"]])
+            statuses = [c["status"] for c in final["calls"]]
+            if won == ["cancel"]:
+                assert final["status"] == "cancelled" and statuses == [], final  # the reviewer's call was never written
+            else:
+                assert final["status"] == "succeeded" and statuses == ["succeeded"], final
+            outcomes.append(won[0])
+    assert len(outcomes) == 20, outcomes
+
+
+def test_a_cancel_after_a_review_ends_the_calls_that_had_not_started(client: httpx.Client, runtime) -> None:
+    """A cancel that lands after a review (the reviewer's calls written, not started): they end call_cancelled and
+    never run, so a cancelled job holds no pending call — whichever of the two writes comes last settles them."""
+    import pytest
+
+    from executor.errors import ApprovalConflictError
+    from executor.runs.review import review
+    from executor.runs.submit import REVIEW_RACE_S, cancel
+
+    job = _in_review(client)
+    queued: list = []
+    reviewed = review(runtime, job["job_id"], tenant="default", dispatch=lambda j, c: queued.append(c), next_step=None,
+                      calls=[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}])
+    assert reviewed.status == "running" and [c.status for c in reviewed.calls] == ["pending"] and queued
+    reviewed_at = reviewed.steps[0]["review"]["at"]
+    with pytest.raises(ApprovalConflictError) as raced:  # sent before the review could have been seen: it stands
+        cancel(runtime, job["job_id"], "changed my mind", sent_at=reviewed_at + REVIEW_RACE_S / 2)
+    assert raced.value.details["reason"] == "job_not_in_review"
+    ended, cancelled = cancel(runtime, job["job_id"], "changed my mind",  # later, before any worker took the call
+                              sent_at=reviewed_at + REVIEW_RACE_S + 0.01)
+    assert cancelled and ended.status == "cancelled"
+    (call,) = client.get(f"/v1/jobs/{job['job_id']}").json()["calls"]
+    assert call["status"] == "failed" and call["error"]["type"] == "call_cancelled", call
