@@ -78,6 +78,8 @@ class RetryableError(ExecutorError):
     type = "retryable"
     status = 503
     retryable = True
+    #: Retries before the work ends with this error, typed (None: the task's own budget, then ``internal_error``).
+    max_retries: int | None = None
 
 
 class StoreUnavailableError(RetryableError):

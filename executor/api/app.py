@@ -160,8 +160,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         if rerun is not None and settings.reconcile_interval_s > 0:
             limit = settings.task_time_limit_s or task_time_limit_for(settings.visibility_timeout_s)
             reconciler = Reconciler(runtime, interval_s=settings.reconcile_interval_s,
-                                    stale_after_s=settings.visibility_timeout_s + limit,
-                                    redecide=enqueue, rerun=rerun).start()
+                                    stale_after_s=settings.visibility_timeout_s + limit, redecide=enqueue, rerun=rerun,
+                                    restore_dead=getattr(runtime.queues, "restore_dead_workers", None)).start()
         async with AsyncExitStack() as extensions:  # e.g. /mcp's session manager, the MCP tools' refresh
             for running in _.state.lifespans:
                 await extensions.enter_async_context(running())
