@@ -152,8 +152,6 @@ def error_response(status: int, kind: str, message: str, request_id: str, *, par
     from toolrail.context import REQUEST_ID_HEADER  # noqa: PLC0415 - light; kept beside its one use
 
     error_type = "invalid_request_error" if status < 500 else "server_error"
-    if status == 404:
-        error_type = "invalid_request_error"
     body = {"message": message, "type": error_type, "param": param, "code": code or kind, "details": details}
     return JSONResponse(status_code=status, headers={REQUEST_ID_HEADER: request_id}, content={"error": body})
 
