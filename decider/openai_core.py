@@ -43,8 +43,10 @@ from tools.grounding import grounded_paths
 from tools.schema_guard import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, check_client_schema
 from tools.spec import ToolSpec
 
-__all__ = ["Ask", "CallPiece", "EndPiece", "Limits", "Outcome", "TextPiece", "complete", "error_for", "error_response",
-           "stream"]
+__all__ = ["Ask", "BlockedPiece", "CallPiece", "CheckFailed", "EndPiece", "Limits", "ModelNotFound", "Outcome", "Planned",
+           "TextPiece", "cancel_decoding", "check_bound", "check_model", "check_tool_answers", "client_calls", "complete",
+           "default_decider", "error_for", "error_response", "plan", "schema_refusal", "stream", "stream_error",
+           "unless_disconnected"]
 
 #: Decoding bound of a request that sets none (OpenAI's is the context; a tool decision needs far less).
 DEFAULT_MAX_TOKENS = 256
