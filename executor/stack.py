@@ -206,6 +206,7 @@ class SupervisedWorker:
             ran_s = time.monotonic() - started
             backoff = self.backoff_s if ran_s >= self.stable_s else backoff
             _kill_group(proc.pid)  # its pool processes, orphaned: they would hold messages nobody acks
+            self._restore(client, proc.pid)  # what it held goes back now, not after the visibility timeout
             info = {"reason": "worker_down", "pid": proc.pid, "returncode": returncode, "restarts": self.restarts,
                     "since": time.time()}
             if returncode == TOOL_CHECK_EXIT:  # its tools cannot run: starting it again cannot help
@@ -223,6 +224,20 @@ class SupervisedWorker:
             started = time.monotonic()
             log.info("worker.restarted", pid=self.proc.pid, restarts=self.restarts)
             self._await_answer(client, info)
+
+    def _restore(self, client: redis.Redis, pid: int) -> None:
+        from kombu import Connection  # noqa: PLC0415
+
+        from executor.worker import liveness  # noqa: PLC0415
+        from executor.worker.config import celery_config  # noqa: PLC0415
+
+        transport = celery_config(self.redis_url)["broker_transport"]
+        try:
+            restored = liveness.restore_holder(lambda: Connection(self.redis_url, transport=transport), client,
+                                               liveness.holder_id(pid))
+            log.info("worker.messages_restored", pid=pid, messages=restored)
+        except Exception as exc:  # noqa: BLE001 - the reconciler restores them later (its own check)
+            log.warning("worker.restore_failed", pid=pid, error=type(exc).__name__)
 
     def _await_answer(self, client: redis.Redis, info: dict) -> None:
         """Until the new pool answers a ping by its name (and, with ``wait_warm``, has a warm decider: then it is

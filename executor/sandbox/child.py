@@ -41,6 +41,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import linecache
 import os
 import re
 import resource
@@ -290,9 +291,25 @@ def _call(func, arguments: dict):
     return func(**arguments)
 
 
+def raised_by_statement(exc: BaseException) -> bool:
+    """Whether Python code raised ``exc`` itself (a ``raise`` statement is its innermost frame's line), rather than
+    the interpreter or a C extension failing an operation (an allocation, a system call)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).lstrip()
+    return line.startswith("raise") and not line[5:6].isidentifier()
+
+
 def classify(exc: BaseException) -> dict:
-    """The typed error of a tool exception: the sandbox's refusals get types of their own."""
-    if isinstance(exc, MemoryError):
+    """The typed error of a tool exception: the sandbox's refusals get types of their own — only when the sandbox
+    caused them. A ``MemoryError`` or ``PermissionError`` the tool raises itself (``raise PermissionError("refunds
+    need a manager")``) is the tool's ``tool_error``; ``tool_memory_limit`` is an allocation that failed under the
+    sandbox's limit, ``sandbox_denied`` a system call it refused (``errno`` EACCES/EPERM)."""
+    by_tool = raised_by_statement(exc)
+    if isinstance(exc, MemoryError) and not by_tool:
         return {"type": "tool_memory_limit", "message": "the tool exceeded its memory limit", "details": {}}
     to_dict = getattr(exc, "to_dict", None)
     if callable(to_dict):  # a ``ToolError``: the tool's own type, message and details
@@ -308,7 +325,7 @@ def classify(exc: BaseException) -> dict:
         return {"type": "tool_error", "message": f"{name}: {exc}", "details": details}
     if isinstance(exc, BlockingIOError) and exc.errno == errno.EAGAIN and "fork" in traceback.format_exc():
         return {"type": "tool_process_limit", "message": f"the tool hit its process limit: {exc}", "details": details}
-    if isinstance(exc, PermissionError) or (isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM)):
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM) and not by_tool:
         return {"type": "sandbox_denied", "message": f"the sandbox denied an operation: {name}: {exc}",
                 "details": {**details, "filename": getattr(exc, "filename", None)}}
     if isinstance(exc, OSError) and exc.errno in (errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL):

@@ -464,7 +464,7 @@ LIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "nofile": resour
           "fsize": resource.RLIMIT_FSIZE, "core": resource.RLIMIT_CORE, "nproc": resource.RLIMIT_NPROC}
 
 
-# ----------------------------------------------------------------- a stdio MCP server (``mcpbridge.launch``)
+# ----------------------------------------------------------------- a long-lived command (``executor.sandbox.launch``)
 
 _LANDLOCK_RULE_NET_PORT = 2
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
