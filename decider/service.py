@@ -44,7 +44,6 @@ from decider.errors import (
 )
 from decider.grammar import CompiledConstraint, GrammarCache
 from decider.candidates import narrow_tools
-from decider.normalize import normalize_arguments
 from decider.parser import OnCall, ParsedOutput, ToolCallDelta, ToolCallStreamParser
 from decider.prompt import PromptRenderer, reask_messages
 from decider.protocol import DecideRequest, Decision
@@ -61,6 +60,7 @@ from decider.schema import (
 )
 from decider.tool_formats import NativeCallParser, ToolFormat, resolve_tool_format
 from tools.check import call_key
+from tools.cleaning import canonical_value
 from tools.spec import ToolSpec
 
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ class _CallReporter:
             return
         spec = self._plan.tools.get(call.name)
         if spec is not None and call.arguments is not None:
-            call = call.model_copy(update={"arguments": normalize_arguments(call.arguments, spec.parameters)})
+            call = call.model_copy(update={"arguments": canonical_value(call.arguments, spec.parameters)[0]})
         if self._plan.cut_repeats:
             key = call_key(call.name, call.arguments)
             if key in self._seen:
@@ -566,7 +566,7 @@ class BackendDecider:
         for call in parsed.tool_calls:
             spec = plan.tools.get(call.name)
             if spec is not None and call.arguments is not None:
-                call = call.model_copy(update={"arguments": normalize_arguments(call.arguments, spec.parameters)})
+                call = call.model_copy(update={"arguments": canonical_value(call.arguments, spec.parameters)[0]})
             calls.append(call)
         platform = dict(plan.platform)
         if plan.max_calls is not None and len(calls) > plan.max_calls:
