@@ -351,6 +351,10 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
     prior = prior_calls(list(request.messages))
     answered = answered_calls(list(request.messages))
     settled = settled_calls(list(request.messages))
+
+    def enforce(check: OutputCheck, *, require: bool = False) -> None:  # the request-level checks, this request's
+        _enforce(check, specs, prior, require=require, answered=answered, settled=settled)
+
     attempts: list[CheckedAttempt] = []
     messages = list(request.messages)
     grounding_reasks = 0
@@ -375,7 +379,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
 
     if first_output is not None:
         raw, check = _check_client(first_output, specs, evidence)
-        _enforce(check, specs, prior, require=require, answered=answered, settled=settled)
+        enforce(check, require=require)
         record(_attempt(0, "client", raw, check, platform={"grounding": "checked against the conversation" if evidence
                         else "not checked: no conversation (the client's calls carry its own values)"}))
     while check is None or not check.ok:
@@ -398,9 +402,11 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
                 return CheckedDecision(request.request_id, "needs_review", attempts,
                                        calls=[c for c in check.calls if c.ok], blocked=[c for c in check.calls if not c.ok],
                                        content=check.content, error=error)
-            messages = reask_messages(messages, output=raw, errors=errors)
-            # every call repeats one already answered: the re-ask offers the answer only (recorded on the attempt)
+            # every call repeats one already answered: the re-ask offers the answer only (recorded on the attempt), on
+            # the conversation as it was — the grammar holds calls back, and a small model parrots feedback it is shown
+            # (SmolLM2-135M answered a newcomer "Your previous reply was invalid: ..." in bench/newcomer.py)
             text_only = bool(errors) and all(e.get("validator") == "repeated_call" for e in errors)
+            messages = list(request.messages) if text_only else reask_messages(messages, output=raw, errors=errors)
             calls_required = calls_required or written
         number = len(attempts)
         started = time.perf_counter()
@@ -411,21 +417,19 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
             update["tool_choice"] = "required"
         try:
             decision = _decide(decider, request.model_copy(update=update), chat,
-                               _early_reporter(on_call, number, specs, evidence, lambda c: _enforce(
-                                   c, specs, prior, require=False, answered=answered, settled=settled)) if on_call is not None else None)
+                               _early_reporter(on_call, number, specs, evidence, enforce) if on_call is not None else None)
         except GenerationBoundError as exc:
             failed = OutputCheck(calls=[], errors=[{"path": "", "message": str(exc), "validator": exc.reason}])
             record(_attempt(number, "decider", exc.output, failed, usage={"completion_tokens": exc.tokens},
                             latency_s=time.perf_counter() - started))
-            kept = _bound_calls(exc, request.model_copy(update={"attempt": number}), specs, evidence, lambda c: _enforce(
-                c, specs, prior, require=False, answered=answered, settled=settled))
+            kept = _bound_calls(exc, request.model_copy(update={"attempt": number}), specs, evidence, enforce)
             return CheckedDecision(request.request_id, "failed", attempts, calls=kept, error={
                 "type": "generation_bound", "message": str(exc), "details": {"reason": exc.reason, "tokens": exc.tokens}})
         raw = decision.raw_output
         check = _check_decision(decision, specs, evidence)
         if request.tool_choice == "auto":
             _flag_call_as_text(check, specs)
-        _enforce(check, specs, prior, require=require or update.get("tool_choice") == "required", answered=answered, settled=settled)
+        enforce(check, require=require or update.get("tool_choice") == "required")
         platform = dict(decision.platform)
         if text_only:
             platform.update(reask_tool_choice="none", why="every call of the previous attempt repeated one whose "

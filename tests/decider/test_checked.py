@@ -203,6 +203,7 @@ def test_a_read_only_call_already_answered_is_reasked_offering_the_answer_only()
     assert "call_a" in result.attempts[0].errors[0]["message"]
     assert decider.requests[0].tool_choice == "auto" and decider.requests[1].tool_choice == "none"
     assert result.attempts[1].platform["reask_tool_choice"] == "none"  # what the platform did is on the record
+    assert decider.requests[1].messages == decider.requests[0].messages  # no feedback for a small model to parrot
 
 
 def test_a_different_call_after_a_result_is_the_models_to_make() -> None:
