@@ -14,6 +14,7 @@ from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.databases import own_database
 from tests.harness.fixtures import LEDGER_PREFIX
 from tests.harness.jobs import publishers
+from tests.harness.serving import api_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 KEYS = {"alpha": "key-console-alpha", "beta": "key-console-beta"}
@@ -57,10 +58,10 @@ def console_worker(console_db: str, worker_env: dict[str, str], tmp_path_factory
         stop_process(proc)
 
 
-def _serve(console_db: str, **settings: Any) -> tuple[Any, Any, str]:
+def _app(console_db: str, **settings: Any) -> Any:
+    """The job API over the console's store, its spans in the same store."""
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
     from toolrail import tracing
     from toolrail.settings import Settings
 
@@ -68,25 +69,19 @@ def _serve(console_db: str, **settings: Any) -> tuple[Any, Any, str]:
     runtime = Runtime.from_settings(config)
     tracing.setup("api", settings=config, redis_client=runtime.redis)  # the API's spans, in the same store
     enqueue, rerun = publishers(console_db)
-    server, thread, base = serve_in_thread(create_app(config, runtime, enqueue=enqueue, rerun=rerun,
-                                                      ping_workers=lambda: 1, mount_openai=False))
-    return server, thread, base
+    return create_app(config, runtime, enqueue=enqueue, rerun=rerun, ping_workers=lambda: 1, mount_openai=False)
 
 
 @pytest.fixture(scope="session")
 def console_api(console_db: str, console_worker: Any) -> Iterator[str]:
     """The API without keys (a local install), reconciling every half second (the workers view shows its sweep)."""
-    server, thread, base = _serve(console_db, reconcile_interval_s=0.5)
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(_app(console_db, reconcile_interval_s=0.5)) as base:
+        yield base
 
 
 @pytest.fixture(scope="session")
 def keyed_api(console_db: str, console_worker: Any) -> Iterator[str]:
     """The API with two tenants' keys, over the same store and worker."""
-    server, thread, base = _serve(console_db, reconcile_interval_s=0,
-                                  api_keys=",".join(f"{key}:{tenant}" for tenant, key in KEYS.items()))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(_app(console_db, reconcile_interval_s=0,
+                         api_keys=",".join(f"{key}:{tenant}" for tenant, key in KEYS.items()))) as base:
+        yield base

@@ -43,7 +43,7 @@ def stream_worker(db_url: str) -> Iterator[object]:
 def client(db_url: str, stream_worker) -> Iterator[httpx.Client]:
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     settings = Settings(decider="custom", reconcile_interval_s=0)
@@ -55,11 +55,9 @@ def client(db_url: str, stream_worker) -> Iterator[httpx.Client]:
 
     app = create_app(settings, Runtime.from_settings(settings, redis_url=db_url), mount_openai=False, ping_workers=lambda: 1,
                      enqueue=enqueue, rerun=rerun)
-    server, thread, base = serve_in_thread(app)
-    with httpx.Client(base_url=base, timeout=30) as http:
-        yield http
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(app) as base:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            yield http
 
 
 def _calls(*cities: str) -> str:

@@ -70,17 +70,15 @@ def runtime(db_url: str):
 @pytest.fixture(scope="module")
 def api(runtime, run_worker, db_url: str) -> Iterator[str]:
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     enqueue, rerun = publishers(db_url)
     settings = Settings(decider="custom", api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), reconcile_interval_s=0,
                         webhook_allow_private=True)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
-                                                      enqueue=enqueue, rerun=rerun))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
+                               enqueue=enqueue, rerun=rerun)) as base:
+        yield base
 
 
 @pytest.fixture()

@@ -51,7 +51,7 @@ def traced_worker(db_url: str, worker_env: dict[str, str], tmp_path_factory) -> 
 def api(db_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail import tracing
     from toolrail.settings import Settings
     from toolrail.trace_sinks import RedisSpanExporter
@@ -61,11 +61,9 @@ def api(db_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     tracing.setup("api", settings=settings, exporters=[RedisSpanExporter(runtime.redis)])
     enqueue, rerun = publishers(db_url)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
-                                                      ping_workers=lambda: 1, mount_openai=False))
-    yield base, runtime
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
+                               ping_workers=lambda: 1, mount_openai=False)) as base:
+        yield base, runtime
 
 
 def _client(base: str, tenant: str) -> httpx.Client:

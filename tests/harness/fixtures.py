@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from executor.stack import start_worker, stop_process, wait_for_workers
+from tests.harness.serving import api_server
 from tools.ledger import Ledger
 
 TEST_TOOL_MODULES = "tests.executor.tools_for_tests"
@@ -101,13 +102,10 @@ def runtime(redis_url: str):
 def api(runtime, worker) -> Iterator[str]:
     """The API on a loopback port, over the session Redis and workers."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
     from toolrail.settings import get_settings
 
-    server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(get_settings(), runtime, mount_openai=False)) as base:
+        yield base
 
 
 @pytest.fixture()
