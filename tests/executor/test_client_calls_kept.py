@@ -21,7 +21,6 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from tests.harness.databases import own_database
 from tests.harness.fixtures import TEST_TOOL_MODULES
 from tests.harness.jobs import publishers
 from tests.harness.processes import start_decider_worker
@@ -36,11 +35,6 @@ ASKED = "refund order A-17 by 5 dollars"
 CLIENT_CALL = {"name": "refund", "arguments": {"order_id": "A-17", "amount_cents": 500}}
 #: Where a client's unsupported value may stop: review, or (where grounding sends unclear support to a person) approval.
 HELD = {"needs_review", "awaiting_approval"}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")

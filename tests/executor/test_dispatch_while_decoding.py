@@ -14,7 +14,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
 from tests.harness.processes import start_decider_worker
 
@@ -23,11 +22,6 @@ from executor.stack import stop_process
 PAUSE_S = 1.5
 #: Job ids the API queued a decide task for.
 DECIDE_TASKS: list[str] = []
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ import httpx
 import pytest
 import redis
 
-from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
 from tests.harness.processes import pool_process_of, start_decider_worker
 from tests.harness.receiver import Receiver, wait_for
@@ -33,11 +32,6 @@ from tools.ledger import Ledger
 LEDGER_PREFIX = "runs:ledger"
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"runs-test-webhook-key-0123456789").decode()
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import httpx
 import pytest
 import redis
 
-from tests.harness.databases import own_database
 from tests.harness.fixtures import TEST_TOOL_MODULES
 from tests.harness.jobs import publishers
 from tests.harness.processes import start_decider_worker
@@ -34,11 +33,6 @@ ENDED = {"succeeded", "failed", "needs_review", "cancelled", "expired"}
 ASK = {"messages": [{"role": "user", "content": "Summarize my newest email."}], "tools": ["read_inbox", "transfer"],
        "max_steps": 4}
 READ_INBOX = {"kind": "tool", "tool": "read_inbox", "mcp": False, "trusted": False}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")

@@ -18,18 +18,12 @@ import httpx
 import pytest
 
 from executor.worker.config import worker_queues
-from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
 
 from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
 
 KEYS = {"alpha": "key-trace-alpha", "beta": "key-trace-beta"}
 WEATHER = {"tools": ["get_weather"], "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", "date": "today"}}]}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from executor.stack import start_worker, stop_process, wait_for_workers
+from tests.harness.databases import own_database
 from tests.harness.serving import api_server
 from tools.ledger import Ledger
 
@@ -33,6 +34,12 @@ WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     return os.environ["REDIS_URL"]
+
+
+@pytest.fixture(scope="module")
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A database of the session's Redis that only the requesting test module uses (its workers, its API)."""
+    return own_database(request.module.__name__)
 
 
 @pytest.fixture(scope="session")

@@ -21,11 +21,6 @@ from tests.harness.databases import own_database
 
 
 @pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(f"{__name__}:workers")
-
-
-@pytest.fixture(scope="module")
 def scripted_api(db_url: str, tmp_path_factory) -> Iterator[str]:  # noqa: ANN001 - pytest's factory
     """A worker deciding with the scripted decider on queues decide + the test server's MCP queue, and its API."""
     from celery import Celery

@@ -18,14 +18,8 @@ import pytest
 
 from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
 from tests.harness.serving import api_server
-from tests.harness.databases import own_database
 
 INVOICES = {"kind": "tool", "tool": "mcp__bills__invoices", "mcp": True, "trusted": False}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(f"{__name__}:workers")
 
 
 @pytest.fixture(scope="module")
