@@ -148,8 +148,10 @@ class SandboxLauncher(Protocol):
         """A fresh scratch directory under the sandbox's scratch root (the caller removes it)."""
 
     def command(self, argv: Sequence[str], *, scratch: str, memory_mb: int, cpu_s: int, network: bool,
-                max_line_bytes: int, env: Mapping[str, str]) -> tuple[str, list[str], dict[str, str]]:
-        """``(executable, arguments, environment)`` of the process that runs ``argv`` confined, with ``env`` declared."""
+                max_line_bytes: int, env: Mapping[str, str],
+                read_paths: Sequence[str] = ()) -> tuple[str, list[str], dict[str, str]]:
+        """``(executable, arguments, environment)`` of the process that runs ``argv`` confined, with ``env`` declared
+        and ``read_paths`` (the registration's, checked against the operator's allow-list) readable."""
 
 
 #: The tool sandbox's launcher.

@@ -86,13 +86,16 @@ class Endpoint:
     allow_private: bool = False
     #: The variables the registration declares for a stdio server (its whole environment but PATH, LANG, HOME, TMPDIR).
     env: tuple[tuple[str, str], ...] = ()
+    #: What a stdio server may read besides its program and the system's libraries: its registration's ``read_paths``.
+    read_paths: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, server: str, endpoint: dict[str, Any], *, memory_mb: int = 1024, cpu_s: int = 120,
            allow_private: bool = False) -> "Endpoint":
         return cls(server=server, url=endpoint.get("url"), command=tuple(endpoint.get("command") or ()),
                    network=bool(endpoint.get("network")), memory_mb=memory_mb, cpu_s=cpu_s, allow_private=allow_private,
-                   env=tuple(sorted((endpoint.get("env") or {}).items())))
+                   env=tuple(sorted((endpoint.get("env") or {}).items())),
+                   read_paths=tuple(endpoint.get("read_paths") or ()))
 
 
 @dataclass
@@ -198,7 +201,7 @@ async def connect(endpoint: Endpoint, trouble: Trouble, *, connect_timeout_s: fl
             trouble.stderr_path = stderr.name
             exe, argv, env = LAUNCHER.command(endpoint.command, scratch=scratch, memory_mb=endpoint.memory_mb,
                                               cpu_s=endpoint.cpu_s, network=endpoint.network,
-                                              max_line_bytes=max_bytes, env=endpoint.env)
+                                              max_line_bytes=max_bytes, env=endpoint.env, read_paths=endpoint.read_paths)
             params = StdioServerParameters(command=exe, args=argv, cwd=scratch, env=env)
             transport = stdio_client(params, errlog=stderr)
         client = Client(_watched(transport, trouble), mode="legacy", cache=None, message_handler=on_message)

@@ -266,6 +266,10 @@ class Settings(BaseSettings):
     mcp_allow_stdio: bool | None = None
     """Whether tenants may register stdio MCP servers (a command run, confined, on the workers). Unset:
     allowed only when no API keys are configured (a one-user install)."""
+    mcp_stdio_read_roots: str = ""
+    """Comma-separated folders a stdio MCP server's registration may name in `read_paths` (each at or below one of
+    them) for the server to read. Empty: none; a stdio server then reads only its executable, its install prefix's
+    libraries and the system's. Nothing is ever inferred from the command's arguments."""
     mcp_allow_private_urls: bool | None = None
     """Whether an MCP server URL may resolve to a loopback, private or link-local address. Unset: allowed
     only when no API keys are configured."""

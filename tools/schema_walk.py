@@ -18,7 +18,8 @@ the same document the same way:
 rebuilds one node with each direct subschema replaced (for stages that rewrite);
 :func:`children` names the keyword each direct subschema sits under (:data:`PARTIAL` ones are
 parts or conditions, not shapes); :func:`declared_types` reads a node's ``type``;
-:func:`described_values` pairs an instance with the schema nodes that describe its parts.
+:func:`described_values` pairs an instance with the schema nodes that describe its parts;
+:func:`map_described` rebuilds an instance part by part (for value steps that rewrite).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "children",
     "declared_types",
     "described_values",
+    "map_described",
     "map_subschemas",
     "pointer",
     "subschemas",
@@ -153,3 +155,22 @@ def described_values(value: Any, schema: Any, path: str = "") -> Iterator[tuple[
     elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
         for index in range(len(value)):
             yield from described_values(value[index], schema["items"], pointer(path, index))
+
+
+def map_described(value: Any, schema: Any, fn: Callable[[Any, Mapping[str, Any], str], Any], path: str = "") -> Any:
+    """``value`` rebuilt with ``fn(part, its schema, instance pointer)`` applied to it and to each part
+    ``properties``/``items`` describe, parents first (a part is read from its rewritten parent).
+
+    Only the containers the schema describes are copied; ``value`` itself is never changed, and parts the
+    schema does not describe are kept as they are (never walked, however deep).
+    """
+    if not isinstance(schema, Mapping):
+        return value
+    value = fn(value, schema, path)
+    props, items = schema.get("properties"), schema.get("items")
+    if isinstance(value, dict) and isinstance(props, Mapping):
+        return {key: map_described(part, props[key], fn, pointer(path, key)) if key in props else part
+                for key, part in value.items()}
+    if isinstance(value, list) and isinstance(items, Mapping):
+        return [map_described(part, items, fn, pointer(path, index)) for index, part in enumerate(value)]
+    return value

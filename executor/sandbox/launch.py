@@ -20,7 +20,8 @@ sandbox's own primitives (:mod:`executor.sandbox.linux`: ``confine``, the same a
 - a **uid of its own** (root workers: ``SANDBOX_UID_BASE`` + this process's pid; others: a user
   namespace of its own mapping only the worker's uid), **no capabilities**, ``no_new_privs``;
 - **Landlock**: read-only the command's own files (:func:`own_files`: the executable, its install
-  prefix's ``lib``, an interpreter named by its ``#!``, the folder of every path argument) and the
+  prefix's ``lib``, an interpreter named by its ``#!``), the registration's ``read_paths`` (``--read``;
+  checked against the operator's allow-list at registration, never inferred from arguments) and the
   system's libraries (``SYSTEM_READ_PATHS``), read-write its scratch dir; nothing else;
 - **rlimits**: address space (``memory_mb``), CPU seconds, processes, open files, file size, no cores;
 - an **environment built from nothing**: ``PATH`` (``SANDBOX_PATH``), ``LANG``, ``HOME``, ``TMPDIR``, and
@@ -44,6 +45,7 @@ import resource
 import shutil
 import signal
 import sys
+from collections.abc import Sequence
 
 from executor.sandbox import linux
 from executor.sandbox.child import SANDBOX_UID_BASE, SYSTEM_READ_PATHS
@@ -66,10 +68,11 @@ MAX_PROCESSES = 256
 
 
 def launch_argv(command: list[str], *, scratch: str, memory_mb: int, cpu_s: int, network: bool,
-                max_line_bytes: int) -> list[str]:
-    """The argv (after the interpreter) that starts ``command`` confined."""
+                max_line_bytes: int, read_paths: Sequence[str] = ()) -> list[str]:
+    """The argv (after the interpreter) that starts ``command`` confined (``read_paths``: what it may read besides its
+    program and the system's libraries, checked by the caller against the operator's allow-list)."""
     argv = ["-m", "executor.sandbox.launch", "--scratch", scratch, "--memory-mb", str(memory_mb), "--cpu-s", str(cpu_s),
-            "--max-line-bytes", str(max_line_bytes)]
+            "--max-line-bytes", str(max_line_bytes), *(f"--read={path}" for path in read_paths)]
     if network:
         argv.append("--network")
     return [*argv, "--", *command]
@@ -82,9 +85,10 @@ def _executable(name: str) -> str | None:
 
 
 def own_files(command: list[str], exe: str) -> list[str]:
-    """What the server may read besides the system's libraries: the executable (as named and resolved), the ``lib``
-    folders of the prefix it is installed in (``<prefix>/bin/<exe>``; a virtualenv's ``pyvenv.cfg``), the interpreter
-    of a ``#!`` script, and the folder of every argument that names an existing absolute path (its code)."""
+    """What the server may read as its program: the executable (as named and resolved), the ``lib`` folders of the
+    prefix it is installed in (``<prefix>/bin/<exe>``; a virtualenv's ``pyvenv.cfg``) and the interpreter of a ``#!``
+    script. Never anything its arguments name: what else it reads (a script's folder, its data) is the
+    registration's ``read_paths``, under the operator's ``TOOLRAIL_MCP_STDIO_READ_ROOTS``."""
     paths: list[str] = []
 
     def program(path: str, depth: int = 0) -> None:
@@ -107,9 +111,6 @@ def own_files(command: list[str], exe: str) -> list[str]:
                 program(words[0], depth + 1)
 
     program(exe)
-    for arg in command[1:]:
-        if os.path.isabs(arg) and os.path.exists(arg):
-            paths.append(arg if os.path.isdir(arg) else os.path.dirname(arg))
     return paths
 
 
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-s", type=int, default=60)
     parser.add_argument("--network", action="store_true")
     parser.add_argument("--max-line-bytes", type=int, default=0, help="0: no relay, the server writes to our stdout")
+    parser.add_argument("--read", action="append", default=[], help="a path the server may read (repeatable)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         print("sandbox launch: usage: [limits] -- COMMAND [ARGS...]", file=sys.stderr)
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         print("sandbox launch: command not found", file=sys.stderr, flush=True)
         print(f"{EXIT_LINE} 127", file=sys.stderr, flush=True)
         return 127
-    read = _fenced([*SYSTEM_READ_PATHS, *own_files(command, exe)], os.path.dirname(scratch))
+    read = _fenced([*SYSTEM_READ_PATHS, *own_files(command, exe), *args.read], os.path.dirname(scratch))
     uid = SANDBOX_UID_BASE + os.getpid() if os.geteuid() == 0 else None
     try:
         if uid is not None:

@@ -26,10 +26,12 @@ class Launcher:
         return tempfile.mkdtemp(prefix=prefix, dir=prepare_scratch_root(default_scratch_root()))
 
     def command(self, argv: Sequence[str], *, scratch: str, memory_mb: int, cpu_s: int, network: bool,
-                max_line_bytes: int, env: Mapping[str, str]) -> tuple[str, list[str], dict[str, str]]:
-        """``(executable, arguments, environment)`` of the process that runs ``argv`` confined, with ``env`` declared."""
+                max_line_bytes: int, env: Mapping[str, str],
+                read_paths: Sequence[str] = ()) -> tuple[str, list[str], dict[str, str]]:
+        """``(executable, arguments, environment)`` of the process that runs ``argv`` confined, with ``env`` declared
+        and ``read_paths`` readable."""
         args = launch_argv(list(argv), scratch=scratch, memory_mb=memory_mb, cpu_s=cpu_s, network=network,
-                           max_line_bytes=max_line_bytes)
+                           max_line_bytes=max_line_bytes, read_paths=read_paths)
         return sys.executable, args, {"PYTHONPATH": os.pathsep.join(module_search_path()), SERVER_ENV: json.dumps(dict(env))}
 
 

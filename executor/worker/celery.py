@@ -133,8 +133,7 @@ def _check_tools(sender: object = None, **_: object) -> None:
     configure_logging()
     report = check_tools(default_registry(), schemas=False)
     for finding in report.findings:
-        log.error("tools.check_failed", source=finding.source, tool=finding.tool, check=finding.check,
-                  reason=finding.reason, fatal=finding.fatal)
+        log.error("tools.check_failed", **finding.to_dict())
     if report.fatal:
         lines = "\n".join(f"  {finding.message()}" for finding in report.fatal)
         print(f"toolrail worker: refusing to start, tool modules cannot run in the sandbox:\n{lines}",

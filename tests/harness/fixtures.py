@@ -21,6 +21,8 @@ from executor.stack import start_worker, stop_process, wait_for_workers
 from tools.ledger import Ledger
 
 TEST_TOOL_MODULES = "tests.executor.tools_for_tests"
+#: The folder of the SDK-written test MCP servers (tests/mcpbridge/mcp_servers.py).
+MCP_TEST_SERVERS = str(Path(__file__).resolve().parents[1] / "mcpbridge")
 LEDGER_PREFIX = "test:ledger"
 SECRET = "s3cr3t-worker-only"
 #: Signing secret of the test session's webhooks (default tenant).
@@ -44,7 +46,9 @@ def worker_env() -> dict[str, str]:
             "TOOLRAIL_TEST_SECRET": SECRET, "TOOLRAIL_TEST_MARKER_DIR": marker_dir, "TOOLRAIL_LOG_JSON": "1",
             # webhooks: the tests' receivers listen on loopback; short retries
             "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1", "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2", "TOOLRAIL_WEBHOOK_MAX_ATTEMPTS": "4",
-            "TOOLRAIL_WEBHOOK_TIMEOUT_S": "2", "TOOLRAIL_WEBHOOK_SECRET": WEBHOOK_SECRET}
+            "TOOLRAIL_WEBHOOK_TIMEOUT_S": "2", "TOOLRAIL_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            # the test MCP servers' scripts, which a stdio registration names in read_paths
+            "TOOLRAIL_MCP_STDIO_READ_ROOTS": MCP_TEST_SERVERS}
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,10 @@ def keyed_api(runtime, worker) -> Iterator[str]:
     from executor.stack import serve_in_thread
     from toolrail.settings import Settings
 
+    from tests.harness.fixtures import MCP_TEST_SERVERS
+
     settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), mcp_allow_stdio=True,
+                        mcp_stdio_read_roots=MCP_TEST_SERVERS,
                         mcp_allow_private_urls=True, decider="none", mcp_refresh_interval_s=0)
     server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False))
     yield base

@@ -39,6 +39,11 @@ def stdio_command(kind: str = "good") -> list[str]:
     return [sys.executable, os.path.abspath(__file__), "stdio", kind]
 
 
+def stdio_server(kind: str = "good", *args: str) -> dict:
+    """A stdio registration of this test server: its argv (``args`` after it) and its folder as a read path."""
+    return {"command": [*stdio_command(kind), *args], "read_paths": [os.path.dirname(os.path.abspath(__file__))]}
+
+
 def _outcome(action: Any) -> str:
     try:
         action()
