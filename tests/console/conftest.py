@@ -1,5 +1,5 @@
 """The console's browser tests: Debian's chromium (``/usr/bin/chromium``, installed by ``make install``) driven by
-Playwright (pytest-playwright's ``page``), never a downloaded browser; a real stack of the module's own: a traced
+Playwright's sync API (a browser per module, a context per test), never a downloaded browser; a real stack of the module's own: a traced
 Celery worker on its own Redis database, and two APIs over it (one without keys, one with two tenants' keys)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
 
 from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.databases import own_database
@@ -20,12 +21,29 @@ CHROMIUM = Path("/usr/bin/chromium")
 KEYS = {"alpha": "key-console-alpha", "beta": "key-console-beta"}
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
-    """pytest-playwright's launch arguments, with the system's chromium: no browser is downloaded."""
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's chromium for one module's tests. Module-scoped on purpose: while Playwright's sync API is running it
+    holds an event loop in the main thread, so a session-long browser made every later ``asyncio.run`` in the
+    suite fail ("cannot be called from a running event loop")."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (`make install` runs it)")
-    return {**browser_type_launch_args, "executable_path": str(CHROMIUM)}
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture()
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh context (no storage shared between tests) and its page."""
+    context = browser.new_context()
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
 
 
 @pytest.fixture(scope="session", autouse=True)
