@@ -18,6 +18,8 @@ Retryable errors are never fed back to the model as "your output was wrong".
 
 from __future__ import annotations
 
+from toolrail.errors import ToolrailError
+
 __all__ = [
     "BackendUnavailableError",
     "DeciderError",
@@ -33,12 +35,17 @@ __all__ = [
 ]
 
 
-class DeciderError(Exception):
+class DeciderError(ToolrailError):
     """Base class of every decider error."""
+
+    type = "decider_error"
 
 
 class DeciderRetryableError(DeciderError):
     """A transient failure: the same request may succeed if retried."""
+
+    status = 503
+    retryable = True
 
 
 class BackendUnavailableError(DeciderRetryableError):

@@ -43,8 +43,10 @@ from tools.grounding import grounded_paths
 from tools.schema_guard import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, check_client_schema
 from tools.spec import ToolSpec
 
-__all__ = ["Ask", "CallPiece", "EndPiece", "Limits", "Outcome", "TextPiece", "complete", "error_for", "error_response",
-           "stream"]
+__all__ = ["Ask", "BlockedPiece", "CallPiece", "CheckFailed", "EndPiece", "Limits", "ModelNotFound", "Outcome", "Planned",
+           "TextPiece", "cancel_decoding", "check_bound", "check_model", "check_tool_answers", "client_calls", "complete",
+           "default_decider", "error_for", "error_response", "plan", "schema_refusal", "stream", "stream_error",
+           "unless_disconnected"]
 
 #: Decoding bound of a request that sets none (OpenAI's is the context; a tool decision needs far less).
 DEFAULT_MAX_TOKENS = 256
@@ -152,8 +154,6 @@ def error_response(status: int, kind: str, message: str, request_id: str, *, par
     from toolrail.context import REQUEST_ID_HEADER  # noqa: PLC0415 - light; kept beside its one use
 
     error_type = "invalid_request_error" if status < 500 else "server_error"
-    if status == 404:
-        error_type = "invalid_request_error"
     body = {"message": message, "type": error_type, "param": param, "code": code or kind, "details": details}
     return JSONResponse(status_code=status, headers={REQUEST_ID_HEADER: request_id}, content={"error": body})
 

@@ -7,8 +7,9 @@ whole text, so streamed and non-streamed results agree by construction.
 
 A parser is a per-request object: it carries the request id, and every call it produces gets
 ``id = call_<request_id>_<n>`` and ``index = n`` counting within that request only. Every delta
-carries its call's ``index`` (the wire form, :meth:`ToolCallDelta.to_openai`, sends ``id`` in the first only); two calls to the same function get different
-indices. Never share a parser between requests or choices (vLLM #38158, #39214 are that bug).
+carries its call's ``index`` (the wire form, :meth:`ToolCallDelta.to_openai`, sends ``id`` in the
+first only); two calls to the same function get different indices. Never share a parser between
+requests or choices (vLLM #38158, #39214 are that bug).
 """
 
 from __future__ import annotations

@@ -259,6 +259,23 @@ class _Turn:
         return self.object
 
 
+async def _replayed(response: dict[str, Any]) -> AsyncIterator[str]:
+    """A finished response as its stream of events: each output item whole, then ``response.completed``."""
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": {**response, "status": "in_progress",
+                                                                              "output": []}}]
+    for position, item in enumerate(response["output"]):
+        events.append({"type": "response.output_item.added", "output_index": position, "item": item})
+        if item["type"] == "function_call":
+            events += [{"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                        "output_index": position, "delta": item["arguments"]},
+                       {"type": "response.function_call_arguments.done", "item_id": item["id"],
+                        "output_index": position, "arguments": item["arguments"]}]
+        events.append({"type": "response.output_item.done", "output_index": position, "item": item})
+    events.append({"type": "response.completed", "response": response})
+    for number, event in enumerate(events):
+        yield f"event: {event['type']}\ndata: {json.dumps({**event, 'sequence_number': number}, ensure_ascii=False)}\n\n"
+
+
 def _tools_echo(body: ResponseRequest) -> list[dict[str, Any]]:
     return [{"type": "function", "name": t.get("name"), "description": t.get("description"),
              "parameters": t.get("parameters"), "strict": t.get("strict", True)} for t in body.tools or []]
@@ -334,7 +351,27 @@ class _Responses:
             self.store.save(tenant, turn.object, conversation + _output_messages(turn.object["output"]),
                             request_id=turn.request_id)
 
+    async def _client_calls(self, turn: _Turn, conversation: list[dict[str, Any]], tenant: str, decision: Any,
+                            record: dict[str, Any], ids: list[str | None]) -> Any:
+        """Input that ends in the client's own ``function_call`` s with no output yet: they are checked and answered
+        as they are, with their ``call_id`` s (or held back with the findings in ``toolrail``) - never replaced."""
+        output = [_call_item(turn.item_id("fc", c.index), ids[c.index] if c.index < len(ids) and ids[c.index] else c.id,
+                             c.name, json.dumps(c.arguments, ensure_ascii=False) if c.arguments is not None else "",
+                             "completed") for c in decision.tool_calls]
+        if not output:
+            output = [_message_item(turn.item_id("msg"), decision.content or "", "completed")]
+        turn.finish("stop", output, {}, record)
+        await asyncio.to_thread(self._save, tenant, turn, conversation[:-1])
+        headers = {REQUEST_ID_HEADER: turn.request_id}
+        if not turn.body.stream:
+            return JSONResponse(turn.object, headers=headers)
+        return StreamingResponse(_replayed(turn.object), media_type="text/event-stream",
+                                 headers={**headers, "Cache-Control": "no-cache"})
+
     async def _respond(self, turn: _Turn, ask: core.Ask, conversation: list[dict[str, Any]], tenant: str) -> Any:
+        client = core.client_calls(ask)
+        if client is not None:  # the client's own calls: checked and answered as they are, no model asked
+            return await self._client_calls(turn, conversation, tenant, *client)
         decider = self.get_decider()
         planned = await asyncio.to_thread(core.plan, decider, ask, self.limits)
         headers = {REQUEST_ID_HEADER: ask.request_id}

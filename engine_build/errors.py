@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolrail.errors import ToolrailError
+
 __all__ = [
     "BuildStepError",
     "ConfigCheckError",
@@ -37,8 +39,10 @@ __all__ = [
 ]
 
 
-class EngineBuildError(Exception):
+class EngineBuildError(ToolrailError):
     """Base class of every engine-build error."""
+
+    type = "engine_build_error"
 
 
 class MissingRequirementError(EngineBuildError):

@@ -357,43 +357,36 @@ def _wait_or_approve(client: Any, job_id: str, *, deadline: float, show: bool, w
               flush=True)
         if not wait:
             return job
-        _await_decision(client, job_id, waiting, deadline=deadline, ask=show and sys.stdin.isatty())
+        _await_decision(client, job_id, deadline=deadline, ask=show and sys.stdin.isatty())
 
 
-def _await_decision(client: Any, job_id: str, waiting: list[dict[str, Any]], *, deadline: float, ask: bool) -> None:
+def _await_decision(client: Any, job_id: str, *, deadline: float, ask: bool) -> None:
     """Until the job no longer waits (a decision in the console, here, or by any API client) or ``deadline``; with
     ``ask``, each waiting call is also asked about on this terminal."""
     import select  # noqa: PLC0415
 
-    def prompt(call: dict[str, Any]) -> None:
-        print(f"approve {call['name']}({json.dumps(call.get('arguments'), ensure_ascii=False)})? [y/N/reason] ",
-              end="", flush=True)
-
-    if ask and waiting:
-        prompt(waiting[0])
+    asked = None  # the call whose question is on the terminal
     while time.monotonic() < deadline:
-        if ask and waiting and select.select([sys.stdin], [], [], 0.2)[0]:
-            answer, call = sys.stdin.readline().strip(), waiting.pop(0)
-            if answer.lower() in {"y", "yes"}:
-                client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve")
-            else:
-                reason = answer if answer.lower() not in {"", "n", "no"} else "rejected by the operator"
-                client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/reject", json={"reason": reason})
-            if waiting:
-                prompt(waiting[0])
-        elif not ask:
-            time.sleep(0.2)
         job = client.get(f"/v1/jobs/{job_id}").json()
+        pending = [c for c in job.get("calls", []) if (c.get("approval") or {}).get("state") == "pending"]
+        if asked is not None and asked["id"] not in {c["id"] for c in pending}:
+            print("(decided elsewhere)", flush=True)  # in the console, meanwhile
+            asked = None
         if job.get("status") != "awaiting_approval":
-            if ask and waiting:
-                print("(decided elsewhere)", flush=True)
             return
-        still = {c["id"] for c in job.get("calls", []) if (c.get("approval") or {}).get("state") == "pending"}
-        if ask and waiting and waiting[0]["id"] not in still:  # answered in the console meanwhile
-            waiting[:] = [c for c in waiting if c["id"] in still]
-            print("(decided elsewhere)", flush=True)
-            if waiting:
-                prompt(waiting[0])
+        if ask and asked is None and pending:
+            asked = pending[0]
+            print(f"approve {asked['name']}({json.dumps(asked.get('arguments'), ensure_ascii=False)})? [y/N/reason] ",
+                  end="", flush=True)
+        if not (ask and asked is not None and select.select([sys.stdin], [], [], 0.2)[0]):
+            time.sleep(0 if ask and asked is not None else 0.2)
+            continue
+        answer, call, asked = sys.stdin.readline().strip(), asked, None
+        if answer.lower() in {"y", "yes"}:
+            client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve")
+        else:
+            reason = answer if answer.lower() not in {"", "n", "no"} else "rejected by the operator"
+            client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/reject", json={"reason": reason})
 
 
 def _print_job(job: dict[str, Any]) -> None:

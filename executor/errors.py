@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolrail.errors import ToolrailError
 from tools.errors import CleaningError  # the check path lives in tools/; re-exported for callers
 
 __all__ = [
@@ -54,30 +55,19 @@ __all__ = [
 ]
 
 
-class ExecutorError(Exception):
-    """Base class; ``type`` is the stable machine-readable name."""
+class ExecutorError(ToolrailError):
+    """Base class of the executor's errors (``toolrail.errors``: ``type``, ``status``, ``retryable``, ``details``)."""
 
     type = "executor_error"
-    #: The HTTP status of this error in an API answer; ``retryable``: whether the same request may succeed later.
     status = 400
-    retryable = False
-
-    def __init__(self, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.details = details
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "message": str(self), "details": self.details}
-
-    def http_error(self) -> dict[str, Any]:
-        """The ``{type, message, details}`` a client gets for this error (``to_dict()`` unless a class says less)."""
-        return self.to_dict()
 
 
 class RetryableError(ExecutorError):
     type = "retryable"
     status = 503
     retryable = True
+    #: Retries before the work ends with this error, typed (None: the task's own budget, then ``internal_error``).
+    max_retries: int | None = None
 
 
 class StoreUnavailableError(RetryableError):

@@ -3,7 +3,8 @@
 The executor's own orchestration (``executor.runs``) and an extension (``mcpbridge``) see the process's runtime
 through :class:`Runtime` and publish work through :class:`Queues`. An extension adds tools through a
 :class:`ToolSource` (``toolrail.tool_sources`` entry points), routes through ``mount(app, api)`` given an
-:class:`ApiContext` (``toolrail.api``), and submits and follows jobs through :class:`Jobs`. The records and the call
+:class:`ApiContext` (``toolrail.api``), submits and follows jobs through :class:`Jobs`, and starts a long-lived
+third-party command in the tool sandbox through the :class:`SandboxLauncher` :data:`LAUNCHER`. The records and the call
 boundary it handles are re-exported here (``JobRecord``, ``CallRun``, ``SandboxResult``, the limiter of calls in
 flight), so an extension imports ``executor.ports`` and ``executor.errors``, nothing else of the executor. The
 concrete parts — ``executor.runtime.Runtime``, the Celery queues of ``executor.worker.tasks``, the API of
@@ -12,7 +13,7 @@ concrete parts — ``executor.runtime.Runtime``, the Celery queues of ``executor
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -23,14 +24,16 @@ from executor.calls.breaker import CircuitBreaker
 from executor.calls.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
 from executor.calls.pipeline import Pipeline
 from executor.sandbox.boundary import CallRun, Sandbox, SandboxResult
+from executor.sandbox.child import MAX_RESULT_BYTES
+from executor.sandbox.launcher import LAUNCHER as _LAUNCHER
 from executor.store.idempotency import IdempotencyStore
 from executor.store.records import CallRecord, JobRecord, RedisJobStore
 from toolrail.settings import Settings
 from tools.registry import Registry
 from tools.spec import ToolSpec
 
-__all__ = ["ApiContext", "CallRun", "ConcurrencyLimitedError", "ConcurrencyLimiter", "JobRecord", "Jobs", "Queues",
-           "Runtime", "SandboxResult", "ToolSource"]
+__all__ = ["LAUNCHER", "MAX_RESULT_BYTES", "ApiContext", "CallRun", "ConcurrencyLimitedError", "ConcurrencyLimiter",
+           "JobRecord", "Jobs", "Queues", "Runtime", "SandboxLauncher", "SandboxResult", "ToolSource"]
 
 
 class Queues(Protocol):
@@ -94,6 +97,9 @@ class ToolSource(Protocol):
     def run(self, rt: Runtime, spec: ToolSpec, call: CallRun) -> SandboxResult:
         """Run one call: the sandbox's contract (``SandboxResult``, or a ``SandboxError`` subclass)."""
 
+    def queues(self, client: redis.Redis) -> list[str]:
+        """The queues this source's tools run on, as stored in ``client`` (what a worker started now consumes)."""
+
 
 class Jobs(Protocol):
     """How an extension submits a job and follows it, by the paths ``POST /v1/jobs`` and ``GET /v1/jobs/{id}?wait``
@@ -130,3 +136,26 @@ class ApiContext(Protocol):
 
     def error(self, status: int, type_: str, message: str, **details: Any) -> Exception:
         """The API's typed error, to raise: ``{"error": {type, message, details}}`` with ``status``."""
+
+
+class SandboxLauncher(Protocol):
+    """How an extension starts a long-lived third-party command (a stdio server) in the tool sandbox: its own
+    namespaces, uid, limits and Landlock, an environment from nothing, a relay bounding its stdout
+    (``executor.sandbox.launch``). The relay's last stderr line starts with ``exit_line``; a stdout line over the
+    limit, with ``line_too_long``."""
+
+    exit_line: str
+    line_too_long: str
+
+    def scratch_dir(self, prefix: str) -> str:
+        """A fresh scratch directory under the sandbox's scratch root (the caller removes it)."""
+
+    def command(self, argv: Sequence[str], *, scratch: str, memory_mb: int, cpu_s: int, network: bool,
+                max_line_bytes: int, env: Mapping[str, str],
+                read_paths: Sequence[str] = ()) -> tuple[str, list[str], dict[str, str]]:
+        """``(executable, arguments, environment)`` of the process that runs ``argv`` confined, with ``env`` declared
+        and ``read_paths`` (the registration's, checked against the operator's allow-list) readable."""
+
+
+#: The tool sandbox's launcher.
+LAUNCHER: SandboxLauncher = _LAUNCHER

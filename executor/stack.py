@@ -20,6 +20,7 @@ import httpx
 import redis
 
 from toolrail.lifeline import dies_with_parent
+from toolrail.extensions import TOOL_SOURCES_GROUP, installed
 from toolrail.logging import get_logger
 from toolrail.redis_embed import EmbeddedRedis, display_url, ensure_redis, free_port
 from executor.worker.config import DECIDER_WARM_KEY, TOOL_CHECK_EXIT, worker_queues
@@ -37,17 +38,16 @@ log = get_logger("toolrail.stack")
 
 def deployment_queues(redis_url: str | None = None, *, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
     """The queues of this deployment's worker (``executor.worker.config.worker_queues``): decide, webhooks, every tool
-    queue, ``extra``, and every registered MCP server's queue when ``redis_url`` answers (else none: a worker still
-    picks those up from the broadcast sent when a server is registered)."""
-    from mcpbridge.providers import known_queues  # noqa: PLC0415 - the assembly is the one place that knows mcpbridge
-
-    mcp: list[str] = []
+    queue, ``extra``, and the queues of every installed tool source's tools (a tenant's MCP servers) when ``redis_url``
+    answers (else none: a worker still picks those up from the broadcast sent when a server is registered)."""
+    sourced: list[str] = []
     if redis_url:
         try:
-            mcp = known_queues(redis.Redis.from_url(redis_url, socket_connect_timeout=2))
+            client = redis.Redis.from_url(redis_url, socket_connect_timeout=2)
+            sourced = [queue for source in installed(TOOL_SOURCES_GROUP) for queue in source.queues(client)]
         except redis.RedisError:
             pass
-    return worker_queues(default_registry(), extra=[*extra, *mcp])
+    return worker_queues(default_registry(), extra=[*extra, *sourced])
 
 
 def start_worker(redis_url: str, *, queues: list[str] | None = None, concurrency: int = 2,
@@ -206,6 +206,7 @@ class SupervisedWorker:
             ran_s = time.monotonic() - started
             backoff = self.backoff_s if ran_s >= self.stable_s else backoff
             _kill_group(proc.pid)  # its pool processes, orphaned: they would hold messages nobody acks
+            self._restore(client, proc.pid)  # what it held goes back now, not after the visibility timeout
             info = {"reason": "worker_down", "pid": proc.pid, "returncode": returncode, "restarts": self.restarts,
                     "since": time.time()}
             if returncode == TOOL_CHECK_EXIT:  # its tools cannot run: starting it again cannot help
@@ -223,6 +224,20 @@ class SupervisedWorker:
             started = time.monotonic()
             log.info("worker.restarted", pid=self.proc.pid, restarts=self.restarts)
             self._await_answer(client, info)
+
+    def _restore(self, client: redis.Redis, pid: int) -> None:
+        from kombu import Connection  # noqa: PLC0415
+
+        from executor.worker import liveness  # noqa: PLC0415
+        from executor.worker.config import celery_config  # noqa: PLC0415
+
+        transport = celery_config(self.redis_url)["broker_transport"]
+        try:
+            restored = liveness.restore_holder(lambda: Connection(self.redis_url, transport=transport), client,
+                                               liveness.holder_id(pid))
+            log.info("worker.messages_restored", pid=pid, messages=restored)
+        except Exception as exc:  # noqa: BLE001 - the reconciler restores them later (its own check)
+            log.warning("worker.restore_failed", pid=pid, error=type(exc).__name__)
 
     def _await_answer(self, client: redis.Redis, info: dict) -> None:
         """Until the new pool answers a ping by its name (and, with ``wait_warm``, has a warm decider: then it is

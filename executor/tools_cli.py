@@ -141,8 +141,7 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         print(json.dumps({"ok": report.ok, "tools": report.checked,
-                          "findings": [{"source": f.source, "tool": f.tool, "check": f.check, "reason": f.reason,
-                                        "fatal": f.fatal} for f in report.findings]}, ensure_ascii=False, indent=2))
+                          "findings": [f.to_dict() for f in report.findings]}, ensure_ascii=False, indent=2))
         return 0 if report.ok else 1
     failed = report.failed_tools()
     for name in report.checked:

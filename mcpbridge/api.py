@@ -64,6 +64,9 @@ class McpServerCreate(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, max_length=32,
                                 description="stdio only: the server's environment besides PATH, LANG, HOME and TMPDIR "
                                             "(nothing of the worker's is passed on); values are never shown back")
+    read_paths: list[str] = Field(default_factory=list, max_length=32,
+                                  description="stdio only: absolute paths the server may read (its code, its data), each "
+                                              "at or below a folder of the operator's TOOLRAIL_MCP_STDIO_READ_ROOTS")
     side_effects: list[str] = Field(default_factory=list, max_length=256,
                                     description="remote tool names to treat as side-effecting (idempotency key, grounding)")
     read_only: list[str] = Field(default_factory=list, max_length=256,
@@ -107,6 +110,10 @@ class McpServerCreate(BaseModel):
             raise ValueError("command parts must be at most 4000 characters, without NUL")
         if self.env and not self.command:
             raise ValueError("env is for a stdio server (command) only")
+        if self.read_paths and not self.command:
+            raise ValueError("read_paths is for a stdio server (command) only")
+        if any(not p.startswith("/") or len(p) > 4000 or "\x00" in p for p in self.read_paths):
+            raise ValueError("read_paths are absolute paths of at most 4000 characters, without NUL")
         for key, value in self.env.items():
             if not ENV_NAME.fullmatch(key) or len(value) > 4000 or "\x00" in value:
                 raise ValueError("env names are 1-64 of A-Z a-z 0-9 _ (not starting with a digit); values at most "
@@ -162,7 +169,7 @@ def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | No
     fetching: Counter[str] = Counter()  # registrations and refreshes in flight per tenant (this process's event loop)
 
     def public(record: dict[str, Any]) -> dict[str, Any]:
-        keep = ("name", "url", "command", "network", "side_effects", "read_only", "requires_approval", "timeout_s", "idle_timeout_s",
+        keep = ("name", "url", "command", "network", "read_paths", "side_effects", "read_only", "requires_approval", "timeout_s", "idle_timeout_s",
                 "memory_mb", "queue", "refused", "fetched_at")
         return {**{k: record.get(k) for k in keep}, "env": sorted(record.get("env") or {}), "tools": [
             {"name": t["name"], "remote_name": t["remote_name"], "description": t["description"],
@@ -194,7 +201,8 @@ def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | No
             raise refuse(403, "mcp_stdio_not_allowed", "stdio MCP servers run a command on the workers; this "
                            "deployment does not allow tenants to register them (TOOLRAIL_MCP_ALLOW_STDIO)")
         try:
-            config = providers.ServerConfig.build(tenant, **body.model_dump(), max_timeout_s=settings.mcp_max_timeout_s)
+            config = providers.ServerConfig.build(tenant, **body.model_dump(), max_timeout_s=settings.mcp_max_timeout_s,
+                                                  read_roots=settings.mcp_stdio_read_roots)
         except McpServerRejectedError as exc:
             raise refuse(422, exc.type, str(exc), **exc.details) from None
         existed = await asyncio.to_thread(providers.get_server, runtime.redis, tenant, body.name) is not None

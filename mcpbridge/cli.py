@@ -40,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="stdio: the command and its arguments (must come last)")
     add.add_argument("--api", default=None, help=f"the API (default: TOOLRAIL_URL or {DEFAULT_API})")
     add.add_argument("--network", action="store_true", help="stdio: the server may use the network")
+    add.add_argument("--read-path", action="append", default=[], metavar="PATH",
+                     help="stdio: a path the server may read, e.g. its script's folder (repeatable; under the "
+                          "operator's TOOLRAIL_MCP_STDIO_READ_ROOTS)")
     add.add_argument("--side-effects", action="append", default=[], metavar="TOOL",
                      help="treat this remote tool as side-effecting (repeatable)")
     add.add_argument("--read-only", action="append", default=[], metavar="TOOL",
@@ -88,7 +91,7 @@ def _add(args: argparse.Namespace) -> int:
         if not command:
             print("toolrail tools add-mcp: --command needs the server's command", file=sys.stderr)
             return 2
-        body.update(command=command, network=args.network)
+        body.update(command=command, network=args.network, read_paths=args.read_path)
     if args.timeout is not None:
         body["timeout_s"] = args.timeout
     if args.idle_timeout is not None:

@@ -8,7 +8,8 @@ process's open session to the server (:mod:`mcpbridge.pool`; one MCP exchange is
 - a per-tenant limit on MCP calls in flight across all workers (``mcp_max_concurrent_per_tenant``,
   leases in Redis: ``tr:mcp:tenant:<tenant>:inflight``). The worker pool is shared, so without it one
   tenant's hanging server would hold every worker process; a call that finds no slot goes back
-  to its queue at once (``ConcurrencyLimitedError``, retried by the task) and holds nothing.
+  to its queue at once and holds nothing (``McpTenantLimitError``, retried by the task a few times, then the
+  call's own typed error).
 
 When the server says its tool list changed, the tenant's record is refreshed before the result is
 returned. The result is a ``SandboxResult``; every error is typed and names the server and the tool.
@@ -28,6 +29,7 @@ import redis
 from executor.errors import SandboxError
 from executor.ports import CallRun, ConcurrencyLimitedError, ConcurrencyLimiter, Runtime, SandboxResult
 from mcpbridge import providers
+from mcpbridge.errors import McpTenantLimitError
 from mcpbridge.pool import pool
 from mcpbridge.session import META_PREFIX, Endpoint, Trouble, call_error, checked_result, invoke
 from toolrail.logging import get_logger
@@ -65,10 +67,9 @@ def tenant_slot(rt: Runtime, spec: Any) -> Iterator[None]:
     try:
         slot = slots.acquire(spec.tenant, lease_s=timeout_s + connect_timeout_s + 60, wait_s=SLOT_WAIT_S)
     except ConcurrencyLimitedError as exc:
-        raise ConcurrencyLimitedError(f"tenant {spec.tenant!r} has {slots.maximum} MCP calls in flight, its limit "
-                                      "(TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT); the call goes back to its queue",
-                                      tool=spec.name, server=spec.server, limit=slots.maximum,
-                                      retry_in_s=exc.details.get("retry_in_s")) from None
+        raise McpTenantLimitError(f"tenant {spec.tenant!r} has {slots.maximum} MCP calls in flight, its limit "
+                                  "(TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT)", tool=spec.name, server=spec.server,
+                                  tenant=spec.tenant, limit=slots.maximum, retry_in_s=exc.details.get("retry_in_s")) from None
     try:
         yield
     finally:

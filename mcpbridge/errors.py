@@ -1,5 +1,9 @@
 """Errors of the MCP bridge, each naming the server and the tool.
 
+    ConcurrencyLimitedError (executor.ports, retryable)
+    └── McpTenantLimitError        the tenant's MCP calls in flight at its limit: a few short retries, then the
+                                   call ends with it (typed, seconds), never ``internal_error`` after ~30 s
+
     PermanentError (executor.errors)
     ├── McpServerRejectedError     a registration refused: bad name, unreachable, nothing usable listed
     ├── McpToolRejectedError       one listed tool refused (schema, name, collision); ``details.path``
@@ -20,9 +24,11 @@ prefixed name the platform knows it by).
 from __future__ import annotations
 
 from executor.errors import PermanentError, SandboxError, ToolOutputError, ToolTimeoutError
+from executor.ports import ConcurrencyLimitedError
 
 __all__ = [
     "McpOutputError",
+    "McpTenantLimitError",
     "McpProtocolError",
     "McpServerExitedError",
     "McpServerRejectedError",
@@ -32,6 +38,14 @@ __all__ = [
     "McpUnavailableError",
     "McpUrlNotAllowedError",
 ]
+
+
+class McpTenantLimitError(ConcurrencyLimitedError):
+    """The tenant has ``limit`` MCP calls in flight (``TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT``): the call goes back to
+    its queue ``max_retries`` times (a second or two each), then ends with this error."""
+
+    type = "mcp_tenant_limit"
+    max_retries = 3
 
 
 class McpServerRejectedError(PermanentError):

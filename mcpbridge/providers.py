@@ -22,6 +22,7 @@ above it is refused, a stored value above it is clamped at call time).
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -86,6 +87,20 @@ def queue_for(tenant: str, server: str) -> str:
     return f"mcp.{tenant}.{server}"
 
 
+def checked_read_paths(name: str, paths: list[str] | tuple[str, ...], roots: str) -> list[str]:
+    """``paths`` (a stdio server's ``read_paths``) when each is at or below a folder of ``roots``
+    (``TOOLRAIL_MCP_STDIO_READ_ROOTS``, resolved: a symlink cannot lead out); else ``McpServerRejectedError``
+    (``read_path_not_allowed``)."""
+    allowed = [os.path.realpath(r.strip()) for r in roots.split(",") if r.strip().startswith("/")]
+    for path in paths:
+        real = os.path.realpath(path)
+        if not any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in allowed):
+            raise McpServerRejectedError(f"MCP server {name!r}: read path {path!r} is not under a folder this deployment "
+                                         "lets stdio servers read (TOOLRAIL_MCP_STDIO_READ_ROOTS)", server=name,
+                                         reason="read_path_not_allowed", path=path)
+    return list(dict.fromkeys(paths))
+
+
 class ServerConfig(dict):
     """A server record before its tools are fetched: name, url | command, limits and operator flags."""
 
@@ -94,7 +109,8 @@ class ServerConfig(dict):
               network: bool = False, side_effects: list[str] = (), read_only: list[str] = (),
               requires_approval: list[str] = (),
               timeout_s: float = 30.0, idle_timeout_s: float = 10.0, memory_mb: int = 1024,
-              max_timeout_s: float | None = None, env: dict[str, str] | None = None) -> "ServerConfig":
+              max_timeout_s: float | None = None, env: dict[str, str] | None = None, read_paths: list[str] = (),
+              read_roots: str = "") -> "ServerConfig":
         if not SERVER_NAME.match(name or ""):
             raise McpServerRejectedError(f"server name {name!r} must be 1-20 of a-z 0-9 _ - (starting with a letter, "
                                          "no '__', not ending in '_')", server=name, reason="invalid_name")
@@ -108,7 +124,8 @@ class ServerConfig(dict):
         if bool(url) == bool(command):
             raise McpServerRejectedError(f"MCP server {name!r}: give exactly one of url or command", server=name,
                                          reason="url_or_command")
-        return cls(name=name, tenant=tenant, url=url, command=list(command) if command else None,
+        readable = checked_read_paths(name, read_paths, read_roots) if command else []
+        return cls(name=name, tenant=tenant, url=url, command=list(command) if command else None, read_paths=readable,
                    network=bool(network) if command else True, side_effects=sorted(set(side_effects)),
                    read_only=sorted(set(read_only) - set(side_effects)),
                    requires_approval=sorted(set(requires_approval)), timeout_s=float(timeout_s),
@@ -117,7 +134,8 @@ class ServerConfig(dict):
 
     def endpoint(self, *, allow_private: bool) -> Endpoint:
         raw = {"url": self["url"]} if self.get("url") else {"command": self["command"], "network": self["network"],
-                                                            "env": self.get("env") or {}}
+                                                            "env": self.get("env") or {},
+                                                            "read_paths": self.get("read_paths") or []}
         return Endpoint.of(self["name"], raw, memory_mb=int(self.get("memory_mb", 1024)),
                            cpu_s=int(self.get("timeout_s", 30)) + 30, allow_private=allow_private)
 

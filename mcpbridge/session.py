@@ -3,7 +3,7 @@
 A connection is the official SDK's ``Client`` (handshake-era protocol, so that
 ``notifications/tools/list_changed`` arrives unasked): streamable HTTP to a URL through
 :mod:`mcpbridge.transport` (the SSRF guard at every request, bodies bounded), or a stdio child started
-confined by :mod:`mcpbridge.launch` in a scratch directory of its own, removed with the connection.
+confined by :mod:`executor.sandbox.launch` in a scratch directory of its own, removed with the connection.
 ``list_tools`` and ``call_tool`` open one for the operation; a worker's calls (:mod:`mcpbridge.client`)
 reuse the open sessions of :mod:`mcpbridge.pool`.
 
@@ -34,8 +34,6 @@ import json
 import os
 import re
 import shutil
-import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -51,11 +49,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from executor.errors import SandboxError, ToolRaisedError
-from executor.sandbox.child import MAX_RESULT_BYTES
-from executor.sandbox.process import default_scratch_root, module_search_path, prepare_scratch_root
+from executor.ports import LAUNCHER, MAX_RESULT_BYTES
 from mcpbridge.errors import (McpOutputError, McpProtocolError, McpServerExitedError, McpTimeoutError, McpTooLargeError,
                               McpUnavailableError, McpUrlNotAllowedError)
-from mcpbridge.launch import EXIT_LINE, LINE_TOO_LONG, SERVER_ENV, launch_argv
 from mcpbridge.transport import guarded_client
 from toolrail.netguard import UrlRefusedError
 from tools.validator import validation_errors
@@ -90,13 +86,16 @@ class Endpoint:
     allow_private: bool = False
     #: The variables the registration declares for a stdio server (its whole environment but PATH, LANG, HOME, TMPDIR).
     env: tuple[tuple[str, str], ...] = ()
+    #: What a stdio server may read besides its program and the system's libraries: its registration's ``read_paths``.
+    read_paths: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, server: str, endpoint: dict[str, Any], *, memory_mb: int = 1024, cpu_s: int = 120,
            allow_private: bool = False) -> "Endpoint":
         return cls(server=server, url=endpoint.get("url"), command=tuple(endpoint.get("command") or ()),
                    network=bool(endpoint.get("network")), memory_mb=memory_mb, cpu_s=cpu_s, allow_private=allow_private,
-                   env=tuple(sorted((endpoint.get("env") or {}).items())))
+                   env=tuple(sorted((endpoint.get("env") or {}).items())),
+                   read_paths=tuple(endpoint.get("read_paths") or ()))
 
 
 @dataclass
@@ -111,8 +110,8 @@ class Trouble:
     activity: float = field(default_factory=time.monotonic)
 
     def exit_code(self) -> int | None:
-        """How a stdio server's process ended, as its relay said (``mcpbridge.launch``'s last line), if it did."""
-        found = re.findall(re.escape(EXIT_LINE) + r" (-?\d{1,3})\b", self.stderr_tail()) if self.stderr_path else []
+        """How a stdio server's process ended, as its relay said (``executor.sandbox.launch``'s last line), if it did."""
+        found = re.findall(re.escape(LAUNCHER.exit_line) + r" (-?\d{1,3})\b", self.stderr_tail()) if self.stderr_path else []
         return int(found[-1]) if found else None
 
     def ended(self) -> str:
@@ -129,7 +128,7 @@ class Trouble:
     def limit_hit(self) -> int | None:
         """The limit an answer went past: cut by the HTTP transport, or a stdio server stopped by its relay."""
         if self.too_large is None and self.stderr_path:
-            found = re.search(re.escape(LINE_TOO_LONG) + r" (\d+) bytes", self.stderr_tail())
+            found = re.search(re.escape(LAUNCHER.line_too_long) + r" (\d+) bytes", self.stderr_tail())
             self.too_large = int(found.group(1)) if found else None
         return self.too_large
 
@@ -197,14 +196,13 @@ async def connect(endpoint: Endpoint, trouble: Trouble, *, connect_timeout_s: fl
             http = guarded_client(max_bytes=max_bytes, allow_private=endpoint.allow_private, on_overflow=overflow)
             transport = streamable_http_client(endpoint.url, http_client=http, max_sse_event_size=max_bytes)
         else:
-            scratch = tempfile.mkdtemp(prefix=f"mcp-{endpoint.server}-", dir=prepare_scratch_root(default_scratch_root()))
+            scratch = LAUNCHER.scratch_dir(f"mcp-{endpoint.server}-")
             stderr = open(os.path.join(scratch, ".stderr"), "w+")  # noqa: SIM115 - closed in finally
             trouble.stderr_path = stderr.name
-            argv = launch_argv(list(endpoint.command), scratch=scratch, memory_mb=endpoint.memory_mb,
-                               cpu_s=endpoint.cpu_s, network=endpoint.network, max_line_bytes=max_bytes)
-            params = StdioServerParameters(command=sys.executable, args=argv, cwd=scratch,
-                                           env={"PYTHONPATH": os.pathsep.join(module_search_path()),
-                                                SERVER_ENV: json.dumps(dict(endpoint.env))})
+            exe, argv, env = LAUNCHER.command(endpoint.command, scratch=scratch, memory_mb=endpoint.memory_mb,
+                                              cpu_s=endpoint.cpu_s, network=endpoint.network,
+                                              max_line_bytes=max_bytes, env=endpoint.env, read_paths=endpoint.read_paths)
+            params = StdioServerParameters(command=exe, args=argv, cwd=scratch, env=env)
             transport = stdio_client(params, errlog=stderr)
         client = Client(_watched(transport, trouble), mode="legacy", cache=None, message_handler=on_message)
         connected = anyio.Event()

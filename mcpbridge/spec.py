@@ -71,7 +71,8 @@ class McpToolSpec(ToolSpec):
     server: str
     remote_name: str
     tenant: str
-    #: ``{"url": ...}`` (streamable HTTP) or ``{"command": [...], "network": ..., "env": {...}}`` (stdio, sandboxed).
+    #: ``{"url": ...}`` (streamable HTTP) or ``{"command": [...], "network": ..., "env": {...}, "read_paths": [...]}``
+    #: (stdio, sandboxed).
     endpoint: dict[str, Any]
     output_schema: dict[str, Any] | None = None
     #: Seconds without a progress report before a call is given up (``timeout_s`` is the hard cap).
@@ -95,7 +96,8 @@ class McpToolSpec(ToolSpec):
         """Rebuild a spec from a stored server record and one of its checked tools."""
         endpoint = {"url": server["url"]} if server.get("url") else {"command": list(server["command"]),
                                                                     "network": bool(server.get("network")),
-                                                                    "env": dict(server.get("env") or {})}
+                                                                    "env": dict(server.get("env") or {}),
+                                                                    "read_paths": list(server.get("read_paths") or [])}
         return cls(name=tool["name"], description=tool["description"], parameters=tool["parameters"],
                    side_effects=tool["side_effects"], requires_approval=tool["requires_approval"],
                    timeout_s=float(server["timeout_s"]), idle_timeout_s=float(server["idle_timeout_s"]),

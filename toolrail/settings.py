@@ -34,6 +34,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "TOOLRAIL_SANDBOX_PREWARM": "Set by a tool worker's main process: its pool processes start their sandbox at once (internal).",
     "TOOLRAIL_DECIDER_PREWARM": "Set by a deciding worker's main process: its pool processes load the decider and compile the "
                                 "base grammars at start (internal).",
+    "TOOLRAIL_LAUNCH_ENV": "Set by the sandbox's launcher for its relay: the variables a launched server declares (internal).",
     "TOOLRAIL_SANDBOX_OWN_UID": "Set by the sandbox for its tool process: 1 when each call runs under its own uid (internal).",
     "TOOLRAIL_SANDBOX_SCRATCH_ROOT": "Set by the sandbox for its fork server: the scratch root, fenced off from what tools may read "
                                      "(internal).",
@@ -265,6 +266,10 @@ class Settings(BaseSettings):
     mcp_allow_stdio: bool | None = None
     """Whether tenants may register stdio MCP servers (a command run, confined, on the workers). Unset:
     allowed only when no API keys are configured (a one-user install)."""
+    mcp_stdio_read_roots: str = ""
+    """Comma-separated folders a stdio MCP server's registration may name in `read_paths` (each at or below one of
+    them) for the server to read. Empty: none; a stdio server then reads only its executable, its install prefix's
+    libraries and the system's. Nothing is ever inferred from the command's arguments."""
     mcp_allow_private_urls: bool | None = None
     """Whether an MCP server URL may resolve to a loopback, private or link-local address. Unset: allowed
     only when no API keys are configured."""

@@ -7,7 +7,8 @@ Two phases, each a list of functions with one signature:
   Python literals, bare words, missing and trailing commas), close truncated structure
   only where the cut fell on a value boundary;
 - value steps, ``(value, schema) -> (value, notes)``: aliases to canonical values, scalar
-  coercion where the schema is unambiguous, enum case folding, defaults of optional fields.
+  coercion where the schema is unambiguous, enum case folding, defaults of optional fields —
+  one alias rule, one enum rule and one walk, shared with the decider (``canonical_value``).
 
 Nothing is dropped silently: a field outside the schema is left for validation to
 report. Every change is recorded as a note so the job record shows what was repaired.
@@ -22,19 +23,25 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tools.errors import AmbiguousOutputError, CleaningError
-from tools.schema_walk import declared_types, described_values
+from tools.schema_walk import declared_types, map_described, pointer
 
 __all__ = [
+    "CANONICAL_STEPS",
+    "NORMALIZE_STEPS",
     "TEXT_STEPS",
     "VALUE_STEPS",
     "Draft",
+    "alias_target",
     "apply_aliases",
+    "canonical_value",
     "clean_text",
     "clean_value",
     "close_truncated",
     "coerce_scalars",
+    "enum_member",
     "extract_json_span",
     "fill_defaults",
+    "fold_enum_case",
     "loads_strict",
     "normalize_value",
     "relex",
@@ -400,125 +407,121 @@ def clean_text(text: str, steps: tuple[TextStep, ...] = TEXT_STEPS) -> tuple[Any
         raise CleaningError(f"output is not repairable JSON: {exc}", errors=[{"path": "", "message": str(exc)}]) from None
 
 
-# ---------------------------------------------------------------- value steps
+# ---------------------------------------------------------------- value steps (one walk: ``map_described``)
+
+Rule = Callable[[Any, Any, str, list[str]], Any]
 
 
-def _walk_objects(value: Any, schema: dict[str, Any], fn: Callable[[dict, dict, str], list[str]]) -> list[str]:
-    """Apply ``fn(obj, prop_schemas, path)`` to ``value`` and every nested object the schema describes."""
-    return [note for path, obj, node in described_values(value, schema)
-            if isinstance(obj, dict) and isinstance(node.get("properties"), dict)
-            for note in fn(obj, node["properties"], path)]
+def _by_part(rule: Rule) -> ValueStep:
+    """A value step applying ``rule(part, its schema, pointer, notes)`` to every described part."""
+    def step(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
+        notes: list[str] = []
+        return map_described(value, schema, lambda part, node, path: rule(part, node, path, notes)), notes
+
+    step.__doc__ = rule.__doc__
+    step.__name__ = step.__qualname__ = rule.__name__.lstrip("_")
+    return step
 
 
-def _copy_along(value: Any, schema: Any) -> Any:
-    """Copy the containers the schema describes (the only ones a value step writes to).
-
-    Steps stay pure without a full deep copy, which would recurse through arbitrarily
-    deep parts of the value that the schema does not describe (and no step touches).
-    """
-    if not isinstance(schema, dict):
-        return value
-    if isinstance(value, dict):
-        out = dict(value)
-        props = schema.get("properties")
-        if isinstance(props, dict):
-            for key, sub in props.items():
-                if key in out:
-                    out[key] = _copy_along(out[key], sub)
-        return out
-    if isinstance(value, list):
-        return [_copy_along(item, schema.get("items")) for item in value]
-    return value
+def alias_target(current: str, aliases: Any) -> str | None:
+    """The one alias rule: the canonical value ``current`` spells, exactly, stripped, else case-folded."""
+    if not isinstance(aliases, dict) or not aliases:
+        return None
+    for spelling in (current, current.strip()):
+        if spelling in aliases:
+            return aliases[spelling]
+    return {str(alias).casefold(): canonical for alias, canonical in aliases.items()}.get(current.strip().casefold())
 
 
-def apply_aliases(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
-    """Map declared aliases (``x-aliases``) to canonical values: 沪 → Shanghai, 明天 → tomorrow."""
-    value = _copy_along(value, schema)
+def enum_member(current: str, enum: Any) -> str | None:
+    """The one enum rule: the enum's spelling of a case/space variant, when exactly one member matches."""
+    if not isinstance(enum, list) or current in enum:
+        return None
+    matches = [e for e in enum if isinstance(e, str) and e.casefold() == current.strip().casefold()]
+    return matches[0] if len(matches) == 1 else None
 
-    def visit(obj: dict, props: dict, path: str) -> list[str]:
-        out = []
-        for key, sub in props.items():
-            aliases = sub.get("x-aliases") if isinstance(sub, dict) else None
-            current = obj.get(key)
-            if not aliases or not isinstance(current, str):
-                continue
-            canonical = aliases.get(current) or aliases.get(current.strip())
-            if canonical is None:
-                folded = {a.casefold(): c for a, c in aliases.items()}
-                canonical = folded.get(current.strip().casefold())
-            if canonical is not None and canonical != current:
-                obj[key] = canonical
-                out.append(f"{path}/{key}: alias {current!r} → {canonical!r}")
-        return out
 
-    return value, _walk_objects(value, schema, visit)
+def _apply_aliases(part: Any, node: Any, path: str, notes: list[str]) -> Any:
+    """Map declared aliases (``x-aliases``) to canonical values: 沪 → Shanghai, 明天 → tomorrow, at any depth."""
+    canonical = alias_target(part, node.get("x-aliases")) if isinstance(part, str) else None
+    if canonical is None or canonical == part:
+        return part
+    notes.append(f"{path}: alias {part!r} → {canonical!r}")
+    return canonical
+
+
+def _fold_enum_case(part: Any, node: Any, path: str, notes: list[str]) -> Any:
+    """Map a case/whitespace variant of an enum value (" Celsius") to the enum's own spelling."""
+    member = enum_member(part, node.get("enum")) if isinstance(part, str) else None
+    if member is None:
+        return part
+    notes.append(f"{path}: enum case {part!r} → {member!r}")
+    return member
 
 
 _INT = re.compile(r"^[+-]?\d+$")
 _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
-def coerce_scalars(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
+def _scalar_for(current: Any, types: set[str]) -> Any:
+    """``current`` as the one type the schema names, where that spelling is unambiguous; else itself."""
+    if isinstance(current, str) and types == {"integer"}:
+        s = current.strip().replace(",", "") if re.fullmatch(r"\s*[+-]?\d{1,3}(,\d{3})+\s*", current) else current.strip()
+        if _INT.match(s):
+            return int(s)
+        if _FLOAT.match(s) and float(s).is_integer():
+            return int(float(s))
+    elif isinstance(current, str) and types == {"number"}:
+        s = current.strip().replace(",", "") if re.fullmatch(r"\s*[+-]?\d{1,3}(,\d{3})+(\.\d+)?\s*", current) else current.strip()
+        if _FLOAT.match(s):
+            return int(float(s)) if _INT.match(s) else float(s)
+    elif isinstance(current, str) and types == {"boolean"} and current.strip().lower() in {"true", "false"}:
+        return current.strip().lower() == "true"
+    elif type(current) is int and types == {"string"}:
+        return str(current)
+    elif isinstance(current, float) and types == {"integer"} and current.is_integer():
+        return int(current)
+    return current
+
+
+def _coerce_scalars(part: Any, node: Any, path: str, notes: list[str]) -> Any:
     """Coerce scalars where the schema names exactly one type: "100" → 100, "true" → true, 42 → "42".
 
     Enum strings are case-folded to the unique enum member they match ("Today" → "today").
     Only integers become strings: ``1.50`` or ``1e3`` have no single faithful spelling.
     """
-    value = _copy_along(value, schema)
-
-    def visit(obj: dict, props: dict, path: str) -> list[str]:
-        out = []
-        for key, sub in props.items():
-            if key not in obj or not isinstance(sub, dict):
-                continue
-            current, types = obj[key], declared_types(sub)
-            new = current
-            if isinstance(current, str) and types == {"integer"}:
-                s = current.strip().replace(",", "") if re.fullmatch(r"\s*[+-]?\d{1,3}(,\d{3})+\s*", current) else current.strip()
-                if _INT.match(s):
-                    new = int(s)
-                elif _FLOAT.match(s) and float(s).is_integer():
-                    new = int(float(s))
-            elif isinstance(current, str) and types == {"number"}:
-                s = current.strip().replace(",", "") if re.fullmatch(r"\s*[+-]?\d{1,3}(,\d{3})+(\.\d+)?\s*", current) else current.strip()
-                if _FLOAT.match(s):
-                    number = float(s)
-                    new = int(number) if _INT.match(s) else number
-            elif isinstance(current, str) and types == {"boolean"} and current.strip().lower() in {"true", "false"}:
-                new = current.strip().lower() == "true"
-            elif type(current) is int and types == {"string"}:
-                new = str(current)
-            elif isinstance(current, float) and types == {"integer"} and current.is_integer():
-                new = int(current)
-            if isinstance(new, str) and isinstance(sub.get("enum"), list) and new not in sub["enum"]:
-                matches = [e for e in sub["enum"] if isinstance(e, str) and e.casefold() == new.strip().casefold()]
-                if len(matches) == 1:
-                    new = matches[0]
-            if new is not current and new != current or type(new) is not type(current):
-                obj[key] = new
-                out.append(f"{path}/{key}: coerced {current!r} → {new!r}")
-        return out
-
-    return value, _walk_objects(value, schema, visit)
+    if not path:  # the arguments object itself
+        return part
+    new = _scalar_for(part, declared_types(node))
+    if isinstance(new, str):
+        new = enum_member(new, node.get("enum")) or new
+    if new != part or type(new) is not type(part):
+        notes.append(f"{path}: coerced {part!r} → {new!r}")
+        return new
+    return part
 
 
-def fill_defaults(value: Any, schema: dict[str, Any]) -> tuple[Any, list[str]]:
+def _fill_defaults(part: Any, node: Any, path: str, notes: list[str]) -> Any:
     """Fill declared defaults of optional fields that are missing."""
-    value = _copy_along(value, schema)
-
-    def visit(obj: dict, props: dict, path: str) -> list[str]:
-        out = []
-        for key, sub in props.items():
-            if key not in obj and isinstance(sub, dict) and "default" in sub:
-                obj[key] = json.loads(json.dumps(sub["default"]))
-                out.append(f"{path}/{key}: default {sub['default']!r}")
-        return out
-
-    return value, _walk_objects(value, schema, visit)
+    props = node.get("properties")
+    if not isinstance(part, dict) or not isinstance(props, dict):
+        return part
+    missing = {key: sub["default"] for key, sub in props.items()
+               if key not in part and isinstance(sub, dict) and "default" in sub}
+    for key, default in missing.items():
+        notes.append(f"{pointer(path, key)}: default {default!r}")
+    return {**part, **{key: json.loads(json.dumps(default)) for key, default in missing.items()}} if missing else part
 
 
+apply_aliases = _by_part(_apply_aliases)
+fold_enum_case = _by_part(_fold_enum_case)
+coerce_scalars = _by_part(_coerce_scalars)
+fill_defaults = _by_part(_fill_defaults)
+
+#: What a decoded call is handed back as (the decider): canonical values, nothing added.
+CANONICAL_STEPS: tuple[ValueStep, ...] = (apply_aliases, fold_enum_case)
 #: Semantic normalization, applied to every call, valid or not.
-NORMALIZE_STEPS: tuple[ValueStep, ...] = (apply_aliases, fill_defaults)
+NORMALIZE_STEPS: tuple[ValueStep, ...] = (*CANONICAL_STEPS, fill_defaults)
 #: Repairs, applied when validation failed.
 VALUE_STEPS: tuple[ValueStep, ...] = (coerce_scalars, apply_aliases, fill_defaults)
 
@@ -531,8 +534,13 @@ def _run(value: Any, schema: dict[str, Any], steps: tuple[ValueStep, ...]) -> tu
     return value, tuple(notes)
 
 
+def canonical_value(value: Any, schema: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
+    """Aliases and enum spellings made canonical (what the decider returns for a call)."""
+    return _run(value, schema, CANONICAL_STEPS)
+
+
 def normalize_value(value: Any, schema: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
-    """Aliases and defaults (semantic normalization)."""
+    """Aliases, enum spellings and defaults (semantic normalization)."""
     return _run(value, schema, NORMALIZE_STEPS)
 
 

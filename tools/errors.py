@@ -25,22 +25,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolrail.errors import ToolrailError
+
 __all__ = ["AmbiguousOutputError", "CleaningError", "InsufficientFundsError", "PatternBudgetError", "SchemaRejectedError", "ToolError",
            "ToolInputError", "UnknownToolError", "UnsupportedPatternError"]
 
 
-class ToolError(Exception):
-    """Base class of errors a tool reports on purpose: ``type`` names the failure, ``details`` are its data."""
+class ToolError(ToolrailError):
+    """Base class of errors a tool reports on purpose: ``type`` names the failure, ``details`` are its data (the
+    message is positional only: a detail may be called ``message`` too)."""
 
-    retryable = False
     type = "tool_error"
-
-    def __init__(self, message: str, /, **details: Any) -> None:  # a detail may be called ``message`` too
-        super().__init__(message)
-        self.details = details
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "message": str(self), "details": self.details}
+    status = 422
 
 
 class ToolInputError(ToolError):

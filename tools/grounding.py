@@ -4,9 +4,10 @@ A tool author marks a field ``"x-grounded": true`` when its value must be stated
 conversation or returned by an earlier tool (account numbers, order ids, amounts, recipients),
 or lists field names in ``"x-grounded": [...]`` on the parameters object. For tools with
 ``side_effects``, numbers and strings that declare a ``pattern``, ``format`` or ``enum`` are
-grounded by default; ``"x-grounded": false`` opts a field out. Every other string of a
-side-effecting tool (free text, nested objects and arrays included) is *covered*: not a finding
-when no one states it, but a person sees it before it runs unless the user stated it.
+grounded by default; ``"x-grounded": false`` opts a field out. Every other string (and
+flag set to true) of a side-effecting tool — free text, nested objects and arrays included — is
+*covered*: not a finding when no one states it, but a person sees it before it runs unless the
+user stated it (a flag: a word of its name; ``false`` needs nothing).
 
 The check runs after decoding, for every backend, and never changes a call: it reports each
 grounded value the conversation does not state *for that field* (:func:`check_grounding`; what
@@ -85,13 +86,13 @@ def _leaves(node: Any, root: Mapping[str, Any], path: str, listed: frozenset[str
             return
     name = path.replace("/*", "").rsplit("/", 1)[-1]
     grounded = marked is True or (marked is None and side_effects and _default_grounded(node))
-    if grounded or (marked is None and side_effects and types & {"string", "number", "integer"}):
+    if grounded or (marked is None and side_effects and types & {"string", "number", "integer", "boolean"}):
         yield Field(pattern=path, name=name, leaf=node, siblings=siblings, grounded=grounded)
 
 
 def covered_fields(parameters: Mapping[str, Any], *, side_effects: bool) -> list[Field]:
-    """Every field whose values are checked: the grounded ones, and (side effects) every other string and number
-    not opted out with ``x-grounded: false`` — nested objects and array items included."""
+    """Every field whose values are checked: the grounded ones, and (side effects) every other string, number and
+    flag not opted out with ``x-grounded: false`` — nested objects and array items included."""
     listed = parameters.get("x-grounded")
     listed = frozenset(listed) if isinstance(listed, list) else frozenset()
     return list(_leaves(parameters, parameters, "", listed, side_effects, None, {}))

@@ -34,7 +34,7 @@ from toolrail.settings import get_settings
 
 __all__ = [
     "ENTRY_POINT_GROUP",
-    "Problem",
+    "Refusal",
     "Registry",
     "ToolRegistrationError",
     "DEMO_TOOLS",
@@ -58,22 +58,29 @@ class ToolRegistrationError(ToolError):
 
 
 @dataclass(frozen=True)
-class Problem:
-    """One refusal while loading tools: which source, which tool (if known), why, and of what kind."""
+class Refusal:
+    """One refused tool or tool source: where (``source``), which tool (if known), which check, why.
+
+    The one record of a refusal: the registry keeps its loading refusals as these, and the tool checks
+    (``executor.sandbox.toolcheck``) report theirs beside them.
+    """
 
     source: str
     reason: str
     tool: str | None = None
-    #: ``import`` (the module or entry point could not be loaded: the worker refuses to start),
-    #: ``duplicate``, ``signature`` or ``register`` (that tool, or that module's ``register``, is refused).
+    #: Loading: ``import`` (the module or entry point could not be loaded), ``duplicate``, ``signature`` or
+    #: ``register``; the tool checks: ``sandbox import`` and ``schema``.
     kind: str = "import"
+    #: Whether a worker must not start because of it (a module that cannot be imported, here or in the sandbox).
+    fatal: bool = False
 
     def message(self) -> str:
         tool = f", tool {self.tool!r}" if self.tool else ""
-        return f"{self.source}{tool}: {self.reason}"
+        return f"{self.source}{tool}: {self.kind}: {self.reason}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "tool": self.tool, "kind": self.kind, "reason": self.reason}
+        return {"source": self.source, "tool": self.tool, "kind": self.kind, "reason": self.reason,
+                "fatal": self.fatal}
 
 
 class Registry:
@@ -83,7 +90,7 @@ class Registry:
         self._specs: dict[str, ToolSpec] = {}
         self._sources: dict[str, str] = {}
         #: What was refused while loading (empty for a registry built by hand).
-        self.problems: list[Problem] = []
+        self.problems: list[Refusal] = []
         for spec in specs:
             self.add(spec, source=source)
 
@@ -132,12 +139,12 @@ class _Checked:
 
     def add(self, spec: ToolSpec, **_: Any) -> None:
         if spec.name in self._registry:
-            self._registry.problems.append(Problem(self._source, f"the name is already registered by "
+            self._registry.problems.append(Refusal(self._source, f"the name is already registered by "
                                                    f"{self._registry.source(spec.name)}", spec.name, "duplicate"))
             return
         reason = check_signature(spec)
         if reason:
-            self._registry.problems.append(Problem(self._source, reason, spec.name, "signature"))
+            self._registry.problems.append(Refusal(self._source, reason, spec.name, "signature"))
             return
         self._registry.add(spec, source=self._source)
 
@@ -246,16 +253,16 @@ def _register_from(registry: Registry, source: str, load: Callable[[], Any]) -> 
     try:
         target = load()
     except Exception as exc:  # noqa: BLE001 - any failure of a user's module is reported, with its reason
-        registry.problems.append(Problem(source, f"cannot be imported: {type(exc).__name__}: {exc}"))
+        registry.problems.append(Refusal(source, f"cannot be imported: {type(exc).__name__}: {exc}", fatal=True))
         return
     register = target if callable(target) and not inspect.ismodule(target) else getattr(target, "register", None)
     if not callable(register):
-        registry.problems.append(Problem(source, "defines no register(registry) function", kind="register"))
+        registry.problems.append(Refusal(source, "defines no register(registry) function", kind="register"))
         return
     try:
         register(_Checked(registry, source))
     except Exception as exc:  # noqa: BLE001
-        registry.problems.append(Problem(source, f"register(registry) failed: {type(exc).__name__}: {exc}",
+        registry.problems.append(Refusal(source, f"register(registry) failed: {type(exc).__name__}: {exc}",
                                          kind="register"))
 
 

@@ -18,7 +18,7 @@ the same document the same way:
 rebuilds one node with each direct subschema replaced (for stages that rewrite);
 :func:`children` names the keyword each direct subschema sits under (:data:`PARTIAL` ones are
 parts or conditions, not shapes); :func:`declared_types` reads a node's ``type``;
-:func:`described_values` pairs an instance with the schema nodes that describe its parts.
+:func:`map_described` rebuilds an instance part by part, each with the schema node that describes it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = [
     "SINGLE_SCHEMA",
     "children",
     "declared_types",
-    "described_values",
+    "map_described",
     "map_subschemas",
     "pointer",
     "subschemas",
@@ -137,19 +137,20 @@ def declared_types(node: Any, *, inferred: bool = False) -> set[str]:
     return {_JSON_TYPES.get(type(value), "unknown") for value in values}
 
 
-def described_values(value: Any, schema: Any, path: str = "") -> Iterator[tuple[str, Any, Mapping[str, Any]]]:
-    """``(instance pointer, part, its schema)`` for ``value`` and each part ``properties``/``items`` describe.
+def map_described(value: Any, schema: Any, fn: Callable[[Any, Mapping[str, Any], str], Any], path: str = "") -> Any:
+    """``value`` rebuilt with ``fn(part, its schema, instance pointer)`` applied to it and to each part
+    ``properties``/``items`` describe, parents first (a part is read from its rewritten parent).
 
-    Parents come before their parts and a part is read only after its parent was yielded, so a
-    caller may rewrite a parent's fields before they are walked.
+    Only the containers the schema describes are copied; ``value`` itself is never changed, and parts the
+    schema does not describe are kept as they are (never walked, however deep).
     """
     if not isinstance(schema, Mapping):
-        return
-    yield path, value, schema
-    if isinstance(value, dict) and isinstance(schema.get("properties"), Mapping):
-        for key, sub in schema["properties"].items():
-            if key in value:
-                yield from described_values(value[key], sub, pointer(path, key))
-    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-        for index in range(len(value)):
-            yield from described_values(value[index], schema["items"], pointer(path, index))
+        return value
+    value = fn(value, schema, path)
+    props, items = schema.get("properties"), schema.get("items")
+    if isinstance(value, dict) and isinstance(props, Mapping):
+        return {key: map_described(part, props[key], fn, pointer(path, key)) if key in props else part
+                for key, part in value.items()}
+    if isinstance(value, list) and isinstance(items, Mapping):
+        return [map_described(part, items, fn, pointer(path, index)) for index, part in enumerate(value)]
+    return value

@@ -55,7 +55,7 @@ from executor.api.bodies import error_body as _error_body
 from executor.api.bodies import refuse_invalid_calls as _refuse_invalid_calls
 from executor.api.bodies import run_fields as _run_fields
 from executor.api.middleware import BodyGuard, Correlate, LocalOnly
-from executor.errors import ExecutorError, JobNotFoundError
+from executor.errors import JobNotFoundError
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector, PublicView
 from executor.api.ratelimit import install_load_control, rate_limited
 from executor.api.readiness import Readiness
@@ -68,6 +68,7 @@ from executor.store.records import CallRecord, JobRecord
 from executor.api.tracing import instrument_api, trace_router
 from executor.worker.tracing import in_job_trace, message_age_s
 from toolrail import tracing
+from toolrail.errors import ToolrailError
 from toolrail.extensions import API_GROUP, installed
 from toolrail.logging import configure_logging, get_logger
 from toolrail.settings import Settings, get_settings
@@ -160,8 +161,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         if rerun is not None and settings.reconcile_interval_s > 0:
             limit = settings.task_time_limit_s or task_time_limit_for(settings.visibility_timeout_s)
             reconciler = Reconciler(runtime, interval_s=settings.reconcile_interval_s,
-                                    stale_after_s=settings.visibility_timeout_s + limit,
-                                    redecide=enqueue, rerun=rerun).start()
+                                    stale_after_s=settings.visibility_timeout_s + limit, redecide=enqueue, rerun=rerun,
+                                    restore_dead=getattr(runtime.queues, "restore_dead_workers", None)).start()
         async with AsyncExitStack() as extensions:  # e.g. /mcp's session manager, the MCP tools' refresh
             for running in _.state.lifespans:
                 await extensions.enter_async_context(running())
@@ -191,10 +192,6 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                        allowed_origins=settings.allowed_origins)  # Correlate: a refusal has its request id and log line
     app.add_middleware(Correlate, latency=http_latency)
 
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(_error_body(exc.type, str(exc), exc.details), status_code=exc.status)
-
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         details = [{"loc": list(e.get("loc", ())), "message": e.get("msg"), "type": e.get("type")} for e in exc.errors()[:20]]
@@ -211,8 +208,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return JSONResponse(_error_body("unavailable", "the job store is unavailable; retry shortly"), status_code=503,
                             headers={"Retry-After": "1"})
 
-    @app.exception_handler(ExecutorError)  # the one mapping: status and retryability live on the class
-    async def _executor_error(_: Request, exc: ExecutorError) -> JSONResponse:
+    @app.exception_handler(ToolrailError)  # the one mapping of the platform's errors: status, retryability on the class
+    async def _typed_error(_: Request, exc: ToolrailError) -> JSONResponse:
         error = exc.http_error()
         return JSONResponse(_error_body(error["type"], error["message"], error["details"]), status_code=exc.status,
                             headers={"Retry-After": "1"} if exc.retryable else None)

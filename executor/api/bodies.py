@@ -17,16 +17,17 @@ from toolrail.settings import Settings
 from executor.runs.loop import job_specs
 from tools.check import CONTRACT_VALIDATORS, check_tool_calls
 from executor.runs.webhooks import validate_webhook_url
+from toolrail.errors import ToolrailError
 
 __all__ = ["AnyToolCall", "ApiError", "ApprovalBody", "JobCreate", "Message", "NamedChoice", "RejectionBody", "check_conversation",
            "error_body", "refuse_invalid_calls", "run_fields"]
 
-class ApiError(Exception):
+class ApiError(ToolrailError):
     """An error with an HTTP status and the standard error body."""
 
     def __init__(self, status: int, type_: str, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.status, self.type, self.details = status, type_, details
+        super().__init__(message, **details)
+        self.status, self.type = status, type_
 
 
 def error_body(type_: str, message: str, details: Any = None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from executor.api.bodies import ApiError
 from executor.api.sse import AsyncRedisFactory, SlotStreamingResponse
-from executor.errors import JobNotFoundError
+from executor.errors import ExecutorError, JobNotFoundError
 from executor.runs.reconcile import LAST_SWEEP_KEY
 from executor.worker.tracing import message_age_s
 from executor.store.records import JobRecord
@@ -162,7 +162,7 @@ async def _tenant_stream(runtime: Any, client: Any, tenant: str, *, limit: int, 
     try:
         jobs = await asyncio.to_thread(summaries, tenant, limit)
         server_ms = int((await client.time())[0]) * 1000
-    except redis.RedisError:
+    except (redis.RedisError, ExecutorError):
         yield b"event: error\ndata: {\"type\": \"unavailable\"}\n\n"
         return
     cursors = {runtime.store.events_key(j["job_id"]): f"{server_ms - 1}-0" for j in jobs}
@@ -181,7 +181,7 @@ async def _tenant_stream(runtime: Any, client: Any, tenant: str, *, limit: int, 
                 changed.add(key.rsplit(":", 2)[-2])  # tr:job:<id>:events
             ids = await asyncio.to_thread(runtime.store.list_jobs, tenant, limit=limit)
             server_ms = int((await client.time())[0]) * 1000
-        except redis.RedisError:
+        except (redis.RedisError, ExecutorError):  # the store guards its own calls (StoreUnavailableError)
             yield b"event: error\ndata: {\"type\": \"unavailable\"}\n\n"
             return
         for job_id in ids:
@@ -194,7 +194,7 @@ async def _tenant_stream(runtime: Any, client: Any, tenant: str, *, limit: int, 
         for job_id in [j for j in ids if j in changed]:
             try:
                 job = await asyncio.to_thread(runtime.store.get, job_id, tenant=tenant)
-            except JobNotFoundError:
+            except ExecutorError:  # expired, or the store gone (the next read says so)
                 continue
             yield _event("job", job_summary(job))
             quiet_since = time.monotonic()

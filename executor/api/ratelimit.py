@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter
 from executor.calls.breaker import BreakerCollector
 from executor.calls.concurrency import ConcurrencyCollector
+from toolrail.errors import ToolrailError
 
 __all__ = ["Decision", "RateLimitedError", "RateLimiter", "install_load_control", "rate_limited"]
 
@@ -54,10 +55,11 @@ class Decision:
     retry_after_s: float
 
 
-class RateLimitedError(Exception):
+class RateLimitedError(ToolrailError):
     """The tenant is over its rate limit (HTTP 429)."""
 
     type = "rate_limited"
+    status = 429
 
     def __init__(self, tenant: str, decision: Decision, *, rate_per_s: float, burst: int) -> None:
         super().__init__(f"rate limit of {rate_per_s:g} requests/s (burst {burst}) exceeded; retry in "

@@ -25,6 +25,7 @@ from executor.errors import ApprovalConflictError, InvalidApprovalError, JobNotF
 from executor.runs.policy import close_step
 from executor.store.records import TERMINAL_CALL, CallRecord, JobRecord
 from toolrail.logging import get_logger
+from tools.errors import UnknownToolError
 from tools.validator import validate
 from executor.runs.loop import advance, job_specs, set_status
 from executor.runs.submit import enqueue_failed
@@ -84,6 +85,17 @@ def expire_due(rt: Runtime, *, now: float | None = None, limit: int = 100) -> in
     return len(due)
 
 
+def _still_offered(rt: Runtime, job: JobRecord, call: CallRecord, job_specs: Callable[..., dict[str, Any]]) -> Any:
+    """The spec of the call's tool; ``ApprovalConflictError`` (409 ``tool_unavailable``) when it is gone (its MCP
+    server deleted since the call was proposed): the call could never run, and nothing is recorded."""
+    try:
+        return job_specs(rt, job)[call.name]
+    except (UnknownToolError, KeyError):
+        raise ApprovalConflictError(f"tool {call.name!r} is no longer offered (its MCP server was deleted or no longer "
+                                    "lists it): the call cannot run; reject it instead", job_id=job.job_id,
+                                    call_id=call.id, tool=call.name, reason="tool_unavailable") from None
+
+
 def resolve(rt: Runtime, job_id: str, call_id: str, *, tenant: str, decision: Literal["approve", "reject"],
             arguments: dict[str, Any] | None = None, reason: str | None = None,
             dispatch: Callable[[JobRecord, CallRecord], None], next_step: Callable[[JobRecord], None] | None) -> Resolution:
@@ -104,8 +116,9 @@ def resolve(rt: Runtime, job_id: str, call_id: str, *, tenant: str, decision: Li
                                     reason="not_awaiting_approval")
     state = "approved" if decision == "approve" else "rejected"
     record = {**call.approval, "state": state, "at": time.time()}
+    if decision == "approve":
+        spec = _still_offered(rt, job, call, job_specs)
     if decision == "approve" and arguments is not None:
-        spec = job_specs(rt, job)[call.name]
         errors = validate(arguments, spec.parameters)
         if errors:
             raise InvalidApprovalError(f"the edited arguments of {call.name!r} do not match its schema",

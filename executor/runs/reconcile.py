@@ -95,12 +95,16 @@ def _end_lost(rt: Runtime, job: JobRecord) -> None:
 
 
 class Reconciler:
-    """A daemon thread running ``reconcile_once`` every ``interval_s`` (one instance at a time per Redis)."""
+    """A daemon thread running ``reconcile_once`` every ``interval_s`` (one instance at a time per Redis), and,
+    every ``check_s`` between, ``restore_dead``: the messages of workers that stopped beating, back in their queues
+    (``executor.worker.liveness``; seconds, where the sweep above waits out the visibility timeout)."""
 
     def __init__(self, rt: Runtime, *, interval_s: float, stale_after_s: float,
-                 redecide: Callable[[JobRecord], None], rerun: Callable[[JobRecord, CallRecord], None]) -> None:
+                 redecide: Callable[[JobRecord], None], rerun: Callable[[JobRecord, CallRecord], None],
+                 restore_dead: Callable[[], int] | None = None, check_s: float = 2.0) -> None:
         self._rt, self._interval, self._stale = rt, interval_s, stale_after_s
-        self._redecide, self._rerun = redecide, rerun
+        self._redecide, self._rerun, self._restore_dead = redecide, rerun, restore_dead
+        self._check_s = min(check_s, interval_s) if restore_dead is not None else interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="toolrail-reconciler", daemon=True)
 
@@ -111,9 +115,21 @@ class Reconciler:
     def stop(self) -> None:
         self._stop.set()
 
+    def _restore_dead_workers(self) -> None:
+        try:  # one transaction per message: replicas restoring at once push it once
+            self._restore_dead()  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - the broker's errors are kombu's too; the sweep must go on
+            log.warning("liveness.skipped", error=type(exc).__name__)
+
     def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
+        next_sweep = time.monotonic() + self._interval
+        while not self._stop.wait(self._check_s):
             try:
+                if self._restore_dead is not None:
+                    self._restore_dead_workers()
+                if time.monotonic() < next_sweep:
+                    continue
+                next_sweep = time.monotonic() + self._interval
                 # one reconciler per interval across API replicas
                 if self._rt.redis.set("tr:reconcile-lock", "1", nx=True, ex=max(1, int(self._interval * 0.9))):
                     requeued = reconcile_once(self._rt, stale_after_s=self._stale, redecide=self._redecide,

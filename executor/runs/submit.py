@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from executor.errors import ApprovalConflictError, StoreUnavailableError
+from executor.errors import ApprovalConflictError, RetryableError, StoreUnavailableError
 from executor.runs import policy
 from executor.runs.webhooks import finish_delivery
 from executor.runs.loop import Dispatch, NextStep, advance, check_client_output, set_status, start_checked
@@ -24,7 +24,7 @@ from executor.ports import Runtime
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, JobRecord
 from toolrail.logging import get_logger
 
-__all__ = ["cancel", "end_stranded", "enqueue_failed", "internal_error", "submit"]
+__all__ = ["cancel", "end_call", "end_stranded", "enqueue_failed", "internal_error", "submit"]
 
 log = get_logger("toolrail.submit")
 
@@ -129,15 +129,25 @@ def _end_job(rt: Runtime, job_id: str, exc: BaseException) -> None:
                error=_raised(exc, request_id=job.request_id, where="the decide step"))
 
 
+def end_call(rt: Runtime, job_id: str, call_id: str, exc: RetryableError, *, next_step: NextStep | None = None) -> None:
+    """End a call with ``exc``, its own typed error (a wait its class bounds, ``max_retries``, ran out), and advance
+    the run when it was its step's last."""
+    _end_call(rt, job_id, call_id, exc, next_step)
+
+
 def _end_call(rt: Runtime, job_id: str, call_id: str, exc: BaseException, next_step: NextStep | None) -> None:
     job = rt.store.get(job_id)
     call = next((c for c in job.calls if c.id == call_id), None)
     if job.status in TERMINAL_JOB or call is None or call.status in TERMINAL_CALL:
         return
-    log.error("call.internal_error", job_id=job_id, call_id=call_id, request_id=job.request_id,
-              error=f"{type(exc).__name__}: {exc}")
     call.status, call.finished_at = "failed", time.time()
-    call.error = _raised(exc, request_id=job.request_id, where=f"call {call.name}")
+    if isinstance(exc, RetryableError) and exc.max_retries is not None:  # typed: what the platform waited for
+        log.warning("call.gave_up", job_id=job_id, call_id=call_id, error_type=exc.type)
+        call.error = {**exc.to_dict(), "details": {**exc.details, "request_id": job.request_id}}
+    else:
+        log.error("call.internal_error", job_id=job_id, call_id=call_id, request_id=job.request_id,
+                  error=f"{type(exc).__name__}: {exc}")
+        call.error = _raised(exc, request_id=job.request_id, where=f"call {call.name}")
     remaining, read = rt.store.finish_call_and_read(job_id, call)
     if remaining == 0:
         advance(rt, job_id, next_step, read=read)

@@ -41,6 +41,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import linecache
 import os
 import re
 import resource
@@ -51,7 +52,7 @@ from typing import Any
 
 from executor.sandbox.linux import (
     LIMITS,
-    _host_pid,
+    host_pid,
     children,  # noqa: F401 - re-exported: tests and benchmarks count a process's children through here
     confine,
     die_with_parent,
@@ -231,19 +232,19 @@ def decode_object(data: bytes, *, what: str, max_bytes: int = MAX_RESULT_BYTES, 
     return value
 
 
-def _error(kind: str, message: str, **details: Any) -> dict:
+def error_frame(kind: str, message: str, **details: Any) -> dict:
     return {"ok": False, "error": {"type": kind, "message": message, "details": details}}
 
 
-def _checked_answer(payload: dict) -> dict:
+def checked_answer(payload: dict) -> dict:
     """The tool process's answer reduced to ``{ok, result}`` or ``{ok: false, error}`` of known shape."""
     if payload.get("ok") is True:
         if not isinstance(payload.get("result"), dict):
-            return _error("tool_output_invalid", "the tool's result is not a JSON object")
+            return error_frame("tool_output_invalid", "the tool's result is not a JSON object")
         return {"ok": True, "result": payload["result"]}
     error = payload.get("error")
     if payload.get("ok") is not False or not isinstance(error, dict):
-        return _error("tool_output_invalid", "the tool's answer has neither a result nor an error")
+        return error_frame("tool_output_invalid", "the tool's answer has neither a result nor an error")
     claimed = error.get("type")
     kind = tool_error_type(claimed, from_sandbox=True) or "tool_error"
     details = error.get("details") if isinstance(error.get("details"), dict) else {}
@@ -261,12 +262,12 @@ def encode_result(payload: dict) -> bytes:
             payload = {**payload, "result": result.model_dump(mode="json")}
         if payload.get("ok") and not isinstance(payload.get("result"), dict):
             kind = type(payload.get("result")).__name__
-            payload = _error("tool_output_invalid", f"the tool returned a {kind}; a tool returns a JSON object (a dict)")
+            payload = error_frame("tool_output_invalid", f"the tool returned a {kind}; a tool returns a JSON object (a dict)")
         return json.dumps(payload, ensure_ascii=False, default=str).encode()
     except RecursionError:
-        return json.dumps(_error("tool_output_invalid", "the tool's result nests too deeply to encode")).encode()
+        return json.dumps(error_frame("tool_output_invalid", "the tool's result nests too deeply to encode")).encode()
     except (TypeError, ValueError) as exc:
-        return json.dumps(_error("tool_output_invalid", f"the tool's result is not JSON: {exc}")).encode()
+        return json.dumps(error_frame("tool_output_invalid", f"the tool's result is not JSON: {exc}")).encode()
 
 
 # ----------------------------------------------------------------- the tool process
@@ -290,9 +291,25 @@ def _call(func, arguments: dict):
     return func(**arguments)
 
 
+def raised_by_statement(exc: BaseException) -> bool:
+    """Whether Python code raised ``exc`` itself (a ``raise`` statement is its innermost frame's line), rather than
+    the interpreter or a C extension failing an operation (an allocation, a system call)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).lstrip()
+    return line.startswith("raise") and not line[5:6].isidentifier()
+
+
 def classify(exc: BaseException) -> dict:
-    """The typed error of a tool exception: the sandbox's refusals get types of their own."""
-    if isinstance(exc, MemoryError):
+    """The typed error of a tool exception: the sandbox's refusals get types of their own — only when the sandbox
+    caused them. A ``MemoryError`` or ``PermissionError`` the tool raises itself (``raise PermissionError("refunds
+    need a manager")``) is the tool's ``tool_error``; ``tool_memory_limit`` is an allocation that failed under the
+    sandbox's limit, ``sandbox_denied`` a system call it refused (``errno`` EACCES/EPERM)."""
+    by_tool = raised_by_statement(exc)
+    if isinstance(exc, MemoryError) and not by_tool:
         return {"type": "tool_memory_limit", "message": "the tool exceeded its memory limit", "details": {}}
     to_dict = getattr(exc, "to_dict", None)
     if callable(to_dict):  # a ``ToolError``: the tool's own type, message and details
@@ -308,7 +325,7 @@ def classify(exc: BaseException) -> dict:
         return {"type": "tool_error", "message": f"{name}: {exc}", "details": details}
     if isinstance(exc, BlockingIOError) and exc.errno == errno.EAGAIN and "fork" in traceback.format_exc():
         return {"type": "tool_process_limit", "message": f"the tool hit its process limit: {exc}", "details": details}
-    if isinstance(exc, PermissionError) or (isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM)):
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM) and not by_tool:
         return {"type": "sandbox_denied", "message": f"the sandbox denied an operation: {name}: {exc}",
                 "details": {**details, "filename": getattr(exc, "filename", None)}}
     if isinstance(exc, OSError) and exc.errno in (errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL):
@@ -435,7 +452,7 @@ def tool_namespaces(request: dict) -> tuple[dict, dict[str, str]]:
         else:
             limits.pop("nproc", None)  # without a namespace of its own the count would be the worker's whole uid
     elif request.get("own_uid"):
-        uid = SANDBOX_UID_BASE + _host_pid()
+        uid = SANDBOX_UID_BASE + host_pid()
         os.chown(request["scratch_dir"], uid, uid)
         request = {**request, "uid": uid}
         if "nproc" in limits:
@@ -482,7 +499,7 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
             read = read_paths([*modules, request["entrypoint"].partition(":")[0]],
                               exclude=[request.get("scratch_root", "")])
             isolation.update(confine(uid=request.get("uid"), scratch_dir=request["scratch_dir"], read=read,
-                                     network=bool(request.get("network")), own_proc=f"/proc/{_host_pid()}",
+                                     network=bool(request.get("network")), own_proc=f"/proc/{host_pid()}",
                                      prepared=prepared_rules(), landlock=landlock_abi_prepared()))
             require_no_sockets(isolation)
         release_prepared()  # confined or not, the tool never holds the fork server's descriptors
@@ -490,11 +507,11 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
         os.chdir(request["scratch_dir"])
     except Exception as exc:  # noqa: BLE001 - a sandbox that cannot be set up must not run the tool
         _write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")
-        _write_all(answer_fd, json.dumps(_error("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}",
+        _write_all(answer_fd, json.dumps(error_frame("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}",
                                                 exception=type(exc).__name__)).encode())
         os._exit(0)
     _write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")  # the last line the sandbox writes
-    _emit("tool.start", ids, pid=_host_pid(), **{f"isolation_{k}": v for k, v in isolation.items()})
+    _emit("tool.start", ids, pid=host_pid(), **{f"isolation_{k}": v for k, v in isolation.items()})
     set_current_call(CallContext(request_id=request["request_id"], job_id=request["job_id"], call_id=request["call_id"],
                                  idempotency_key=request["idempotency_key"], scratch_dir=request["scratch_dir"],
                                  progress_fd=PROGRESS_FD if _progress_pipe else None))

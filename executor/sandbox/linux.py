@@ -48,15 +48,15 @@ _FS_ABI_RIGHTS = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 <<
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 _FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
 DEVICE_PATHS = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 # ----------------------------------------------------------------- namespaces (tool process)
 
 
-def _errno_text() -> str:
+def errno_text() -> str:
     code = ctypes.get_errno()
     return f"errno {code} {errno.errorcode.get(code, '')}".strip()
 
@@ -68,9 +68,9 @@ def enter_user_namespace() -> str:
     call's processes, not every process of the worker's uid.
     """
     uid, gid = os.getuid(), os.getgid()
-    if _libc.unshare(CLONE_NEWUSER) != 0:
-        return f"unavailable ({_errno_text()})"
-    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # our own /proc files are root's while not dumpable
+    if libc.unshare(CLONE_NEWUSER) != 0:
+        return f"unavailable ({errno_text()})"
+    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # our own /proc files are root's while not dumpable
     try:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1\n"), ("gid_map", f"{gid} {gid} 1\n")):
             with open(f"/proc/self/{name}", "w") as fh:
@@ -78,21 +78,21 @@ def enter_user_namespace() -> str:
     except OSError as exc:
         return f"failed ({exc})"
     finally:
-        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     return "userns"
 
 
 def drop_network() -> str:
     """Enter a fresh network namespace (no interfaces but a down loopback). Returns how."""
-    if _libc.unshare(CLONE_NEWNET) == 0:
+    if libc.unshare(CLONE_NEWNET) == 0:
         return "netns"
-    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
         return "userns+netns"
-    return f"unavailable ({_errno_text()})"
+    return f"unavailable ({errno_text()})"
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    if _libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None, flags,
+    if libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None, flags,
                    data.encode() if data else None) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"mount {source} on {target}: {os.strerror(code)}")
@@ -100,7 +100,7 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 
 def private_mounts() -> None:
     """A mount namespace of this process's own whose changes never propagate back to the host."""
-    if _libc.unshare(CLONE_NEWNS) != 0:
+    if libc.unshare(CLONE_NEWNS) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"unshare(CLONE_NEWNS): {os.strerror(code)}")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -126,15 +126,15 @@ def own_ipc() -> str:
     Without it a tool could leave world-readable shared memory (``shmget`` with mode 0666) for a
     later call, another tenant's, to attach by key: Landlock and per-call uids do not cover IPC.
     """
-    if _libc.unshare(CLONE_NEWIPC) != 0:
-        return f"unavailable ({_errno_text()})"
+    if libc.unshare(CLONE_NEWIPC) != 0:
+        return f"unavailable ({errno_text()})"
     return "ipcns"
 
 
 def new_pid_namespace() -> str:
     """The next child is PID 1 of a new PID namespace: when it exits, the kernel kills the rest."""
-    if _libc.unshare(CLONE_NEWPID) != 0:
-        return f"unavailable ({_errno_text()})"
+    if libc.unshare(CLONE_NEWPID) != 0:
+        return f"unavailable ({errno_text()})"
     return "pidns"
 
 
@@ -188,7 +188,7 @@ def make_reachable(paths: list[str]) -> list[str]:
 
 def landlock_abi() -> int:
     """The Landlock ABI version of the running kernel, 0 when unavailable."""
-    abi = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    abi = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
     return max(0, int(abi))
 
 
@@ -205,27 +205,27 @@ def _landlock(read_paths: list[str], write_paths: list[str], device_paths: list[
     """
     abi = abi or landlock_abi()
     if abi <= 0:
-        return f"unavailable ({_errno_text()})"
+        return f"unavailable ({errno_text()})"
     handled = _fs_rights(abi)
     ruleset = -1
     scoped = ""
     if abi >= 6:  # also forbid signals and abstract sockets towards anything outside the sandbox
         attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, 0, _SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET))
-        ruleset = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(24), ctypes.c_uint32(0))
+        ruleset = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(24), ctypes.c_uint32(0))
         scoped = "+scoped" if ruleset >= 0 else ""
     if ruleset < 0:
         attr = ctypes.create_string_buffer(struct.pack("=Q", handled))
-        ruleset = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(8), ctypes.c_uint32(0))
+        ruleset = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(8), ctypes.c_uint32(0))
     if ruleset < 0:
-        return f"unavailable ({_errno_text()})"
+        return f"unavailable ({errno_text()})"
     read = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
     try:
         for paths, access in ((read_paths, read), (write_paths, handled),
                               (device_paths, FS_READ_FILE | FS_WRITE_FILE)):
             for path in paths:
                 _add_rule(int(ruleset), path, access & handled, prepared or {})
-        if _libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
-            return f"failed ({_errno_text()})"
+        if libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            return f"failed ({errno_text()})"
     finally:
         os.close(int(ruleset))
     return f"landlock-v{abi}{scoped}"
@@ -244,7 +244,7 @@ def _add_rule(ruleset: int, path: str, access: int, opened: dict[str, tuple[int,
         if not (is_dir if prepared is not None else stat.S_ISDIR(os.fstat(fd).st_mode)):
             access &= _FILE_RIGHTS
         rule = struct.pack("=Qi", access, fd)
-        if _libc.syscall(_SYS_LANDLOCK_ADD_RULE, ruleset, _LANDLOCK_RULE_PATH_BENEATH, rule, 0) != 0:
+        if libc.syscall(_SYS_LANDLOCK_ADD_RULE, ruleset, _LANDLOCK_RULE_PATH_BENEATH, rule, 0) != 0:
             raise OSError(ctypes.get_errno(), f"landlock rule for {path}")
     finally:
         if prepared is None:
@@ -252,7 +252,7 @@ def _add_rule(ruleset: int, path: str, access: int, opened: dict[str, tuple[int,
 
 
 @functools.cache
-def _socket_filter() -> bytes | None:
+def socket_filter() -> bytes | None:
     """A classic-BPF seccomp program: ``socket(2)`` and io_uring fail with EACCES (x86-64, aarch64)."""
     machine = platform.machine()
     if machine == "x86_64":
@@ -274,7 +274,7 @@ def _socket_filter() -> bytes | None:
 @functools.cache
 def _socket_fprog() -> tuple[ctypes.Array, ctypes.Array] | None:
     """The filter as the kernel takes it (``struct sock_fprog`` and the program it points to), built once."""
-    program = _socket_filter()
+    program = socket_filter()
     if program is None:
         return None
     buf = ctypes.create_string_buffer(program)
@@ -286,14 +286,14 @@ def no_sockets() -> str:
     prog = _socket_fprog()
     if prog is None:
         return f"unavailable (no filter for {platform.machine()})"
-    if _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.c_void_p(ctypes.addressof(prog[1])),
+    if libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.c_void_p(ctypes.addressof(prog[1])),
                    ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
-        return f"unavailable ({_errno_text()})"
+        return f"unavailable ({errno_text()})"
     return "seccomp"
 
 
 @functools.cache
-def _capset_buffers() -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
+def capset_buffers() -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
     """``capset``'s header and an all-zero data block (every capability dropped), and a block for ``capget``."""
     return (ctypes.create_string_buffer(struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0)),
             ctypes.create_string_buffer(struct.pack("=IIIIII", 0, 0, 0, 0, 0, 0)), ctypes.create_string_buffer(24))
@@ -301,20 +301,20 @@ def _capset_buffers() -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
 
 def _capset(keep: int) -> None:
     if keep == 0:
-        header, data, _ = _capset_buffers()
+        header, data, _ = capset_buffers()
     else:
         header = ctypes.create_string_buffer(struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0))
         data = ctypes.create_string_buffer(struct.pack("=IIIIII", keep, keep, 0, 0, 0, 0))
-    if _libc.syscall(_SYS_CAPSET, header, data) != 0:
+    if libc.syscall(_SYS_CAPSET, header, data) != 0:
         raise OSError(ctypes.get_errno(), "capset")
 
 
 def effective_caps() -> int:
     """This process's effective capability set (``capget``; ``CapEff`` of ``/proc/self/status`` elsewhere)."""
     if platform.machine() == "x86_64":
-        header, _, data = _capset_buffers()
+        header, _, data = capset_buffers()
         header.raw = struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0)
-        if _libc.syscall(_SYS_CAPGET, header, data) == 0:
+        if libc.syscall(_SYS_CAPGET, header, data) == 0:
             low, _, _, high, _, _ = struct.unpack("=IIIIII", data.raw)
             return low | high << 32
     with open("/proc/self/status") as fh:
@@ -340,7 +340,7 @@ def confine(*, uid: int | None, scratch_dir: str, read: list[str], network: bool
     with contextlib.suppress(OSError):
         _capset(0)  # a user namespace gave this process every capability in it: none survive
     applied["caps"] = "none" if effective_caps() == 0 else f"kept {effective_caps():#x}"
-    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     applied["filesystem"] = _landlock([*read, own_proc], [scratch_dir], list(DEVICE_PATHS), prepared=prepared,
                                       abi=landlock)
     applied["sockets"] = "allowed (networked)" if network else no_sockets()
@@ -354,7 +354,7 @@ def confine(*, uid: int | None, scratch_dir: str, read: list[str], network: bool
 def children(pid: int | None = None) -> list[int]:
     """Live children of ``pid`` (default: this process), read from ``/proc``."""
     out: list[int] = []
-    me = pid or _host_pid()
+    me = pid or host_pid()
     try:
         tasks = os.listdir(f"/proc/{me}/task")
     except OSError:
@@ -368,7 +368,7 @@ def children(pid: int | None = None) -> list[int]:
     return out
 
 
-def _reap() -> None:
+def reap_children() -> None:
     try:
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
             pass
@@ -376,7 +376,7 @@ def _reap() -> None:
         pass
 
 
-def _live(pids: list[int]) -> list[int]:
+def live_pids(pids: list[int]) -> list[int]:
     """Those of ``pids`` that are not zombies."""
     out = []
     for pid in pids:
@@ -396,18 +396,18 @@ def kill_leftovers(uid: int | None = None) -> int:
     and are killed round by round as their own children reparent (with one, they went to the
     call's init, which the call parent counts and kills). A call's own uid is swept through ``/proc`` too.
     """
-    _reap()
-    found = len(_live(children()))
+    reap_children()
+    found = len(live_pids(children()))
     if not found and uid is None:
         return 0
     for _ in range(200):  # a fork bomb keeps spawning while we kill: repeat until quiet
-        victims = _live(children())
+        victims = live_pids(children())
         if uid is not None:
-            victims += _live([int(e) for e in os.listdir("/proc") if e.isdigit() and _owned_by(e, uid)])
+            victims += live_pids([int(e) for e in os.listdir("/proc") if e.isdigit() and _owned_by(e, uid)])
         for pid in victims:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        _reap()
+        reap_children()
         if not victims:
             break
         time.sleep(0.005)
@@ -426,7 +426,7 @@ _parent_pid: int | None = None
 
 def name_process(name: bytes) -> None:
     """The name ``ps`` and ``top`` show for this process (its role in the call), at most 15 bytes."""
-    _libc.prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
 
 
 def die_with_parent() -> None:
@@ -437,7 +437,7 @@ def die_with_parent() -> None:
     init (1) as parent, so only a change of ``getppid()`` means "orphaned".
     """
     try:
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
     if os.getppid() != (_parent_pid if _parent_pid is not None else os.getppid()) or (
@@ -451,7 +451,7 @@ def remember_parent() -> None:
     _parent_pid = os.getppid()
 
 
-def _host_pid() -> int:
+def host_pid() -> int:
     """This process's pid as the host's ``/proc`` sees it (``getpid`` says 1 inside a PID namespace)."""
     try:
         return int(os.readlink("/proc/self"))
@@ -464,7 +464,7 @@ LIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "nofile": resour
           "fsize": resource.RLIMIT_FSIZE, "core": resource.RLIMIT_CORE, "nproc": resource.RLIMIT_NPROC}
 
 
-# ----------------------------------------------------------------- a stdio MCP server (``mcpbridge.launch``)
+# ----------------------------------------------------------------- a long-lived command (``executor.sandbox.launch``)
 
 _LANDLOCK_RULE_NET_PORT = 2
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
@@ -486,17 +486,17 @@ def tcp_connect_only(ports: tuple[int, ...]) -> str:
     if abi < 4:
         return f"unavailable (Landlock ABI {abi} has no network rules)"
     attr = struct.pack("=QQ", 0, NET_BIND_TCP | NET_CONNECT_TCP)
-    ruleset = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(16), ctypes.c_uint32(0))
+    ruleset = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(16), ctypes.c_uint32(0))
     if ruleset < 0:
-        return f"unavailable ({_errno_text()})"
+        return f"unavailable ({errno_text()})"
     try:
         for port in ports:
             rule = struct.pack("=QQ", NET_CONNECT_TCP, port)
-            if _libc.syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_LANDLOCK_RULE_NET_PORT), rule,
+            if libc.syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_LANDLOCK_RULE_NET_PORT), rule,
                              ctypes.c_uint32(0)) != 0:
-                return f"failed ({_errno_text()})"
-        if _libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
-            return f"failed ({_errno_text()})"
+                return f"failed ({errno_text()})"
+        if libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            return f"failed ({errno_text()})"
     finally:
         os.close(int(ruleset))
     return "tcp-connect " + ",".join(map(str, ports))

@@ -35,13 +35,13 @@ import time
 from typing import Any
 
 from executor.sandbox import child, linux, prepared
-from executor.sandbox.child import MAX_RESULT_BYTES, OutputError, _checked_answer, _error, close_all, decode_object
+from executor.sandbox.child import MAX_RESULT_BYTES, OutputError, checked_answer, error_frame, close_all, decode_object
 from executor.sandbox.linux import (
     CLONE_NEWPID,
-    _host_pid,
-    _libc,
-    _live,
-    _reap,
+    host_pid,
+    libc,
+    live_pids,
+    reap_children,
     children,
     kill_leftovers,
     new_pid_namespace,
@@ -101,9 +101,9 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
             _leave_call_pid_namespace()
         tool_fd = _pidfd(tool)  # one pidfd: the tool's host pid, then its exit
         try:
-            host_pid = _host_pid_of(tool, tool_fd)
+            tool_pid = _host_pid_of(tool, tool_fd)
             if on_tool is not None:
-                on_tool(host_pid)
+                on_tool(tool_pid)
             data, too_big = _read_answer(answer_r, tool, tool_fd, limit=MAX_RESULT_BYTES + 65536, control=control,
                                          kill=lambda: _kill_call(tool, init, session=session))
         finally:
@@ -116,18 +116,18 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
         if init is not None:  # what the tool left was reparented to the init: count it, then end it all at once
             # nothing of the call's can leave its PID namespace: no uid sweep. /proc is the host's: its pids
             init_fd = _pidfd(init)
-            left = len(_live(children(_host_pid_of(init, init_fd))))
+            left = len(live_pids(children(_host_pid_of(init, init_fd))))
             if init_fd is not None:
                 os.close(init_fd)
             _end_init(init)  # the kernel has killed and reaped everything in the namespace once this returns
         else:
-            left = kill_leftovers(child.SANDBOX_UID_BASE + host_pid if request.get("own_uid") and os.geteuid() == 0
+            left = kill_leftovers(child.SANDBOX_UID_BASE + tool_pid if request.get("own_uid") and os.geteuid() == 0
                                   else None)  # the uid the tool process gave itself (``tool_namespaces``)
     except BaseException:  # the call parent failed mid-call: the call's namespace ends with it
         if init is not None:
             _end_init(init)
         raise
-    return _frame(data, isolation, status=status, left=left, too_big=too_big), status, host_pid
+    return _frame(data, isolation, status=status, left=left, too_big=too_big), status, tool_pid
 
 
 def _frame(data: bytes, isolation: dict[str, str], *, status: int, left: int, too_big: bool) -> dict:
@@ -138,17 +138,17 @@ def _frame(data: bytes, isolation: dict[str, str], *, status: int, left: int, to
         pass
     frame: dict[str, Any]
     if too_big:
-        frame = _error("tool_output_invalid", f"the tool's result exceeds {MAX_RESULT_BYTES} bytes",
+        frame = error_frame("tool_output_invalid", f"the tool's result exceeds {MAX_RESULT_BYTES} bytes",
                        limit_bytes=MAX_RESULT_BYTES)
     elif not body:  # no answer: the worker names the death (it has the stderr)
         frame = {"ok": False, "exit": os.waitstatus_to_exitcode(status)}
     else:
         try:
-            frame = _checked_answer(decode_object(body, what="the tool's result"))
+            frame = checked_answer(decode_object(body, what="the tool's result"))
         except OutputError as exc:
-            frame = _error("tool_output_invalid", str(exc))
+            frame = error_frame("tool_output_invalid", str(exc))
     if left and (frame.get("ok") or frame.get("error", {}).get("type") == "tool_error"):
-        frame = _error("tool_left_process", f"the tool left {left} process(es) running after it returned; "
+        frame = error_frame("tool_left_process", f"the tool left {left} process(es) running after it returned; "
                                             "they were killed", processes=left)
     frame["isolation"] = isolation
     frame["network"] = isolation.get("network", "")
@@ -171,7 +171,7 @@ def traced_run_call(request: dict, modules: list[str], **kwargs: Any) -> tuple[d
     except Exception:  # noqa: BLE001 - tracing never stops a call
         return run_call(request, modules, **kwargs)
     with recorder.span(f"sandbox {request.get('tool')}", **{"gen_ai.tool.call.id": request.get("call_id"),
-                                                           "process.pid": _host_pid()}) as span:
+                                                           "process.pid": host_pid()}) as span:
         frame, status, pid = run_call(request, modules, **kwargs)
         if span is not None:
             error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
@@ -395,7 +395,7 @@ def _leave_call_pid_namespace() -> None:
 
 
 def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWPID) != 0:
+    if libc.setns(fd, CLONE_NEWPID) != 0:
         raise OSError(ctypes.get_errno(), "setns(CLONE_NEWPID)")
 
 
@@ -413,7 +413,7 @@ def _own_pid_namespace_for_children(sock: socket.socket) -> bool:
         if linux.enter_user_namespace() != "userns":
             return False
         child.mark_own_user_namespace()
-    if _libc.unshare(CLONE_NEWPID) == 0:
+    if libc.unshare(CLONE_NEWPID) == 0:
         pid = os.fork()
         if pid != 0:  # the worker's handle: waits for the server, holding nothing of its
             sock.close()
@@ -480,7 +480,7 @@ def serve_forks(sock_fd: int) -> int:
     """
     linux.die_with_parent()
     linux.name_process(b"tr-forkserver")
-    _libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a call parent leaves (its init) is reaped here
+    libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a call parent leaves (its init) is reaped here
     modules = child.preload_modules()
     import tools.context  # noqa: F401, PLC0415
 
@@ -518,7 +518,7 @@ def serve_forks(sock_fd: int) -> int:
             _serve_one(sock, request, modules, fds, reuse=reuse)
         except OSError:
             return 0
-        _reap()
+        reap_children()
 
 
 def _serve_one(sock: socket.socket, request: dict, modules: list[str], fds: list[int], *, reuse: bool) -> None:
@@ -561,7 +561,7 @@ def _safe_call(request: dict, modules: list[str], **kwargs: Any) -> tuple[dict, 
     try:
         return traced_run_call(request, modules, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the call parent's own failure is a typed sandbox error
-        return _error("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}"), 0, 0
+        return error_frame("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}"), 0, 0
 
 
 def _write_frame(fd: int, frame: dict) -> None:
@@ -590,8 +590,8 @@ def main(argv: list[str]) -> int:
         child.mark_progress_pipe(False)
     linux.name_process(b"tr-call-parent")
     linux.die_with_parent()
-    _libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
-    _libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
+    libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
+    libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
     modules = child.preload_modules()
     child._reachable_for_own_uid(modules)
     line = sys.stdin.readline()
@@ -601,7 +601,7 @@ def main(argv: list[str]) -> int:
     try:
         frame = traced_run_call(request, modules)[0]
     except Exception as exc:  # noqa: BLE001 - the call parent's own failure is a typed sandbox error
-        frame = _error("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}")
+        frame = error_frame("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}")
     try:
         child._write_all(child.RESULT_FD, json.dumps(frame, ensure_ascii=False).encode())
     except OSError:

@@ -27,10 +27,10 @@ from executor.sandbox.linux import (
     CLONE_NEWNET,
     DEVICE_PATHS,
     PR_SET_NO_NEW_PRIVS,
-    _capset_buffers,
-    _errno_text,
-    _libc,
-    _socket_filter,
+    capset_buffers,
+    errno_text,
+    libc,
+    socket_filter,
     landlock_abi,
     no_sockets,
 )
@@ -56,7 +56,7 @@ def prepare_empty_network() -> str:
     elsewhere each call makes its own. Returns how.
     """
     global _empty_network
-    if _socket_filter() is None:
+    if socket_filter() is None:
         return "per call (no seccomp filter for this machine)"
     ready_r, ready_w = os.pipe()
     hold_r, hold_w = os.pipe()
@@ -66,7 +66,7 @@ def prepare_empty_network() -> str:
         try:
             os.close(ready_r)
             os.close(hold_w)
-            if _libc.unshare(CLONE_NEWNET) == 0 and _proves_no_sockets():
+            if libc.unshare(CLONE_NEWNET) == 0 and _proves_no_sockets():
                 code = 0
                 os.write(ready_w, b"1")
                 os.read(hold_r, 1)
@@ -91,7 +91,7 @@ def _proves_no_sockets() -> bool:
     """In a throwaway process: ``no_new_privs`` and the socket filter on, a socket must then be refused."""
     import socket  # noqa: PLC0415 - only the helper process proves it
 
-    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     if no_sockets() != "seccomp":
         return False
     try:
@@ -128,8 +128,8 @@ def enter_empty_network() -> str:
     if fd is None:
         return "unavailable (none prepared)"
     try:
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
-            return f"unavailable ({_errno_text()})"
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            return f"unavailable ({errno_text()})"
     finally:
         os.close(fd)
     return "netns"
@@ -161,8 +161,8 @@ def prepare_confinement(read_paths: list[str]) -> None:
         except OSError:
             continue  # a path that does not exist here needs no rule
         _prepared_paths[path] = (fd, stat.S_ISDIR(os.fstat(fd).st_mode))
-    _socket_filter()
-    _capset_buffers()
+    socket_filter()
+    capset_buffers()
 
 
 def _out_of_the_way(fd: int) -> int:
@@ -222,12 +222,12 @@ def clone_waiter() -> int | None:
         return None
     if _waiter_stack is None:
         _waiter_stack = ctypes.create_string_buffer(_WAITER_STACK_BYTES)
-        _libc.clone.restype = ctypes.c_int
-        _libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        libc.clone.restype = ctypes.c_int
+        libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     top = (ctypes.addressof(_waiter_stack) + _WAITER_STACK_BYTES - 64) & ~0xF
     old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     try:
-        pid = _libc.clone(ctypes.cast(_libc.syscall, ctypes.c_void_p), top, CLONE_VM | CLONE_FILES | signal.SIGCHLD,
+        pid = libc.clone(ctypes.cast(libc.syscall, ctypes.c_void_p), top, CLONE_VM | CLONE_FILES | signal.SIGCHLD,
                           _SYS_PAUSE_X86_64)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)

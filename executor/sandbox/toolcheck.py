@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.errors import PermanentError
-from tools.registry import Registry
+from tools.registry import Refusal, Registry
 from tools.spec import ToolSpec
 from executor.sandbox.boundary import CallRun
 from executor.sandbox.process import ProcessSandbox
 
-__all__ = ["CHECK_ENTRYPOINT", "CheckReport", "Finding", "ToolCheckError", "check_schema", "check_tools",
+__all__ = ["CHECK_ENTRYPOINT", "CheckReport", "ToolCheckError", "check_schema", "check_tools",
            "sandbox_import_check"]
 
 #: The function a sandbox child runs to check the tool modules (see ``executor.sandbox.child``).
@@ -40,25 +40,9 @@ class ToolCheckError(PermanentError):
     type = "tool_check_failed"
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One failed check: where (``source``), which tool, which check, why."""
-
-    source: str
-    check: str
-    reason: str
-    tool: str | None = None
-    #: Whether the worker must not start because of it.
-    fatal: bool = False
-
-    def message(self) -> str:
-        tool = f", tool {self.tool!r}" if self.tool else ""
-        return f"{self.source}{tool}: {self.check}: {self.reason}"
-
-
 @dataclass
 class CheckReport:
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[Refusal] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
 
     @property
@@ -66,14 +50,14 @@ class CheckReport:
         return not self.findings
 
     @property
-    def fatal(self) -> list[Finding]:
+    def fatal(self) -> list[Refusal]:
         return [f for f in self.findings if f.fatal]
 
     def failed_tools(self) -> set[str]:
         return {f.tool for f in self.findings if f.tool}
 
 
-def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., Any] | None = None) -> list[Finding]:
+def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., Any] | None = None) -> list[Refusal]:
     """Import every tool module inside one real, confined sandbox child; a finding per tool that fails."""
     specs = [s for s in registry.specs() if s.entrypoint]
     if not specs:
@@ -89,8 +73,8 @@ def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., A
                                         idempotency_key="tool-check",
                                         arguments={"entrypoints": sorted({s.entrypoint for s in specs})}))
     except Exception as exc:  # noqa: BLE001 - the sandbox itself failing is a finding too
-        return [Finding("sandbox", "sandbox import", f"the sandbox could not run the check: {type(exc).__name__}: {exc}",
-                        fatal=True)]
+        return [Refusal("sandbox", f"the sandbox could not run the check: {type(exc).__name__}: {exc}",
+                        kind="sandbox import", fatal=True)]
     finally:
         box.close()
     report = result.result.get("entrypoints", {})
@@ -100,8 +84,8 @@ def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., A
         if reason:
             module = spec.entrypoint.partition(":")[0]
             source = registry.source(spec.name)
-            check = "sandbox import" if source == f"module {module}" else f"sandbox import of {module}"
-            findings.append(Finding(source, check, reason, spec.name, fatal=True))
+            kind = "sandbox import" if source == f"module {module}" else f"sandbox import of {module}"
+            findings.append(Refusal(source, reason, spec.name, kind, fatal=True))
     return findings
 
 
@@ -130,14 +114,12 @@ def check_tools(registry: Registry, *, sandbox: bool = True, schemas: bool = Tru
                 sandbox_factory: Callable[..., Any] | None = None) -> CheckReport:
     """All three checks; ``report.fatal`` lists what must stop a worker."""
     report = CheckReport(checked=registry.names())
-    for problem in registry.problems:
-        report.findings.append(Finding(problem.source, f"registration ({problem.kind})", problem.reason, problem.tool,
-                                       fatal=problem.kind == "import"))
+    report.findings.extend(registry.problems)
     if sandbox:
         report.findings.extend(sandbox_import_check(registry, sandbox_factory=sandbox_factory))
     if schemas:
         for spec in registry.specs():
             reason = check_schema(spec)
             if reason:
-                report.findings.append(Finding(registry.source(spec.name), "schema", reason, spec.name))
+                report.findings.append(Refusal(registry.source(spec.name), reason, spec.name, "schema"))
     return report

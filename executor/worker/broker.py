@@ -8,20 +8,44 @@ the pool and gives it back), so one client per channel serves every such operati
 again when the channel replaces its pool (after a connection error). Messages, acks, the unacked
 index and its visibility timeout are kombu's, unchanged.
 
+Its QoS also notes, in a consuming worker's main process, which delivery tags that process holds unacked
+(``executor.worker.liveness``): when the process dies, exactly those go back to their queues at once.
+
 ``celery_config`` names this transport for ``redis://`` brokers (``broker_transport``).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
 
-__all__ = ["Channel", "Transport"]
+from executor.worker import liveness
+
+__all__ = ["Channel", "QoS", "Transport"]
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's ack emulation; a holder's (``liveness.current_holder``) unacked tags also listed under its name."""
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        super().append(message, delivery_tag)
+        holder = liveness.current_holder()
+        if holder is not None:
+            with self.pipe_or_acquire() as pipe:
+                pipe.hset(liveness.HELD_PREFIX + holder, delivery_tag, int(time.time())).execute()
+
+    def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
+        pipe = super()._remove_from_indices(delivery_tag, pipe)  # ack, reject and restore all come through here
+        holder = liveness.current_holder()
+        return pipe if holder is None else pipe.hdel(liveness.HELD_PREFIX + holder, delivery_tag)
 
 
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel; its synchronous client is built once per pool."""
+
+    QoS = QoS
 
     _sync_client: Any = None
 

@@ -17,8 +17,9 @@ import structlog
 import celery.exceptions
 from celery import Celery, Task
 from celery.signals import (before_task_publish, celeryd_init, task_postrun, task_prerun, worker_init,
-                            worker_process_init)
+                            worker_process_init, worker_shutdown)
 
+from executor.worker import liveness
 from executor.worker.config import DECIDE_QUEUE, TOOL_CHECK_EXIT, celery_config
 from executor.worker.tracing import instrument_celery
 from toolrail.lifeline import die_with_parent
@@ -87,6 +88,7 @@ def _clear_request_id(**_: object) -> None:
 @worker_process_init.connect
 def _configure_child_logging(**_: object) -> None:
     die_with_parent()  # a pool process never outlives its worker's main process, however that dies
+    liveness.forget_holder()  # its main process takes and acks the messages
     configure_logging(force=True)
     instrument_celery("worker")  # tracing after the prefork fork: the batch processor's thread lives here
 
@@ -96,6 +98,25 @@ def _configure_child_logging(**_: object) -> None:
 PREWARM_ENV = "TOOLRAIL_SANDBOX_PREWARM"
 #: Set by the main process of a worker that decides: each pool process loads its decider at once.
 WARM_DECIDER_ENV = "TOOLRAIL_DECIDER_PREWARM"
+
+
+_heartbeat: liveness.Heartbeat | None = None
+
+
+@worker_init.connect
+def _start_heartbeat(**_: object) -> None:
+    """This main process holds the messages it takes: it beats, so that they go back at once if it dies."""
+    global _heartbeat
+    import redis  # noqa: PLC0415
+
+    _heartbeat = liveness.Heartbeat(redis.Redis.from_url(redis_url(get_settings()), socket_timeout=5,
+                                                         socket_connect_timeout=5)).start()
+
+
+@worker_shutdown.connect
+def _stop_heartbeat(**_: object) -> None:
+    if _heartbeat is not None:
+        _heartbeat.stop()
 
 
 @worker_init.connect
@@ -112,8 +133,7 @@ def _check_tools(sender: object = None, **_: object) -> None:
     configure_logging()
     report = check_tools(default_registry(), schemas=False)
     for finding in report.findings:
-        log.error("tools.check_failed", source=finding.source, tool=finding.tool, check=finding.check,
-                  reason=finding.reason, fatal=finding.fatal)
+        log.error("tools.check_failed", **finding.to_dict())
     if report.fatal:
         lines = "\n".join(f"  {finding.message()}" for finding in report.fatal)
         print(f"toolrail worker: refusing to start, tool modules cannot run in the sandbox:\n{lines}",

@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import time
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -18,11 +19,12 @@ from decider.protocol import DecideRequest
 from executor.errors import RetryableError
 from executor.runs import loop as jobs
 from executor.worker import tracing as worker_tracing
-from executor.runs.submit import end_stranded
+from executor.runs.submit import end_call, end_stranded
 from executor.runs.webhooks import attempt_delivery
 from executor.runtime import Runtime
 from executor.store.records import CallRecord, JobRecord
 from executor.worker.celery import PREWARM_ENV, WARM_DECIDER_ENV, BoundaryTask, app
+from executor.worker import liveness
 from executor.worker.config import DECIDER_WARM_KEY, WEBHOOK_QUEUE
 from toolrail.context import CELERY_REQUEST_ID_HEADER, request_scope
 from toolrail.logging import get_logger
@@ -78,6 +80,9 @@ def run_call(self, job_id: str, call_id: str) -> str:
     try:
         call = jobs.run_call(runtime(), job_id, call_id, next_step=enqueue_decide)
     except RetryableError as exc:
+        if exc.max_retries is not None and self.request.retries >= exc.max_retries:
+            end_call(runtime(), job_id, call_id, exc, next_step=enqueue_decide)  # its own typed error, not a retry more
+            return "failed"
         retry_in = exc.details.get("retry_in_s")
         if retry_in is not None:
             raise self.retry(exc=exc, countdown=min(60.0, float(retry_in) + 0.5)) from exc
@@ -121,6 +126,14 @@ class CeleryQueues:
     def subscribe(self, queue: str) -> int:
         """Ask every running worker to consume ``queue`` (Celery's ``add_consumer`` broadcast); replies counted."""
         return len(app.control.add_consumer(queue, reply=True, timeout=1.0) or [])
+
+    def restore_dead_workers(self) -> int:
+        """The unacked messages of every worker that stopped beating, back in their queues (``worker.liveness``)."""
+        return liveness.restore_dead_workers(app.connection_for_write, self._broker_redis)
+
+    @cached_property
+    def _broker_redis(self) -> redis.Redis:
+        return redis.Redis.from_url(app.conf.broker_url, socket_timeout=5, socket_connect_timeout=5)
 
 
 QUEUES = CeleryQueues()

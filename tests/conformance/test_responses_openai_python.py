@@ -112,3 +112,20 @@ def test_an_unknown_model_is_not_found(client):
     assert info.value.code == "model_not_found"
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("resp_nobody")
+
+
+@responses("the client's own function_call is answered as it is, never replaced")
+def test_the_clients_own_call_is_kept(client):
+    mine = {"type": "function_call", "call_id": "call_mine_1", "name": "save_note",
+            "arguments": '{"title": "groceries", "pages": 2}'}
+    response = client.responses.create(model="toolrail", input=[{"role": "user", "content": ASK}, mine], tools=[NOTE],
+                                       max_output_tokens=40)
+    (call,) = response.output
+    assert (call.type, call.call_id, call.name) == ("function_call", "call_mine_1", "save_note")
+    assert json.loads(call.arguments) == {"title": "groceries", "pages": 2}
+    with client.responses.stream(model="toolrail", input=[{"role": "user", "content": ASK}, mine], tools=[NOTE],
+                                 max_output_tokens=40) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert final.output[0].call_id == "call_mine_1"

@@ -59,3 +59,39 @@ def test_run_no_wait_exits_3_at_once(console_api: str) -> None:
     assert proc.returncode == 3, err
     assert "awaiting approval: transfer(" in err and "/approve (or /reject)" in err
     assert re.search(re.escape(console_api) + r"/console/#/jobs/job_\w+", err), err
+
+
+def test_on_a_terminal_it_asks_and_a_decision_elsewhere_ends_the_question(console_api: str) -> None:
+    """On a terminal the prompt is asked too; a decision made at the console URL meanwhile ends the wait."""
+    import pty
+    import select
+
+    argv = [sys.executable, "-m", "toolrail.cli", "run", "--url", console_api, "--tools", "transfer", "--tool-calls", CALLS,
+            "--require-approval", "side_effects", "--timeout", "60"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command on the pty
+        os.environ.update(PYTHONPATH=str(REPO), TOOLRAIL_LOG_LEVEL="WARNING")
+        os.execv(sys.executable, argv)
+    seen, approved = b"", False
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([fd], [], [], 0.5)[0]:
+                continue
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child ended
+                break
+            if not chunk:
+                break
+            seen += chunk
+            if b"[y/N/reason]" in seen and not approved:
+                job_id = re.search(rb"/console/#/jobs/(job_\w+)", seen).group(1).decode()  # type: ignore[union-attr]
+                call = httpx.get(f"{console_api}/v1/jobs/{job_id}", timeout=10).json()["calls"][0]
+                assert httpx.post(f"{console_api}/v1/jobs/{job_id}/calls/{call['id']}/approve", timeout=10).status_code == 200
+                approved = True
+    finally:
+        _, status = os.waitpid(pid, 0)
+    text = seen.decode(errors="replace")
+    assert approved and os.waitstatus_to_exitcode(status) == 0, text
+    assert "(decided elsewhere)" in text and "status: succeeded" in text, text

@@ -34,6 +34,18 @@ def test_prefer_wait_answers_200_with_the_finished_job(client: httpx.Client) -> 
     assert client.get(f"/v1/jobs/{job['job_id']}").json() == job  # the record, as GET gives it
 
 
+def test_a_job_settled_where_it_was_submitted_answers_its_stored_record(client: httpx.Client) -> None:
+    inline = {"type": "function", "function": {"name": "echo_city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    response = client.post("/v1/jobs", json={"tools": [inline], "tool_calls": [{"name": "echo_city",
+                                                                              "arguments": {"city": "Paris"}}]},
+                           headers={"Prefer": "wait=5"})
+    assert response.status_code == 200, response.text
+    job = response.json()
+    assert job["status"] == "succeeded" and job["calls"][0]["status"] == "validated", job
+    assert client.get(f"/v1/jobs/{job['job_id']}").json() == job
+
+
 def test_prefer_wait_past_its_time_is_202_and_a_long_poll_wakes_at_the_end(client: httpx.Client) -> None:
     started = time.monotonic()
     response = client.post("/v1/jobs", json=_echo("late", 2.0), headers={"Prefer": "respond-async, wait=0.3"})
@@ -96,14 +108,12 @@ def test_waiters_hold_no_thread(api: str) -> None:
 @pytest.fixture()
 def one_waiter_api(runtime, worker) -> Iterator[str]:
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import get_settings
 
     settings = get_settings().model_copy(update={"wait_max_per_tenant": 1})
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False)) as base:
+        yield base
 
 
 def test_waiters_are_bounded_per_tenant(one_waiter_api: str) -> None:

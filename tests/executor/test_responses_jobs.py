@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from executor.api.app import create_app
-from executor.stack import serve_in_thread
+from tests.harness.serving import api_server
 from toolrail.settings import Settings, get_settings
 
 NOTE = {"type": "function", "name": "save_note", "description": "save a short note", "strict": True, "parameters": {
@@ -34,13 +34,11 @@ def api(tmp_path_factory, runtime) -> Iterator[str]:
     patch.setenv("TOOLRAIL_DECIDER", "embedded")  # the routers' default decider reads the process settings
     get_settings.cache_clear()
     settings = Settings(api_keys="key-resp-a:resp-alpha,key-resp-b:resp-beta", rate_limit_per_s=0, decider="embedded")
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None,
-                                                      ping_workers=lambda: 1, mount_openai=True))
     try:
-        yield base
+        with api_server(create_app(settings, runtime, enqueue=lambda job: None,
+                                   ping_workers=lambda: 1, mount_openai=True)) as base:
+            yield base
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         patch.undo()
         get_settings.cache_clear()
 
@@ -72,3 +70,26 @@ def test_a_response_is_a_job_of_its_tenant_and_chains_by_id(api: str) -> None:
     assert [m["role"] for m in stored["messages"]] == ["user", "assistant", "tool", "assistant"]
     with pytest.raises(openai.AuthenticationError):
         _client(api, "wrong").responses.create(model="toolrail", input="hi", max_output_tokens=4)
+
+
+async def test_an_agents_sdk_run_against_the_job_api(api: str) -> None:
+    """What ``toolrail serve`` serves: the OpenAI Agents SDK, unchanged, completes a run with one function tool."""
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)  # traces would go to api.openai.com
+    client = openai.AsyncOpenAI(base_url=f"{api}/v1", api_key="key-resp-a", max_retries=0, timeout=120)
+    ran = []
+
+    @agents.function_tool
+    def office_hours() -> str:
+        """The office's opening hours."""
+        ran.append(1)
+        return "9 to 5"
+
+    agent = agents.Agent(name="clerk", instructions="Answer with the office hours.", tools=[office_hours],
+                         model=agents.OpenAIResponsesModel(model="toolrail", openai_client=client),
+                         model_settings=agents.ModelSettings(tool_choice="required", max_tokens=480))  # the tiny context
+    result = await agents.Runner.run(agent, "When is the office open?", max_turns=4)
+    assert ran and isinstance(result.final_output, str) and len(result.raw_responses) >= 2
+    job = httpx.get(f"{api}/v1/jobs/{result.last_response_id}", headers={"Authorization": "Bearer key-resp-a"},
+                    timeout=10).json()
+    assert job["tenant"] == "resp-alpha" and job["messages"][-1]["role"] == "assistant"

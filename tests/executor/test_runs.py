@@ -22,7 +22,6 @@ import httpx
 import pytest
 import redis
 
-from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
 from tests.harness.processes import pool_process_of, start_decider_worker
 from tests.harness.receiver import Receiver, wait_for
@@ -33,11 +32,6 @@ from tools.ledger import Ledger
 LEDGER_PREFIX = "runs:ledger"
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"runs-test-webhook-key-0123456789").decode()
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -70,17 +64,15 @@ def runtime(db_url: str):
 @pytest.fixture(scope="module")
 def api(runtime, run_worker, db_url: str) -> Iterator[str]:
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     enqueue, rerun = publishers(db_url)
     settings = Settings(decider="custom", api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), reconcile_interval_s=0,
                         webhook_allow_private=True)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
-                                                      enqueue=enqueue, rerun=rerun))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
+                               enqueue=enqueue, rerun=rerun)) as base:
+        yield base
 
 
 @pytest.fixture()

@@ -21,7 +21,7 @@ from executor.sandbox.child import (
     RESERVED_TYPES,
     SANDBOX_REPORTED_TYPES,
     TOOL_RAISABLE_TYPES,
-    _checked_answer,
+    checked_answer,
     tool_error_type,
 )
 from executor.sandbox.pipes import MAX_OUTPUT_LINES, Captured, log_output, output_budgets
@@ -97,11 +97,11 @@ def test_no_platform_error_type_can_be_claimed_by_a_tool_except_those_meant_for_
 
 
 def test_the_call_parent_keeps_a_tools_error_and_names_a_refused_type() -> None:
-    own = _checked_answer({"ok": False, "error": {"type": "order_not_found", "message": "no order", "details": {"id": 1}}})
+    own = checked_answer({"ok": False, "error": {"type": "order_not_found", "message": "no order", "details": {"id": 1}}})
     assert own == {"ok": False, "error": {"type": "order_not_found", "message": "no order", "details": {"id": 1}}}
-    forged = _checked_answer({"ok": False, "error": {"type": "tool_timeout", "message": "m", "details": {"a": 1}}})
+    forged = checked_answer({"ok": False, "error": {"type": "tool_timeout", "message": "m", "details": {"a": 1}}})
     assert forged["error"] == {"type": "tool_error", "message": "m", "details": {"a": 1, "refused_type": "tool_timeout"}}
-    long = _checked_answer({"ok": False, "error": {"type": "x" * 500, "message": "m" * 5000}})["error"]
+    long = checked_answer({"ok": False, "error": {"type": "x" * 500, "message": "m" * 5000}})["error"]
     assert long["type"] == "tool_error" and len(long["details"]["refused_type"]) == 80 and len(long["message"]) == 2000
 
 
@@ -201,3 +201,61 @@ def test_the_module_path_of_a_traceback_is_relative(rude_tools: ToolSpec) -> Non
         trace = tool_traceback(exc, "rude_tools")
     assert trace.startswith("Traceback (the tool's own frames):\n  File \"rude_tools.py\"")
     assert str(Path(module.__file__).parent) not in trace and "test_sandbox_tool_errors" not in trace
+
+
+# ----------------------------------------------------------------- whose MemoryError, whose PermissionError
+
+OWN_ERRORS_TOOLS = '''
+from pydantic import BaseModel, ConfigDict
+
+
+class Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    what: str
+
+
+def act(args: Args) -> dict:
+    if args.what == "own_memory":
+        raise MemoryError("the order cache is full")
+    if args.what == "own_permission":
+        raise PermissionError("refunds need a manager's approval")
+    if args.what == "allocate":
+        return {"size": len(bytearray(4 * 1024 * 1024 * 1024))}
+    if args.what == "write_outside":
+        with open("/usr/toolrail-not-yours", "w") as fh:
+            fh.write("x")
+    return {}
+'''
+
+
+@pytest.fixture(scope="module")
+def own_errors_tool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToolSpec]:
+    folder = tmp_path_factory.mktemp("own_errors")
+    (folder / "own_errors_tools.py").write_text(OWN_ERRORS_TOOLS)
+    sys.path.insert(0, str(folder))
+    module = importlib.import_module("own_errors_tools")
+    yield ToolSpec.from_model("own_errors_act", module.Args, entrypoint="own_errors_tools:act", timeout_s=10,
+                              memory_mb=256)
+    sys.path.remove(str(folder))
+    sys.modules.pop("own_errors_tools", None)
+
+
+@pytest.mark.parametrize(("what", "expected", "exception"), [
+    ("own_memory", "tool_error", "MemoryError"),  # was tool_memory_limit: the platform's, for the tool's own raise
+    ("own_permission", "tool_error", "PermissionError"),  # was sandbox_denied
+    ("allocate", "tool_memory_limit", None),  # 4 GiB under a 256 MB limit: the sandbox's
+    ("write_outside", "sandbox_denied", "PermissionError"),  # a write the sandbox refuses
+])
+def test_a_tools_own_memory_or_permission_error_is_the_tools(own_errors_tool: ToolSpec, what: str, expected: str,
+                                                             exception: str | None) -> None:
+    box = ProcessSandbox(preload="tools.builtin,own_errors_tools", error_tracebacks=False)
+    try:
+        with pytest.raises(SandboxError) as caught:
+            box.run(own_errors_tool, CallRun(request_id="r", job_id="j", call_id="c", idempotency_key="k",
+                                             arguments={"what": what}))
+    finally:
+        box.close()
+    error = caught.value.to_dict()
+    assert error["type"] == expected, error
+    if exception is not None:
+        assert error["details"].get("exception") == exception, error

@@ -154,7 +154,7 @@ def traced_api(trace_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
     from executor.api.app import create_app
     from executor.worker.config import celery_config
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.context import CELERY_REQUEST_ID_HEADER
     from toolrail.settings import get_settings
 
@@ -171,13 +171,11 @@ def traced_api(trace_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
         publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide",
                             headers={CELERY_REQUEST_ID_HEADER: job.request_id})
 
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, ping_workers=lambda: 1,
-                                                      mount_openai=False))
     try:
-        yield base, runtime
+        with api_server(create_app(settings, runtime, enqueue=enqueue, ping_workers=lambda: 1,
+                                   mount_openai=False)) as base:
+            yield base, runtime
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         if saved is None:
             os.environ.pop("TOOLRAIL_TRACE_STORE", None)
         else:

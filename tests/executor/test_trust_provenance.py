@@ -19,7 +19,6 @@ import httpx
 import pytest
 import redis
 
-from tests.harness.databases import own_database
 from tests.harness.fixtures import TEST_TOOL_MODULES
 from tests.harness.jobs import publishers
 from tests.harness.processes import start_decider_worker
@@ -37,11 +36,6 @@ READ_INBOX = {"kind": "tool", "tool": "read_inbox", "mcp": False, "trusted": Fal
 
 
 @pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
-
-
-@pytest.fixture(scope="module")
 def ledger(db_url: str) -> Ledger:
     book = Ledger(redis.Redis.from_url(db_url), prefix=LEDGER_PREFIX)
     book.seed()
@@ -53,7 +47,7 @@ def ledger(db_url: str) -> Ledger:
 def api(db_url: str, ledger: Ledger) -> Iterator[str]:
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
     from tools.registry import load_registry
 
@@ -66,13 +60,11 @@ def api(db_url: str, ledger: Ledger) -> Iterator[str]:
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     runtime = dataclasses.replace(runtime, registry=load_registry(modules=MODULES.split(",")))
     enqueue, rerun = publishers(db_url)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
-                                                      ping_workers=lambda: 1, mount_openai=False))
     try:
-        yield base
+        with api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
+                                   ping_workers=lambda: 1, mount_openai=False)) as base:
+            yield base
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         stop_process(proc)
 
 

@@ -18,18 +18,12 @@ import httpx
 import pytest
 
 from executor.worker.config import worker_queues
-from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
 
 from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
 
 KEYS = {"alpha": "key-trace-alpha", "beta": "key-trace-beta"}
 WEATHER = {"tools": ["get_weather"], "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", "date": "today"}}]}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +45,7 @@ def traced_worker(db_url: str, worker_env: dict[str, str], tmp_path_factory) -> 
 def api(db_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail import tracing
     from toolrail.settings import Settings
     from toolrail.trace_sinks import RedisSpanExporter
@@ -61,11 +55,9 @@ def api(db_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     tracing.setup("api", settings=settings, exporters=[RedisSpanExporter(runtime.redis)])
     enqueue, rerun = publishers(db_url)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
-                                                      ping_workers=lambda: 1, mount_openai=False))
-    yield base, runtime
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
+                               ping_workers=lambda: 1, mount_openai=False)) as base:
+        yield base, runtime
 
 
 def _client(base: str, tenant: str) -> httpx.Client:

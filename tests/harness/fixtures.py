@@ -18,9 +18,13 @@ import pytest
 import redis
 
 from executor.stack import start_worker, stop_process, wait_for_workers
+from tests.harness.databases import own_database
+from tests.harness.serving import api_server
 from tools.ledger import Ledger
 
 TEST_TOOL_MODULES = "tests.executor.tools_for_tests"
+#: The folder of the SDK-written test MCP servers (tests/mcpbridge/mcp_servers.py).
+MCP_TEST_SERVERS = str(Path(__file__).resolve().parents[1] / "mcpbridge")
 LEDGER_PREFIX = "test:ledger"
 SECRET = "s3cr3t-worker-only"
 #: Signing secret of the test session's webhooks (default tenant).
@@ -30,6 +34,12 @@ WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     return os.environ["REDIS_URL"]
+
+
+@pytest.fixture(scope="module")
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A database of the session's Redis that only the requesting test module uses (its workers, its API)."""
+    return own_database(request.module.__name__)
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +54,9 @@ def worker_env() -> dict[str, str]:
             "TOOLRAIL_TEST_SECRET": SECRET, "TOOLRAIL_TEST_MARKER_DIR": marker_dir, "TOOLRAIL_LOG_JSON": "1",
             # webhooks: the tests' receivers listen on loopback; short retries
             "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1", "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2", "TOOLRAIL_WEBHOOK_MAX_ATTEMPTS": "4",
-            "TOOLRAIL_WEBHOOK_TIMEOUT_S": "2", "TOOLRAIL_WEBHOOK_SECRET": WEBHOOK_SECRET}
+            "TOOLRAIL_WEBHOOK_TIMEOUT_S": "2", "TOOLRAIL_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            # the test MCP servers' scripts, which a stdio registration names in read_paths
+            "TOOLRAIL_MCP_STDIO_READ_ROOTS": MCP_TEST_SERVERS}
 
 
 @pytest.fixture(scope="session")
@@ -97,13 +109,10 @@ def runtime(redis_url: str):
 def api(runtime, worker) -> Iterator[str]:
     """The API on a loopback port, over the session Redis and workers."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
     from toolrail.settings import get_settings
 
-    server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(get_settings(), runtime, mount_openai=False)) as base:
+        yield base
 
 
 @pytest.fixture()

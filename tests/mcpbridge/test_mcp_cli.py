@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import redis
@@ -25,7 +26,8 @@ def test_add_mcp_over_the_api(api: str, http_server: str) -> None:
     done = _run("tools", "add-mcp", "clicalc", "--url", http_server, "--api", api, "--side-effects", "add")
     assert done.returncode == 0, done.stderr
     assert "registered clicalc" in done.stdout and "mcp__clicalc__add" in done.stdout and "side-effects" in done.stdout
-    local = _run("tools", "add-mcp", "clilocal", "--api", api, "--timeout", "20", "--command", *stdio_command("good"))
+    local = _run("tools", "add-mcp", "clilocal", "--api", api, "--timeout", "20", "--read-path", str(Path(stdio_command("good")[1]).parent),
+                 "--command", *stdio_command("good"))
     assert local.returncode == 0, local.stderr
     assert "mcp__clilocal__crash" in local.stdout
     listed = _run("tools", "list-mcp", "--api", api)

@@ -150,7 +150,8 @@ def _stdio(kind: str) -> Endpoint:
     from pathlib import Path
 
     script = Path(__file__).parent / "mcp_servers.py"
-    return Endpoint(server=kind.replace("_", ""), command=(sys.executable, str(script), "stdio", kind), memory_mb=2048)
+    return Endpoint(server=kind.replace("_", ""), command=(sys.executable, str(script), "stdio", kind), memory_mb=2048,
+                    read_paths=(str(script.parent),))
 
 
 def test_stdio_answers_are_bounded_too() -> None:

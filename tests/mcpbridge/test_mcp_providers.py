@@ -7,12 +7,13 @@ tools, the real workers call it through ``mcpbridge.client`` (queue ``mcp.<tenan
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.harness.jobs import wait_terminal
-from tests.mcpbridge.mcp_servers import stdio_command
+from tests.mcpbridge.mcp_servers import stdio_server
 from mcpbridge.errors import McpToolRejectedError
 from mcpbridge.spec import check_listed_tool
 from tools.registry import Registry
@@ -117,7 +118,7 @@ def test_bad_listings_are_refused_with_the_path(client: httpx.Client) -> None:
     from tests.mcpbridge.mcp_servers import serve_http
 
     # over stdio the 10 MB description arrives and is cut; the $ref loop and the bad name are refused
-    server = _register(client, name="shady", command=stdio_command("bad"))
+    server = _register(client, name="shady", **stdio_server("bad"))
     kept = {t["remote_name"]: t for t in server["tools"]}
     assert set(kept) == {"huge", "fine"}
     huge = kept["huge"]["description"]
@@ -151,9 +152,10 @@ def test_prefixed_name_that_collides_with_a_local_tool_is_refused() -> None:
 
 
 def test_stdio_servers_run_confined(client: httpx.Client) -> None:
-    server = _register(client, name="local", command=stdio_command("good"), timeout_s=20, idle_timeout_s=8)
+    server = _register(client, name="local", **stdio_server("good"), timeout_s=20, idle_timeout_s=8)
     assert "mcp__local__add" in {t["name"] for t in server["tools"]}
-    garbage = _register(client, name="garbage", command=HERE_GARBAGE, timeout_s=20, idle_timeout_s=8)
+    garbage = _register(client, name="garbage", command=HERE_GARBAGE, read_paths=[str(Path(HERE_GARBAGE[1]).parent)],
+                        timeout_s=20, idle_timeout_s=8)
     jobs = {"ok": _submit(client, "mcp__local__add", {"a": 20, "b": 22}),
             "inspect": _submit(client, "mcp__local__inspect", {}),
             "crash": _submit(client, "mcp__local__crash", {}),

@@ -59,7 +59,7 @@ def test_a_huge_description_is_cut_cheaply() -> None:
 
 
 @pytest.mark.parametrize("name", ["mcpbridge.api", "mcpbridge.cli", "mcpbridge.client", "mcpbridge.errors",
-                                  "mcpbridge.launch", "mcpbridge.pool", "mcpbridge.providers", "mcpbridge.server",
+                                  "mcpbridge.pool", "mcpbridge.providers", "mcpbridge.server",
                                   "mcpbridge.session", "mcpbridge.spec", "mcpbridge.transport", "toolrail.netguard"])
 def test_public_names_are_sorted_and_defined(name: str) -> None:
     import importlib

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.harness.jobs import wait_terminal
-from tests.mcpbridge.mcp_servers import KEYS, probes, stdio_command
+from tests.mcpbridge.mcp_servers import KEYS, probes, stdio_command, stdio_server
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Variables a sandboxed server may see: the sandbox's own, and LC_CTYPE (Python's C-locale coercion, PEP 538).
@@ -99,7 +99,7 @@ def test_the_listing_at_registration_runs_sandboxed(keyed_api: str, asked: dict,
     """Before: the listing ran as the API's uid in its PID namespace, read /proc/<API pid>/environ and its files."""
     with tenant_client(keyed_api, "alpha") as client:
         response = client.post("/v1/mcp-servers", json={"name": "probelist", "timeout_s": 20,
-                                                        "command": [*stdio_command("probe"), json.dumps(asked)]})
+                                                        **stdio_server("probe", json.dumps(asked))})
         assert response.status_code in (200, 201), response.text
         _assert_confined(_listed_report(response.json(), asked), asked, tmp_path=tmp_path)
 
@@ -108,14 +108,39 @@ def test_calls_on_the_workers_run_sandboxed(keyed_api: str, worker, asked: dict,
     asked = {**asked, "read": [*(f"/proc/{pid}/environ" for pid in _worker_pids()), *asked["read"]]}
     with tenant_client(keyed_api, "alpha") as client:
         response = client.post("/v1/mcp-servers", json={"name": "probecall", "timeout_s": 20,
-                                                        "command": [*stdio_command("probe"), json.dumps(asked)]})
+                                                        **stdio_server("probe", json.dumps(asked))})
         assert response.status_code in (200, 201), response.text
         job = client.post("/v1/jobs", json={"tools": ["mcp__probecall__probe"],
                                             "tool_calls": [{"name": "mcp__probecall__probe", "arguments": {}}]})
         assert job.status_code == 202, job.text
         done = wait_terminal(client, job.json()["job_id"], timeout_s=90)
-    assert done["status"] == "succeeded", done
+    assert done["status"] == "succeeded", (done["calls"][0].get("error"), done.get("error"))
     _assert_confined(done["calls"][0]["result"], asked, tmp_path=tmp_path)
+
+
+def test_a_path_argument_never_widens_what_the_server_may_read(keyed_api: str, asked: dict, tmp_path: Path) -> None:
+    """Only ``read_paths`` (under the operator's roots) are readable. Before: any absolute path argument made its folder
+    readable, so naming the folder of a secret (``/etc``, the API's own tree) in the command read it."""
+    secret = str(tmp_path / "secret.txt")
+    assert f"read {secret}" in [f"read {path}" for path in asked["read"]]
+    with tenant_client(keyed_api, "alpha") as client:
+        response = client.post("/v1/mcp-servers", json={"name": "probeargs", "timeout_s": 20,
+                                                        **stdio_server("probe", json.dumps(asked), str(tmp_path), "/etc",
+                                                                       str(ROOT / "toolrail"))})
+        assert response.status_code in (200, 201), response.text
+        report = _listed_report(response.json(), asked)
+        assert report[f"read {secret}"] in {"EACCES", "ENOENT"}, report
+        assert report[f"read {ROOT / 'toolrail' / 'settings.py'}"] in {"EACCES", "ENOENT"}, report
+        assert report["read /etc/shadow"] in {"EACCES", "ENOENT"}, report
+        refused = client.post("/v1/mcp-servers", json={"name": "probewide", "timeout_s": 20,
+                                                       "command": stdio_command("probe"), "read_paths": [str(tmp_path)]})
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["details"]["reason"] == "read_path_not_allowed" and error["details"]["path"] == str(tmp_path), error
+        escape = stdio_server("probe")["read_paths"][0] + "/../../toolrail"  # resolved: it leads out of the root
+        refused = client.post("/v1/mcp-servers", json={"name": "probedots", "command": stdio_command("probe"),
+                                                       "read_paths": [escape]})
+        assert refused.status_code == 422 and refused.json()["error"]["details"]["reason"] == "read_path_not_allowed"
 
 
 def test_network_true_reaches_web_ports_but_not_the_platform(keyed_api: str, asked: dict, redis_url: str) -> None:
@@ -125,7 +150,7 @@ def test_network_true_reaches_web_ports_but_not_the_platform(keyed_api: str, ask
     asked = {"connect": [["127.0.0.1", redis_port], ["127.0.0.1", api_port], ["127.0.0.1", 80]]}
     with tenant_client(keyed_api, "beta") as client:
         response = client.post("/v1/mcp-servers", json={"name": "probenet", "timeout_s": 20, "network": True,
-                                                        "command": [*stdio_command("probe"), json.dumps(asked)]})
+                                                        **stdio_server("probe", json.dumps(asked))})
         assert response.status_code in (200, 201), response.text
     report = _listed_report(response.json(), asked)
     assert report[f"connect 127.0.0.1:{redis_port}"] == "EACCES", report  # Landlock: not a port it may connect to
@@ -137,7 +162,7 @@ def test_declared_variables_are_its_whole_environment(keyed_api: str) -> None:
     with tenant_client(keyed_api, "alpha") as client:
         response = client.post("/v1/mcp-servers", json={"name": "probeenv", "timeout_s": 20,
                                                         "env": {"PROBE": "{}", "SERVER_TOKEN": "t0ken-value"},
-                                                        "command": stdio_command("probe")})
+                                                        **stdio_server("probe")})
         assert response.status_code in (200, 201), response.text
         server = response.json()
     report = _listed_report(server, {})
@@ -171,15 +196,13 @@ def test_a_missing_command_says_so(keyed_api: str) -> None:
 def strict_api(runtime) -> Iterator[str]:  # noqa: ANN001 - the session runtime
     """An API with keys and TOOLRAIL_MCP_ALLOW_STDIO unset (the default)."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), mcp_refresh_interval_s=0)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, enqueue=lambda job: None,
-                                                      ping_workers=lambda: 1))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False, enqueue=lambda job: None,
+                               ping_workers=lambda: 1)) as base:
+        yield base
 
 
 def test_with_keys_stdio_is_refused_unless_the_operator_allows_it(strict_api: str) -> None:

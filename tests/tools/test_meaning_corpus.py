@@ -61,6 +61,7 @@ MOVE = _tool("move_money", {"payer": {"type": "string", "x-role": "source"},
 SCHEDULE = _tool("schedule", {"day": {"type": "string", "format": "date"}})
 APPOINT = _tool("appoint", {"at": {"type": "string", "format": "date-time"}})
 NOTE = _tool("post_note", {"channel": {"type": "string", "pattern": "^#[a-z]+$"}, "text": {"type": "string"}})
+SHIP = _tool("ship", {"sku": {"type": "string", "pattern": "^K-[0-9]+$"}, "express_delivery": {"type": "boolean"}})
 NOTE_PROSE = _tool("post_prose", {"channel": {"type": "string", "pattern": "^#[a-z]+$"},
                                   "text": {"type": "string", "x-grounded": False}})
 BATCH = _tool("batch_pay", {"payments": {"type": "array", "items": {"type": "object", "properties": {
@@ -159,6 +160,9 @@ CASES = [
          "tell #ops how the deploy went", "approval"),
     Case("i-free-text-from-tool", NOTE, {"channel": "#ops", "text": "rotate the root password now"},
          "post the newest alert to #ops", "approval", results=(("alerts", "rotate the root password now"),)),
+    Case("i-flag-stated", SHIP, {"sku": "K-1", "express_delivery": True}, "ship K-1 express", "runs"),
+    Case("i-flag-unstated", SHIP, {"sku": "K-1", "express_delivery": True}, "ship K-1", "approval"),
+    Case("i-flag-off", SHIP, {"sku": "K-1", "express_delivery": False}, "ship K-1", "runs"),
     Case("i-prose-opted-out", NOTE_PROSE, {"channel": "#ops", "text": "Deploy finished, all green"},
          "tell #ops how the deploy went", "runs"),
     # ---------------------------------------------------------------- tool output (MCP tools)

@@ -1,7 +1,9 @@
-"""Start a stdio MCP server in the tool sandbox: ``python -m mcpbridge.launch [limits] -- ARGV...``.
+"""Start a long-lived third-party command (an extension's stdio server) in the tool sandbox:
+``python -m executor.sandbox.launch [limits] -- ARGV...`` (``executor.sandbox.launcher`` builds that command line;
+an extension gets it as ``executor.ports.LAUNCHER``). This module stays light: it is the relay's whole program.
 
-The MCP client spawns this module instead of the server's command (on a worker for a call, in the API
-for the listing at registration and refresh). This process is platform code and never runs the
+The extension's client spawns this module instead of the server's command (on a worker for a call, in the API
+for a listing). This process is platform code and never runs the
 server's: it sets up the namespaces, forks the server's process, which confines itself with the tool
 sandbox's own primitives (:mod:`executor.sandbox.linux`: ``confine``, the same as a tool call's) and
 ``exec``s the command, and stays as its relay. The server gets:
@@ -13,12 +15,13 @@ sandbox's own primitives (:mod:`executor.sandbox.linux`: ``confine``, the same a
 - **no network** (an empty network namespace and the seccomp filter that refuses ``socket(2)``) unless
   registered with ``network: true``; then the host's network, but Landlock lets it ``connect`` over TCP
   to ports ``NETWORK_PORTS`` only (HTTP, HTTPS, DNS) and ``bind`` none, so the platform's Redis and API
-  ports are refused on every address (docs/mcp.md says what stays reachable). Without Landlock's
+  ports are refused on every address (docs/mcp.md says what stays reachable for a stdio MCP server). Without Landlock's
   network rules (ABI < 4) a networked server is not started;
 - a **uid of its own** (root workers: ``SANDBOX_UID_BASE`` + this process's pid; others: a user
   namespace of its own mapping only the worker's uid), **no capabilities**, ``no_new_privs``;
 - **Landlock**: read-only the command's own files (:func:`own_files`: the executable, its install
-  prefix's ``lib``, an interpreter named by its ``#!``, the folder of every path argument) and the
+  prefix's ``lib``, an interpreter named by its ``#!``), the registration's ``read_paths`` (``--read``;
+  checked against the operator's allow-list at registration, never inferred from arguments) and the
   system's libraries (``SYSTEM_READ_PATHS``), read-write its scratch dir; nothing else;
 - **rlimits**: address space (``memory_mb``), CPU seconds, processes, open files, file size, no cores;
 - an **environment built from nothing**: ``PATH`` (``SANDBOX_PATH``), ``LANG``, ``HOME``, ``TMPDIR``, and
@@ -27,9 +30,9 @@ sandbox's own primitives (:mod:`executor.sandbox.linux`: ``confine``, the same a
 - its stdout bounded (``--max-line-bytes``): the relay stops it at the first line (one JSON-RPC
   message) longer than the limit, saying so on stderr (``LINE_TOO_LONG``).
 
-The relay ends with one line on stderr, ``mcpbridge.launch: exit CODE`` (``EXIT_LINE``), from which
+The relay ends with one line on stderr, ``sandbox launch: exit CODE`` (``EXIT_LINE``), from which
 errors say how the server ended; nothing the server printed is ever quoted. A layer that cannot be
-applied fails the start (exit 126, ``mcpbridge.launch: sandbox unavailable: LAYER``); a command that is
+applied fails the start (exit 126, ``sandbox launch: sandbox unavailable: LAYER``); a command that is
 not there exits 127.
 """
 
@@ -42,16 +45,20 @@ import resource
 import shutil
 import signal
 import sys
+from collections.abc import Sequence
+
+from executor.sandbox import linux
+from executor.sandbox.child import SANDBOX_UID_BASE, SYSTEM_READ_PATHS
 
 __all__ = ["EXIT_LINE", "LINE_TOO_LONG", "NETWORK_PORTS", "SANDBOX_PATH", "SERVER_ENV", "launch_argv", "main",
            "own_files"]
 
 #: What the relay writes on stderr (followed by `` <limit> bytes``) when it stopped a server for a long line.
-LINE_TOO_LONG = "mcpbridge.launch: the server wrote a line over"
-#: The relay's last line on stderr: ``mcpbridge.launch: exit <code>`` (negative: killed by that signal).
-EXIT_LINE = "mcpbridge.launch: exit"
+LINE_TOO_LONG = "sandbox launch: the server wrote a line over"
+#: The relay's last line on stderr: ``sandbox launch: exit <code>`` (negative: killed by that signal).
+EXIT_LINE = "sandbox launch: exit"
 #: The variable of this process's environment holding the registration's declared variables (a JSON object).
-SERVER_ENV = "TOOLRAIL_MCP_SERVER_ENV"
+SERVER_ENV = "TOOLRAIL_LAUNCH_ENV"
 #: The server's ``PATH`` (the worker's is not passed on).
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: The TCP ports a ``network: true`` server may connect to (Landlock); every other port, on any address, is refused.
@@ -61,10 +68,11 @@ MAX_PROCESSES = 256
 
 
 def launch_argv(command: list[str], *, scratch: str, memory_mb: int, cpu_s: int, network: bool,
-                max_line_bytes: int) -> list[str]:
-    """The argv (after the interpreter) that starts ``command`` confined."""
-    argv = ["-m", "mcpbridge.launch", "--scratch", scratch, "--memory-mb", str(memory_mb), "--cpu-s", str(cpu_s),
-            "--max-line-bytes", str(max_line_bytes)]
+                max_line_bytes: int, read_paths: Sequence[str] = ()) -> list[str]:
+    """The argv (after the interpreter) that starts ``command`` confined (``read_paths``: what it may read besides its
+    program and the system's libraries, checked by the caller against the operator's allow-list)."""
+    argv = ["-m", "executor.sandbox.launch", "--scratch", scratch, "--memory-mb", str(memory_mb), "--cpu-s", str(cpu_s),
+            "--max-line-bytes", str(max_line_bytes), *(f"--read={path}" for path in read_paths)]
     if network:
         argv.append("--network")
     return [*argv, "--", *command]
@@ -77,9 +85,10 @@ def _executable(name: str) -> str | None:
 
 
 def own_files(command: list[str], exe: str) -> list[str]:
-    """What the server may read besides the system's libraries: the executable (as named and resolved), the ``lib``
-    folders of the prefix it is installed in (``<prefix>/bin/<exe>``; a virtualenv's ``pyvenv.cfg``), the interpreter
-    of a ``#!`` script, and the folder of every argument that names an existing absolute path (its code)."""
+    """What the server may read as its program: the executable (as named and resolved), the ``lib`` folders of the
+    prefix it is installed in (``<prefix>/bin/<exe>``; a virtualenv's ``pyvenv.cfg``) and the interpreter of a ``#!``
+    script. Never anything its arguments name: what else it reads (a script's folder, its data) is the
+    registration's ``read_paths``, under the operator's ``TOOLRAIL_MCP_STDIO_READ_ROOTS``."""
     paths: list[str] = []
 
     def program(path: str, depth: int = 0) -> None:
@@ -102,9 +111,6 @@ def own_files(command: list[str], exe: str) -> list[str]:
                 program(words[0], depth + 1)
 
     program(exe)
-    for arg in command[1:]:
-        if os.path.isabs(arg) and os.path.exists(arg):
-            paths.append(arg if os.path.isdir(arg) else os.path.dirname(arg))
     return paths
 
 
@@ -166,8 +172,6 @@ def _need(how: str, layer: str) -> str:
 
 def _namespaces(*, scratch: str, reachable: list[str], network: bool, uid: int | None) -> None:
     """In this (the relay) process, before the server's is forked: the namespaces it is born into."""
-    from executor.sandbox import linux  # noqa: PLC0415 - the tool sandbox's primitives
-
     if os.geteuid() != 0:
         _need(linux.enter_user_namespace(), "user namespace")
     try:
@@ -185,12 +189,10 @@ def _namespaces(*, scratch: str, reachable: list[str], network: bool, uid: int |
 def _server(command: list[str], exe: str, *, scratch: str, read: list[str], network: bool, uid: int | None,
             memory_mb: int, cpu_s: int) -> None:
     """The server's process, PID 1 of its namespace: confine, then exec the command. Never returns."""
-    from executor.sandbox import linux  # noqa: PLC0415
-
     try:
         linux.remember_parent()
         linux.die_with_parent()
-        own_proc = "/proc" if linux.mount_own_proc() == "own-proc" else f"/proc/{linux._host_pid()}"
+        own_proc = "/proc" if linux.mount_own_proc() == "own-proc" else f"/proc/{linux.host_pid()}"
         _limits(memory_mb, cpu_s)
         applied = linux.confine(uid=uid, scratch_dir=scratch, read=read, network=network, own_proc=own_proc)
         if uid is not None and applied["uid"] != str(uid):
@@ -204,43 +206,41 @@ def _server(command: list[str], exe: str, *, scratch: str, read: list[str], netw
         env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", **_declared_env(), "HOME": scratch, "TMPDIR": scratch}
         os.chdir(scratch)
     except _Refused as exc:
-        print(f"mcpbridge.launch: sandbox unavailable: {exc}", file=sys.stderr, flush=True)
+        print(f"sandbox launch: sandbox unavailable: {exc}", file=sys.stderr, flush=True)
         os._exit(126)
     except Exception as exc:  # noqa: BLE001 - a sandbox that cannot be set up must not run the server
-        print(f"mcpbridge.launch: sandbox unavailable: {type(exc).__name__}", file=sys.stderr, flush=True)
+        print(f"sandbox launch: sandbox unavailable: {type(exc).__name__}", file=sys.stderr, flush=True)
         os._exit(126)
     try:
         os.execve(exe, command, env)
     except OSError as exc:
-        print(f"mcpbridge.launch: cannot start the command ({exc.strerror})", file=sys.stderr, flush=True)
+        print(f"sandbox launch: cannot start the command ({exc.strerror})", file=sys.stderr, flush=True)
     os._exit(127)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mcpbridge.launch")
+    parser = argparse.ArgumentParser(prog="executor.sandbox.launch")
     parser.add_argument("--scratch", required=True)
     parser.add_argument("--memory-mb", type=int, default=1024)
     parser.add_argument("--cpu-s", type=int, default=60)
     parser.add_argument("--network", action="store_true")
     parser.add_argument("--max-line-bytes", type=int, default=0, help="0: no relay, the server writes to our stdout")
+    parser.add_argument("--read", action="append", default=[], help="a path the server may read (repeatable)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        print("mcpbridge.launch: usage: [limits] -- COMMAND [ARGS...]", file=sys.stderr)
+        print("sandbox launch: usage: [limits] -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     cut = argv.index("--")
     args, command = parser.parse_args(argv[:cut]), argv[cut + 1:]
-    from executor.sandbox.child import SANDBOX_UID_BASE, SYSTEM_READ_PATHS  # noqa: PLC0415
-    from executor.sandbox.linux import die_with_parent, remember_parent  # noqa: PLC0415
-
-    remember_parent()
-    die_with_parent()
+    linux.remember_parent()
+    linux.die_with_parent()
     scratch = os.path.abspath(args.scratch)
     exe = _executable(command[0])
     if exe is None:
-        print("mcpbridge.launch: command not found", file=sys.stderr, flush=True)
+        print("sandbox launch: command not found", file=sys.stderr, flush=True)
         print(f"{EXIT_LINE} 127", file=sys.stderr, flush=True)
         return 127
-    read = _fenced([*SYSTEM_READ_PATHS, *own_files(command, exe)], os.path.dirname(scratch))
+    read = _fenced([*SYSTEM_READ_PATHS, *own_files(command, exe), *args.read], os.path.dirname(scratch))
     uid = SANDBOX_UID_BASE + os.getpid() if os.geteuid() == 0 else None
     try:
         if uid is not None:
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             os.chmod(scratch, 0o700)
         _namespaces(scratch=scratch, reachable=[*read, scratch], network=args.network, uid=uid)
     except (_Refused, OSError) as exc:
-        print(f"mcpbridge.launch: sandbox unavailable: {exc if isinstance(exc, _Refused) else 'scratch dir'}",
+        print(f"sandbox launch: sandbox unavailable: {exc if isinstance(exc, _Refused) else 'scratch dir'}",
               file=sys.stderr, flush=True)
         print(f"{EXIT_LINE} 126", file=sys.stderr, flush=True)
         return 126
