@@ -171,6 +171,34 @@ def test_a_repeat_of_an_answered_call_is_reasked_for_the_answer(client: httpx.Cl
     assert attempts[1]["platform"]["reask_tool_choice"] == "none"  # what the platform did is on the record
 
 
+def test_a_call_written_as_text_after_its_result_ends_the_run_on_its_results(client: httpx.Client) -> None:
+    # what the 135M model does after a result (bench/newcomer.py): the same call, then, offered the answer only, that
+    # call written as text. Before (issue 32): needs_review (call_as_text), a person asked to decide nothing
+    same = {"calls": [{"name": "get_weather", "arguments": {"city": "Paris", "date": "today"}}],
+            "then": 'get_weather(city="Paris", date="today")'}
+    job = _wait(client, _submit(client, [same, same], tools=["get_weather"]), ENDED)
+    assert job["status"] == "succeeded" and job["error"] is None, json.dumps(job)[:3000]
+    assert [c["status"] for c in job["calls"]] == ["succeeded"]  # the results are the outcome; the repeat never ran
+    last = job["steps"][-1]
+    assert last["ended_by"] == "repeated_answered_calls" and last["status"] == "succeeded"
+    assert [a["errors"][0]["validator"] for a in last["attempts"]] == ["repeated_call", "call_as_text"]
+
+
+def test_an_approved_side_effect_proposed_again_is_not_run_again_and_the_run_answers(client: httpx.Client,
+                                                                                    ledger: Ledger) -> None:
+    # before (issue 32): the repeat was a repeated_side_effect, re-asked, then needs_review — a person asked to confirm
+    # the transfer they had just approved; now, nobody having asked for it again, the model is offered the answer only
+    again = {"calls": [_transfer(2.5)], "then": "transferred"}
+    job_id = _submit(client, [{"calls": [_transfer(2.5)]}, again], tools=["slow_transfer"],
+                     require_approval=["slow_transfer"])
+    (call,) = _wait(client, job_id, {"awaiting_approval"})["calls"]
+    assert client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve").status_code == 200
+    job = _wait(client, job_id, ENDED)
+    assert job["status"] == "succeeded" and job["content"] == "answer only: transferred", json.dumps(job)[:3000]
+    assert len(_applied(ledger, job_id)) == 1 and len(job["calls"]) == 1
+    assert job["steps"][1]["attempts"][0]["errors"][0]["validator"] == "repeated_call"
+
+
 def test_max_steps_ends_a_run_that_never_answers(client: httpx.Client) -> None:
     steps = [{"calls": [{"name": "get_weather", "arguments": {"city": city, "date": "today"}}]} for city in ("Rome", "Oslo", "Lima")]
     job = _wait(client, _submit(client, steps, tools=["get_weather"], max_steps=2), ENDED)
