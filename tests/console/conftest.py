@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.databases import own_database
 from tests.harness.fixtures import LEDGER_PREFIX
 from tests.harness.jobs import publishers
-from tests.harness.serving import api_server
+from tests.harness.serving import api_server, worker_pool
 
 CHROMIUM = Path("/usr/bin/chromium")
 KEYS = {"alpha": "key-console-alpha", "beta": "key-console-beta"}
@@ -67,13 +66,10 @@ def console_worker(console_db: str, worker_env: dict[str, str], tmp_path_factory
 
     Ledger(redis.Redis.from_url(console_db), prefix=LEDGER_PREFIX).seed()
     log = tmp_path_factory.mktemp("console") / "worker.log"
-    proc = start_worker(console_db, queues=worker_queues(default_registry()), concurrency=2,
-                        env={**worker_env, "TOOLRAIL_TRACE_STORE": "redis"}, log_file=log, hostname="toolrail-console@%h")
-    try:
-        wait_for_workers(console_db, count=1, timeout_s=90)
+    with worker_pool(console_db, queues=worker_queues(default_registry()), concurrency=2,
+                     env={**worker_env, "TOOLRAIL_TRACE_STORE": "redis"}, log_file=log,
+                     hostname="toolrail-console@%h") as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 def _app(console_db: str, **settings: Any) -> Any:

@@ -23,10 +23,10 @@ from fastapi.testclient import TestClient
 
 from tests.harness.fixtures import TEST_TOOL_MODULES
 from tests.harness.jobs import publishers
-from tests.harness.processes import start_decider_worker
+from tests.harness.processes import decider_worker
 from tests.executor.literal_decider import DECISIONS_KEY
 
-from executor.stack import stop_process, wait_for_job
+from executor.stack import wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "clientcalls:ledger"
@@ -53,18 +53,14 @@ def api(db_url: str, ledger: Ledger) -> Iterator[str]:
     from tools.registry import load_registry
 
     env = {"TOOLRAIL_TOOL_MODULES": MODULES, "TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX}
-    proc, _ = start_decider_worker(db_url, factory="tests.executor.literal_decider:make", env=env,
-                                   queues=("tool.refund",), name="clientcalls")
     settings = Settings(decider="custom", rate_limit_per_s=0, reconcile_interval_s=0)
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     runtime = dataclasses.replace(runtime, registry=load_registry(modules=MODULES.split(",")))
     enqueue, rerun = publishers(db_url)
-    try:
-        with api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
-                                   ping_workers=lambda: 1, mount_openai=False)) as base:
-            yield base
-    finally:
-        stop_process(proc)
+    with decider_worker(db_url, factory="tests.executor.literal_decider:make", env=env, queues=("tool.refund",), name="clientcalls"), \
+            api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun, ping_workers=lambda: 1,
+                                  mount_openai=False)) as base:
+        yield base
 
 
 @pytest.fixture()

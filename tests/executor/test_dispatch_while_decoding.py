@@ -15,9 +15,8 @@ import httpx
 import pytest
 
 from tests.harness.jobs import publishers
-from tests.harness.processes import start_decider_worker
+from tests.harness.processes import decider_worker
 
-from executor.stack import stop_process
 
 PAUSE_S = 1.5
 #: Job ids the API queued a decide task for.
@@ -26,11 +25,8 @@ DECIDE_TASKS: list[str] = []
 
 @pytest.fixture(scope="module")
 def stream_worker(db_url: str) -> Iterator[object]:
-    proc, _ = start_decider_worker(db_url, factory="tests.executor.streaming_decider:make", name="early")
-    try:
+    with decider_worker(db_url, factory="tests.executor.streaming_decider:make", name="early") as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

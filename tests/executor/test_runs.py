@@ -23,10 +23,10 @@ import pytest
 import redis
 
 from tests.harness.jobs import publishers
-from tests.harness.processes import pool_process_of, start_decider_worker
+from tests.harness.processes import decider_worker, pool_process_of
 from tests.harness.receiver import Receiver, wait_for
 
-from executor.stack import stop_process, wait_for_job
+from executor.stack import wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "runs:ledger"
@@ -45,12 +45,9 @@ def run_worker(db_url: str, marker_dir: Path) -> Iterator[object]:
            "TOOLRAIL_RUN_MAX_IDENTICAL_CALLS": "2", "TOOLRAIL_API_KEYS": ",".join(f"{k}:{t}" for t, k in KEYS.items()),
            "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1", "TOOLRAIL_WEBHOOK_SECRETS": f"alice:{WEBHOOK_SECRET}",
            "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2"}
-    proc, _ = start_decider_worker(db_url, factory="tests.executor.scripted_decider:make", env=env, queues=("webhooks",),
-                                   name="runs")
-    try:
+    with decider_worker(db_url, factory="tests.executor.scripted_decider:make", env=env, queues=("webhooks",),
+                        name="runs") as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

@@ -128,7 +128,7 @@ def trace_url(redis_url: str) -> str:
 @pytest.fixture(scope="module")
 def traced_worker(trace_url: str, worker_env: dict[str, str], triton, tmp_path_factory) -> Iterator[Any]:
     """A real worker pool (one process: a SIGKILL hits the call's process) with tracing to Redis and the Triton decider."""
-    from executor.stack import start_worker, stop_process, wait_for_workers
+    from tests.harness.serving import worker_pool
     from tools.registry import default_registry
 
     url, entry, tok_dir, _ = triton
@@ -136,13 +136,11 @@ def traced_worker(trace_url: str, worker_env: dict[str, str], triton, tmp_path_f
            "TOOLRAIL_TRITON_MODEL": entry, "TOOLRAIL_MODEL": str(tok_dir), "TOOLRAIL_DECIDER_CANDIDATES": "0"}
     env.pop("TOOLRAIL_TRACE_CONTENT", None)
     log_file = tmp_path_factory.mktemp("tracing-worker") / "worker.log"
-    proc = start_worker(trace_url, queues=worker_queues(default_registry()), concurrency=1, env=env,
-                        log_file=log_file, hostname="toolrail-tracing@%h")
     try:
-        wait_for_workers(trace_url, count=1, timeout_s=90)
-        yield proc
+        with worker_pool(trace_url, queues=worker_queues(default_registry()), concurrency=1, env=env,
+                         log_file=log_file, hostname="toolrail-tracing@%h") as proc:
+            yield proc
     finally:
-        stop_process(proc)
         print(log_file.read_text()[-3000:] if log_file.exists() else "")
 
 

@@ -21,9 +21,9 @@ import redis
 
 from tests.harness.fixtures import TEST_TOOL_MODULES
 from tests.harness.jobs import publishers
-from tests.harness.processes import start_decider_worker
+from tests.harness.processes import decider_worker
 
-from executor.stack import stop_process, wait_for_job
+from executor.stack import wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "provenance:ledger"
@@ -53,19 +53,15 @@ def api(db_url: str, ledger: Ledger) -> Iterator[str]:
 
     env = {"TOOLRAIL_TOOL_MODULES": MODULES, "TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX,
            "TOOLRAIL_TRUSTED_TOOL_OUTPUTS": json.dumps({"trusting": ["read_inbox"]})}
-    proc, _ = start_decider_worker(db_url, factory="tests.executor.injection_obeying_decider:make", env=env,
-                                   queues=("tool.read_inbox",), name="provenance")
     settings = Settings(decider="custom", api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), rate_limit_per_s=0,
                         reconcile_interval_s=0)
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     runtime = dataclasses.replace(runtime, registry=load_registry(modules=MODULES.split(",")))
     enqueue, rerun = publishers(db_url)
-    try:
-        with api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
-                                   ping_workers=lambda: 1, mount_openai=False)) as base:
-            yield base
-    finally:
-        stop_process(proc)
+    with decider_worker(db_url, factory="tests.executor.injection_obeying_decider:make", env=env, queues=("tool.read_inbox",), name="provenance"), \
+            api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun, ping_workers=lambda: 1,
+                                  mount_openai=False)) as base:
+        yield base
 
 
 def _client(base: str, tenant: str) -> httpx.Client:

@@ -19,8 +19,9 @@ import pytest
 
 from executor.worker.config import worker_queues
 from tests.harness.jobs import publishers
+from tests.harness.serving import worker_pool
 
-from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from executor.stack import wait_for_job
 
 KEYS = {"alpha": "key-trace-alpha", "beta": "key-trace-beta"}
 WEATHER = {"tools": ["get_weather"], "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", "date": "today"}}]}
@@ -32,13 +33,9 @@ def traced_worker(db_url: str, worker_env: dict[str, str], tmp_path_factory) -> 
 
     env = {**worker_env, "TOOLRAIL_TRACE_STORE": "redis"}
     log = tmp_path_factory.mktemp("trust-traces") / "worker.log"
-    proc = start_worker(db_url, queues=worker_queues(default_registry()), concurrency=1, env=env, log_file=log,
-                        hostname="toolrail-trust-traces@%h")
-    try:
-        wait_for_workers(db_url, count=1, timeout_s=90)
+    with worker_pool(db_url, queues=worker_queues(default_registry()), concurrency=1, env=env, log_file=log,
+                     hostname="toolrail-trust-traces@%h") as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,8 @@ import httpx
 import pytest
 import redis
 
-from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.databases import own_database
-from tests.harness.serving import api_server
+from tests.harness.serving import api_server, worker_pool
 from tools.ledger import Ledger
 
 TEST_TOOL_MODULES = "tests.executor.tools_for_tests"
@@ -88,12 +87,9 @@ def worker_log() -> Path:
 @pytest.fixture(scope="session")
 def worker(redis_url: str, worker_env: dict[str, str], worker_log: Path) -> Iterator[object]:
     """A real Celery worker pool (2 processes) on every queue of the deployment (``deployment_queues``, as serve's)."""
-    proc = start_worker(redis_url, concurrency=2, env=worker_env, log_file=worker_log, hostname="toolrail-test@%h")
-    try:
-        wait_for_workers(redis_url, count=1, timeout_s=60)
+    with worker_pool(redis_url, timeout_s=60, concurrency=2, env=worker_env, log_file=worker_log,
+                     hostname="toolrail-test@%h") as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""An ASGI app served on loopback for a test: the one API-in-a-thread block."""
+"""What a test serves: an ASGI app on loopback (``api_server``) and a real worker pool (``worker_pool``), each
+stopped when its block ends, however it ends."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
-__all__ = ["api_server"]
+from executor.stack import start_worker, stop_process, wait_for_workers
+
+__all__ = ["api_server", "worker_pool"]
 
 
 @contextlib.contextmanager
@@ -29,3 +33,15 @@ def api_server(app: object, *, timeout_s: float = 30.0) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def worker_pool(redis_url: str, *, timeout_s: float = 90.0, **options: Any) -> Iterator[object]:
+    """A real Celery worker pool on ``redis_url`` (``executor.stack.start_worker``'s ``options``) once a worker
+    answers; the process while the block runs, stopped when it ends."""
+    proc = start_worker(redis_url, **options)
+    try:
+        wait_for_workers(redis_url, count=1, timeout_s=timeout_s)
+        yield proc
+    finally:
+        stop_process(proc)
