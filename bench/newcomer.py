@@ -7,9 +7,11 @@ Redis, a real worker pool, the API) with the demo tools and the embedded model
 (``TOOLRAIL_DECIDER=embedded``, the default); a call that waits for approval is approved as
 decided, as the newcomer would. Nothing is scripted: the model decides every step.
 
-A request **ends in an answer** when its job ends ``succeeded`` (the model's text, or the results of
-its calls where the run ends after them). Anything else — ``needs_review``, ``failed``, a timeout —
-is counted with the reason the record gives (``error.type``), so a platform-made stop is visible.
+A request **ends in an answer** when its job ends ``succeeded``: the model's text, or the results of
+its calls where the run ends on them (``steps[-1].ended_by``); the summary also counts those answered
+in words and those answered after calling a tool (a 135M model sometimes answers without calling).
+Anything else — ``needs_review``, ``failed``, a timeout — is counted with the reason the record gives
+(``error.type``), so a platform-made stop is visible.
 
 Slow: the 135M model decides on CPU (tens of seconds per decision on a shared machine); the
 regression tests of each platform-made cause are fast (tests/executor/test_happy_path.py).
@@ -106,10 +108,13 @@ def main() -> int:
             results.append(result)
             print(json.dumps(result, ensure_ascii=False), flush=True)
     answered = sum(r["answered"] for r in results)
-    summary = {"label": args.label, "answered": answered, "of": len(results),
+    in_words = sum(bool(r["answered"] and r["content"]) for r in results)
+    summary = {"label": args.label, "answered": answered, "of": len(results), "in_words": in_words,
+               "called_a_tool": sum(bool(r["answered"] and r["calls"]) for r in results),
                "not_answered": dict(Counter(r["reason"] or r["status"] for r in results if not r["answered"])),
                "results": results}
-    print(f"answered {answered} of {len(results)}; not answered: {summary['not_answered']}")
+    print(f"answered {answered} of {len(results)} ({in_words} in words, {summary['called_a_tool']} after calling a "
+          f"tool); not answered: {summary['not_answered']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, ensure_ascii=False, indent=2) + "\n")
     return 0

@@ -58,12 +58,13 @@ from tools.check import (
     flag_repeated_calls,
     flag_repeated_side_effects,
     prior_calls,
+    settled_calls,
 )
 from tools.evidence import ConversationValues, reference_day
 from toolrail import tracing
 
-__all__ = ["CheckedAttempt", "CheckedDecision", "ClientOutput", "DEFAULT_MAX_REASKS", "OnCheckedCall", "client_turn",
-           "decide_checked"]
+__all__ = ["CheckedAttempt", "CheckedDecision", "ClientOutput", "DEFAULT_MAX_REASKS", "OnCheckedCall",
+           "REPEATED_ANSWERED_CALLS", "client_turn", "decide_checked"]
 
 logger = structlog.get_logger(__name__)
 
@@ -72,6 +73,10 @@ DEFAULT_MAX_REASKS = 2
 MAX_GROUNDING_REASKS = 1
 #: The validator of a text answer that is a tool call written as text (re-asked once with calls required).
 CALL_AS_TEXT = "call_as_text"
+
+#: The review error of a decision that only repeated calls whose results the conversation holds: a run ends on
+#: those results instead of waiting for a person (``executor.runs.policy.ends_on_results``).
+REPEATED_ANSWERED_CALLS = "repeated_answered_calls"
 
 #: A client's own output as attempt 0: raw model text, or calls already split (any common shape).
 ClientOutput = str | Sequence[Mapping[str, Any]]
@@ -198,12 +203,13 @@ def _bound_calls(exc: GenerationBoundError, request: DecideRequest, specs: Mappi
 
 
 def _enforce(check: OutputCheck, specs: Mapping[str, Any], prior: Mapping[str, str], *, require: bool,
-             answered: Mapping[str, str] | None = None) -> None:
-    """The request-level checks every attempt gets, client's or decider's: no repeated side effect, no repeat
-    of a read-only call whose result the conversation holds, and a call when ``tool_choice`` requires one."""
-    flag_repeated_side_effects(check, specs, prior)
+             answered: Mapping[str, str] | None = None, settled: Mapping[str, str] | None = None) -> None:
+    """The request-level checks every attempt gets, client's or decider's: no repeat of a call whose result the
+    conversation holds (a side effect's: made since the user's last message), no other repeated side effect, and a
+    call when ``tool_choice`` requires one."""
     if answered:
-        flag_repeated_calls(check, specs, answered)
+        flag_repeated_calls(check, specs, answered, settled)
+    flag_repeated_side_effects(check, specs, prior)
     if require and not check.calls and not check.errors:
         check.errors.append({"path": "", "message": "a tool call is required, but the output holds none",
                              "validator": "minItems"})
@@ -219,9 +225,16 @@ def _attempt(number: int, source: Literal["client", "decider"], raw: str, check:
                           usage=dict(usage or {}), latency_s=round(latency_s, 4))
 
 
-def _review_error(check: OutputCheck, attempts: int) -> dict[str, Any]:
+def _review_error(check: OutputCheck, attempts: int, *, answer_only: bool = False) -> dict[str, Any]:
+    """Why a decision went to review. ``answer_only``: the last re-ask offered the answer only (every call of the
+    attempt before repeated one whose result the conversation holds)."""
     errors = check.all_errors()
     grounded = [e for e in errors if e.get("validator") == "grounded"]
+    repeats = {"repeated_call", CALL_AS_TEXT} if answer_only else {"repeated_call"}
+    if errors and all(e.get("validator") in repeats for e in errors):
+        return {"type": REPEATED_ANSWERED_CALLS, "message": "the model only repeated calls whose results the "
+                "conversation already holds (also when offered the answer only): there is nothing new to run",
+                "details": {"errors": errors}}
     if errors and all(e.get("validator") == "repeated_side_effect" for e in errors):
         return {"type": "repeated_side_effect", "message": "a side-effecting call the conversation already made was "
                 "proposed again; a person must confirm it", "details": {"errors": errors}}
@@ -337,6 +350,11 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
     require = request.tool_choice == "required" or isinstance(request.tool_choice, Mapping)
     prior = prior_calls(list(request.messages))
     answered = answered_calls(list(request.messages))
+    settled = settled_calls(list(request.messages))
+
+    def enforce(check: OutputCheck, *, require: bool = False) -> None:  # the request-level checks, this request's
+        _enforce(check, specs, prior, require=require, answered=answered, settled=settled)
+
     attempts: list[CheckedAttempt] = []
     messages = list(request.messages)
     grounding_reasks = 0
@@ -361,7 +379,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
 
     if first_output is not None:
         raw, check = _check_client(first_output, specs, evidence)
-        _enforce(check, specs, prior, require=require, answered=answered)
+        enforce(check, require=require)
         record(_attempt(0, "client", raw, check, platform={"grounding": "checked against the conversation" if evidence
                         else "not checked: no conversation (the client's calls carry its own values)"}))
     while check is None or not check.ok:
@@ -378,15 +396,17 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
             exhausted = exhausted or (written and (calls_required or text_only))
             if exhausted:
                 logger.warning("decider.needs_review", request_id=request.request_id, attempts=len(attempts))
-                error = _review_error(check, len(attempts))
+                error = _review_error(check, len(attempts), answer_only=text_only)
                 if first_output is not None:
                     error = _client_review_error(error, check)
                 return CheckedDecision(request.request_id, "needs_review", attempts,
                                        calls=[c for c in check.calls if c.ok], blocked=[c for c in check.calls if not c.ok],
                                        content=check.content, error=error)
-            messages = reask_messages(messages, output=raw, errors=errors)
-            # every call repeats one already answered: the re-ask offers the answer only (recorded on the attempt)
+            # every call repeats one already answered: the re-ask offers the answer only (recorded on the attempt), on
+            # the conversation as it was — the grammar holds calls back, and a small model parrots feedback it is shown
+            # (SmolLM2-135M answered a newcomer "Your previous reply was invalid: ..." in bench/newcomer.py)
             text_only = bool(errors) and all(e.get("validator") == "repeated_call" for e in errors)
+            messages = list(request.messages) if text_only else reask_messages(messages, output=raw, errors=errors)
             calls_required = calls_required or written
         number = len(attempts)
         started = time.perf_counter()
@@ -397,21 +417,19 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
             update["tool_choice"] = "required"
         try:
             decision = _decide(decider, request.model_copy(update=update), chat,
-                               _early_reporter(on_call, number, specs, evidence, lambda c: _enforce(
-                                   c, specs, prior, require=False, answered=answered)) if on_call is not None else None)
+                               _early_reporter(on_call, number, specs, evidence, enforce) if on_call is not None else None)
         except GenerationBoundError as exc:
             failed = OutputCheck(calls=[], errors=[{"path": "", "message": str(exc), "validator": exc.reason}])
             record(_attempt(number, "decider", exc.output, failed, usage={"completion_tokens": exc.tokens},
                             latency_s=time.perf_counter() - started))
-            kept = _bound_calls(exc, request.model_copy(update={"attempt": number}), specs, evidence, lambda c: _enforce(
-                c, specs, prior, require=False, answered=answered))
+            kept = _bound_calls(exc, request.model_copy(update={"attempt": number}), specs, evidence, enforce)
             return CheckedDecision(request.request_id, "failed", attempts, calls=kept, error={
                 "type": "generation_bound", "message": str(exc), "details": {"reason": exc.reason, "tokens": exc.tokens}})
         raw = decision.raw_output
         check = _check_decision(decision, specs, evidence)
         if request.tool_choice == "auto":
             _flag_call_as_text(check, specs)
-        _enforce(check, specs, prior, require=require or update.get("tool_choice") == "required", answered=answered)
+        enforce(check, require=require or update.get("tool_choice") == "required")
         platform = dict(decision.platform)
         if text_only:
             platform.update(reask_tool_choice="none", why="every call of the previous attempt repeated one whose "

@@ -44,6 +44,9 @@ class DeciderError(ToolrailError):
 class DeciderRetryableError(DeciderError):
     """A transient failure: the same request may succeed if retried."""
 
+    status = 503
+    retryable = True
+
 
 class BackendUnavailableError(DeciderRetryableError):
     """The inference backend could not be reached or is not ready."""

@@ -59,6 +59,8 @@ MARKER_FILENAME = "toolrail-model.json"
 class ModelError(DeciderPermanentError):
     """The model could not be located, installed, verified or converted."""
 
+    one_line = True  # the message names the variable or command to fix it
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelInfo:

@@ -97,6 +97,9 @@ class ToolSource(Protocol):
     def run(self, rt: Runtime, spec: ToolSpec, call: CallRun) -> SandboxResult:
         """Run one call: the sandbox's contract (``SandboxResult``, or a ``SandboxError`` subclass)."""
 
+    def queues(self, client: redis.Redis) -> list[str]:
+        """The queues this source's tools run on, as stored in ``client`` (what a worker started now consumes)."""
+
 
 class Jobs(Protocol):
     """How an extension submits a job and follows it, by the paths ``POST /v1/jobs`` and ``GET /v1/jobs/{id}?wait``

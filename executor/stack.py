@@ -20,6 +20,7 @@ import httpx
 import redis
 
 from toolrail.lifeline import dies_with_parent
+from toolrail.extensions import TOOL_SOURCES_GROUP, installed
 from toolrail.logging import get_logger
 from toolrail.redis_embed import EmbeddedRedis, display_url, ensure_redis, free_port
 from executor.worker.config import DECIDER_WARM_KEY, TOOL_CHECK_EXIT, worker_queues
@@ -37,17 +38,16 @@ log = get_logger("toolrail.stack")
 
 def deployment_queues(redis_url: str | None = None, *, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
     """The queues of this deployment's worker (``executor.worker.config.worker_queues``): decide, webhooks, every tool
-    queue, ``extra``, and every registered MCP server's queue when ``redis_url`` answers (else none: a worker still
-    picks those up from the broadcast sent when a server is registered)."""
-    from mcpbridge.providers import known_queues  # noqa: PLC0415 - the assembly is the one place that knows mcpbridge
-
-    mcp: list[str] = []
+    queue, ``extra``, and the queues of every installed tool source's tools (a tenant's MCP servers) when ``redis_url``
+    answers (else none: a worker still picks those up from the broadcast sent when a server is registered)."""
+    sourced: list[str] = []
     if redis_url:
         try:
-            mcp = known_queues(redis.Redis.from_url(redis_url, socket_connect_timeout=2))
+            client = redis.Redis.from_url(redis_url, socket_connect_timeout=2)
+            sourced = [queue for source in installed(TOOL_SOURCES_GROUP) for queue in source.queues(client)]
         except redis.RedisError:
             pass
-    return worker_queues(default_registry(), extra=[*extra, *mcp])
+    return worker_queues(default_registry(), extra=[*extra, *sourced])
 
 
 def start_worker(redis_url: str, *, queues: list[str] | None = None, concurrency: int = 2,

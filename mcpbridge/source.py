@@ -23,6 +23,12 @@ class McpToolSource:
 
         return specs_for(rt.redis, tenant, names)
 
+    def queues(self, client: Any) -> list[str]:
+        """Every registered server's queue (each server's calls run on a queue of its own)."""
+        from mcpbridge.providers import known_queues  # noqa: PLC0415 - the MCP SDK only where MCP tools are asked for
+
+        return known_queues(client)
+
     def owns(self, spec: Any) -> bool:
         return getattr(spec, "server", None) is not None
 

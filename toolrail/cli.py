@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from toolrail import __version__
+from toolrail.errors import ToolrailError
 
 __all__ = ["build_parser", "main"]
 
@@ -81,7 +82,6 @@ def one_line_error(exc: BaseException) -> str | None:
     import redis  # noqa: PLC0415
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from decider.model import ModelError  # noqa: PLC0415
     from toolrail.redis_embed import EmbeddedRedisError, RedisNotConfiguredError, RedisUrlError  # noqa: PLC0415
 
     if isinstance(exc, httpx.TransportError):
@@ -93,8 +93,8 @@ def one_line_error(exc: BaseException) -> str | None:
         return f"cannot reach Redis: {_reason(exc)} (check REDIS_URL or `toolrail serve --redis-url`)"
     if isinstance(exc, EmbeddedRedisError):
         return f"embedded Redis: {exc}"
-    if isinstance(exc, (RedisNotConfiguredError, RedisUrlError, ModelError)):  # their messages name the variable
-        return str(exc)
+    if isinstance(exc, (RedisNotConfiguredError, RedisUrlError)) or (isinstance(exc, ToolrailError) and exc.one_line):
+        return str(exc)  # their messages name the variable or command
     if isinstance(exc, ValidationError) and exc.title == "Settings":
         from toolrail.settings import Settings, env_names  # noqa: PLC0415
 

@@ -28,6 +28,8 @@ class ToolrailError(Exception):
     #: The HTTP status of this error in an API answer; ``retryable``: whether the same request may succeed later.
     status = 500
     retryable = False
+    #: Whether the message alone tells a user what to fix: a command prints it as one line, no traceback.
+    one_line = False
 
     def __init__(self, message: str = "", /, **details: Any) -> None:
         super().__init__(message)

@@ -34,6 +34,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "TOOLRAIL_SANDBOX_PREWARM": "Set by a tool worker's main process: its pool processes start their sandbox at once (internal).",
     "TOOLRAIL_DECIDER_PREWARM": "Set by a deciding worker's main process: its pool processes load the decider and compile the "
                                 "base grammars at start (internal).",
+    "TOOLRAIL_LAUNCH_ENV": "Set by the sandbox's launcher for its relay: the variables a launched server declares (internal).",
     "TOOLRAIL_SANDBOX_OWN_UID": "Set by the sandbox for its tool process: 1 when each call runs under its own uid (internal).",
     "TOOLRAIL_SANDBOX_SCRATCH_ROOT": "Set by the sandbox for its fork server: the scratch root, fenced off from what tools may read "
                                      "(internal).",

@@ -39,6 +39,7 @@ __all__ = [
     "flag_repeated_calls",
     "flag_repeated_side_effects",
     "prior_calls",
+    "settled_calls",
 ]
 
 #: Errors of a call's declared contracts (not of its form): re-asked once, then sent to review.
@@ -274,17 +275,29 @@ def answered_calls(messages: list[Mapping[str, Any]]) -> dict[str, str]:
     return {key: cid for key, cid in prior_calls(messages).items() if cid in answered}
 
 
-def flag_repeated_calls(check: OutputCheck, specs: Mapping[str, ToolSpec], answered: Mapping[str, str]) -> None:
-    """Hold back a read-only call identical to one whose result the conversation already holds (a tool that may
-    answer differently each time, e.g. a poll, declares ``repeatable``): the call gets a ``repeated_call`` error."""
+def settled_calls(messages: list[Mapping[str, Any]]) -> dict[str, str]:
+    """The answered calls (:func:`answered_calls`) made since the user's last message: what the run did on its own
+    since the user last spoke. Making one of them again asks for nothing the user asked for."""
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    return answered_calls(list(messages[last_user + 1:]))
+
+
+def flag_repeated_calls(check: OutputCheck, specs: Mapping[str, ToolSpec], answered: Mapping[str, str],
+                        settled: Mapping[str, str] | None = None) -> None:
+    """Hold back a call identical to one whose result the conversation already holds: a read-only call's (a tool
+    that may answer differently each time, e.g. a poll, declares ``repeatable``), and a side-effecting call's made
+    since the user's last message (``settled``: it already ran, nobody asked for it again). The call gets a
+    ``repeated_call`` error (re-asked offering the answer only); a side effect the user may have asked for again
+    is :func:`flag_repeated_side_effects`'s."""
     for call in check.calls:
         spec = specs.get(call.name)
-        if not call.ok or spec is None or spec.side_effects or spec.repeatable:
+        if not call.ok or spec is None or spec.repeatable:
             continue
-        earlier = answered.get(call_key(call.name, call.arguments))
+        earlier = ((settled or {}) if spec.side_effects else answered).get(call_key(call.name, call.arguments))
         if earlier is not None:
+            done = "already ran" if spec.side_effects else "was already made"
             call.errors, call.arguments = [{"path": "", "validator": "repeated_call", "message": (
-                f"this exact {call.name} call was already made ({earlier}) and its result is in the conversation; "
+                f"this exact {call.name} call {done} ({earlier}) and its result is in the conversation; "
                 "use that result to answer in text, or call something else")}], None
 
 

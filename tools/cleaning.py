@@ -407,12 +407,7 @@ def clean_text(text: str, steps: tuple[TextStep, ...] = TEXT_STEPS) -> tuple[Any
         raise CleaningError(f"output is not repairable JSON: {exc}", errors=[{"path": "", "message": str(exc)}]) from None
 
 
-# ---------------------------------------------------------------- value steps
-#
-# Each value step rebuilds the value through the one walk (``map_described``): its rule sees each part with
-# the schema node that describes it (object fields, array items, the value itself) and notes what it changed.
-# The decider hands back what ``canonical_value`` makes of a call; the check path normalizes with the same
-# steps, so a call means the same on both sides.
+# ---------------------------------------------------------------- value steps (one walk: ``map_described``)
 
 Rule = Callable[[Any, Any, str, list[str]], Any]
 
@@ -432,12 +427,10 @@ def alias_target(current: str, aliases: Any) -> str | None:
     """The one alias rule: the canonical value ``current`` spells, exactly, stripped, else case-folded."""
     if not isinstance(aliases, dict) or not aliases:
         return None
-    found = aliases.get(current)
-    if found is None:
-        found = aliases.get(current.strip())
-    if found is None:
-        found = {str(alias).casefold(): canonical for alias, canonical in aliases.items()}.get(current.strip().casefold())
-    return found
+    for spelling in (current, current.strip()):
+        if spelling in aliases:
+            return aliases[spelling]
+    return {str(alias).casefold(): canonical for alias, canonical in aliases.items()}.get(current.strip().casefold())
 
 
 def enum_member(current: str, enum: Any) -> str | None:

@@ -18,8 +18,7 @@ the same document the same way:
 rebuilds one node with each direct subschema replaced (for stages that rewrite);
 :func:`children` names the keyword each direct subschema sits under (:data:`PARTIAL` ones are
 parts or conditions, not shapes); :func:`declared_types` reads a node's ``type``;
-:func:`described_values` pairs an instance with the schema nodes that describe its parts;
-:func:`map_described` rebuilds an instance part by part (for value steps that rewrite).
+:func:`map_described` rebuilds an instance part by part, each with the schema node that describes it.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ __all__ = [
     "SINGLE_SCHEMA",
     "children",
     "declared_types",
-    "described_values",
     "map_described",
     "map_subschemas",
     "pointer",
@@ -137,24 +135,6 @@ def declared_types(node: Any, *, inferred: bool = False) -> set[str]:
             return set().union(*(declared_types(branch, inferred=True) for branch in node[key]))
     values = node["enum"] if isinstance(node.get("enum"), list) else [node["const"]] if "const" in node else []
     return {_JSON_TYPES.get(type(value), "unknown") for value in values}
-
-
-def described_values(value: Any, schema: Any, path: str = "") -> Iterator[tuple[str, Any, Mapping[str, Any]]]:
-    """``(instance pointer, part, its schema)`` for ``value`` and each part ``properties``/``items`` describe.
-
-    Parents come before their parts and a part is read only after its parent was yielded, so a
-    caller may rewrite a parent's fields before they are walked.
-    """
-    if not isinstance(schema, Mapping):
-        return
-    yield path, value, schema
-    if isinstance(value, dict) and isinstance(schema.get("properties"), Mapping):
-        for key, sub in schema["properties"].items():
-            if key in value:
-                yield from described_values(value[key], sub, pointer(path, key))
-    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-        for index in range(len(value)):
-            yield from described_values(value[index], schema["items"], pointer(path, index))
 
 
 def map_described(value: Any, schema: Any, fn: Callable[[Any, Mapping[str, Any], str], Any], path: str = "") -> Any:

@@ -363,13 +363,11 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         return RecordResponse(data)
 
     @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
-    def cancel_job(job_id: str, tenant: Tenant, request: Request) -> JSONResponse:
+    def cancel_job(job_id: str, tenant: Tenant) -> JSONResponse:
         """Stop a job: calls not yet started end ``call_cancelled`` and never run; a running one is stopped. A job in
-        ``needs_review`` can be cancelled too (a review and a cancel sent at once: one wins, the other is 409)."""
+        ``needs_review`` can be cancelled too (ordered against a review by one compare-and-set each)."""
         runtime.store.get(_checked_id(job_id), tenant=tenant)  # 404 for other tenants
-        # through set_status; ordered against a review by when it arrived (one winner, the other 409)
-        job, cancelled = cancel(runtime, job_id, "the job was cancelled by its owner",
-                                sent_at=getattr(request.state, "arrived_at", None))
+        job, cancelled = cancel(runtime, job_id, "the job was cancelled by its owner")
         if not cancelled:
             raise ApiError(409, "already_terminal", f"job {job_id} already ended: {job.status}", job_status=job.status)
         log.info("job.cancelled", job_id=job_id, tenant=tenant)

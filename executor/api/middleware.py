@@ -256,7 +256,7 @@ class Correlate:
         request_id = sanitize_request_id(raw.decode("latin-1") if raw is not None else None)
         bind_request(request_id)
         # when the request arrived: what a cancel is ordered by against a review that lands while it is handled
-        scope.setdefault("state", {}).update(request_id=request_id, arrived_at=time.time())
+        scope.setdefault("state", {}).update(request_id=request_id)
         tracing.tag_request(request_id)
         started = time.perf_counter()
         status = [0]

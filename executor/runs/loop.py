@@ -151,6 +151,8 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
     attempts = [a.to_dict() for a in decision.attempts]
     if decision.status == "needs_review":
         error = dict(decision.error or {})
+        if runs.ends_on_results(job, error):  # the model only repeats what already ran: the results are the outcome
+            return _end_step(rt, job, "succeeded", attempts=attempts, journal={"ended_by": error["type"]})
         log.warning("job.needs_review", job_id=job_id, step=job.step, attempts=len(attempts), error_type=error.get("type"))
         return _end_step(rt, job, "needs_review", attempts=attempts, error=error)
     if decision.status == "failed":
@@ -346,11 +348,14 @@ def _record_decision(job: JobRecord, attempts: list[dict[str, Any]], content: st
 
 
 def _end_step(rt: Runtime, job: JobRecord, status: str, *, attempts: list[dict[str, Any]] | None = None,
-              error: dict[str, Any] | None = None, content: str | None = None) -> JobRecord:
-    """End the run at the current step's decision (an answer, review, or a failure)."""
+              error: dict[str, Any] | None = None, content: str | None = None,
+              journal: dict[str, Any] | None = None) -> JobRecord:
+    """End the run at the current step's decision (an answer, review, or a failure); ``journal``: more for the step."""
     def mutate(j: JobRecord) -> None:
         if attempts is not None:
             _record_decision(j, attempts, content, status)
+        if journal:
+            runs.open_step(j).update(journal)
         runs.close_step(j, status=status)
 
     fields: dict[str, Any] = {"error": error}

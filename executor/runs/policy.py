@@ -18,13 +18,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from decider.checked import REPEATED_ANSWERED_CALLS
 from executor.store.records import TERMINAL_CALL, CallRecord, JobRecord
 from toolrail.settings import Settings
 from tools.check import call_key
 from tools.spec import ToolSpec
 
 __all__ = ["GuardTrip", "close_step", "continue_after_calls", "conversation", "deadline_passed",
-           "deadline_trip", "guard_new_calls", "needs_approval", "open_step", "step_tool_choice", "tool_message"]
+           "deadline_trip", "ends_on_results", "guard_new_calls", "needs_approval", "open_step", "step_tool_choice", "tool_message"]
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,16 @@ def continue_after_calls(job: JobRecord, *, decider_configured: bool, now: float
     if deadline_passed(job, now=now):
         return deadline_trip(job)
     return None
+
+
+def ends_on_results(job: JobRecord, error: dict[str, Any] | None) -> bool:
+    """Whether a step whose decision went to review ends the run on its calls' results instead (``succeeded``, as a
+    one-step job ends): after a step whose calls all succeeded, the model only repeated calls whose results the
+    conversation holds (also when offered the answer only) — nothing new to run, nothing for a person to decide."""
+    if job.step == 0 or (error or {}).get("type") != REPEATED_ANSWERED_CALLS:
+        return False
+    earlier = job.step_calls(job.step - 1)
+    return bool(earlier) and all(c.status == "succeeded" for c in earlier)
 
 
 def deadline_passed(job: JobRecord, *, now: float | None = None) -> bool:

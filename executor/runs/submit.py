@@ -61,33 +61,18 @@ def enqueue_failed(rt: Runtime, job: JobRecord, exc: BaseException) -> StoreUnav
     return StoreUnavailableError(f"could not queue the job: {exc}", job_id=job.job_id)
 
 
-#: A review that landed less than this before a cancel arrived was sent at once with it: the review stands.
-REVIEW_RACE_S = 1.0
-
-
-def cancel(rt: Runtime, job_id: str, message: str, *, sent_at: float | None = None) -> tuple[JobRecord, bool]:
+def cancel(rt: Runtime, job_id: str, message: str) -> tuple[JobRecord, bool]:
     """Cancel a job through ``set_status``: its calls not started end ``failed`` (``call_cancelled``) and never
     run; one running is stopped by the call pipeline's cancellation watch.
 
     A job in ``needs_review`` can be cancelled too (its owner drops it instead of reviewing it). A review and a
-    cancel sent at once have one winner, as two reviews do, ordered by one compare-and-set of the job: the
-    review's refuses a job no longer in review, and the cancel's refuses a job whose review landed less than
-    :data:`REVIEW_RACE_S` before the cancel arrived (``sent_at``) — a review its sender cannot have seen. The
-    loser is ``ApprovalConflictError`` (409 ``job_not_in_review``; cancel again to stop the run the review started).
-    Returns ``(job, cancelled)``: False when it had already ended (``job.status`` says how)."""
+    cancel are each one compare-and-set of the job, so they are ordered: a review refuses a job no longer in review
+    (409 ``job_not_in_review``); a cancel that lands after a review stops the run that review started, and its
+    calls not yet started end ``call_cancelled`` — a cancelled job never holds a ``pending`` call, whichever write
+    came last. Returns ``(job, cancelled)``: False when it had already ended (``job.status`` says how)."""
     before: list[str] = []
-
-    def mutate(job: JobRecord) -> None:
-        reviews = [step["review"] for step in job.steps if step.get("review")]
-        if sent_at is not None and reviews and reviews[-1].get("at", 0) > sent_at - REVIEW_RACE_S:
-            raise ApprovalConflictError(f"job {job_id} was reviewed just before the cancel arrived; the review stands "
-                                        "(cancel again to stop the run it started)", job_id=job_id,
-                                        reason="job_not_in_review", job_status=job.status,
-                                        reviewed_at=reviews[-1].get("at"))
-        before.append(job.status)
-
-    job = set_status(rt, job_id, "cancelled", mutate=mutate, leaving=frozenset({"needs_review"}),
-                     error={"type": "cancelled", "message": message, "details": {}})
+    job = set_status(rt, job_id, "cancelled", mutate=lambda j: before.append(j.status),
+                     leaving=frozenset({"needs_review"}), error={"type": "cancelled", "message": message, "details": {}})
     cancelled = bool(before) and job.status == "cancelled"
     if cancelled:
         rt.store.end_unstarted(job_id)

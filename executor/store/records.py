@@ -442,25 +442,22 @@ class RedisJobStore:
     @_guard
     def end_unstarted(self, job_id: str) -> int:
         """On a cancelled job (its mark set), end every call not started (``pending``, ``awaiting_approval``) as
-        ``failed`` (:data:`NOT_STARTED`); nothing on any other job. Whoever writes calls after a status move calls it,
-        and so does the cancel: whichever comes last finds them. Returns how many it ended."""
-        calls_key, mark = self._k(job_id, ":calls"), self._k(job_id, ":cancelled")
-        with self.redis.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(calls_key, mark)  # a call that starts meanwhile is left to its own cancellation watch
-                    unstarted = [c for c in map(CallRecord.model_validate_json, pipe.hvals(calls_key))
-                                 if c.status in {"pending", "awaiting_approval"}] if pipe.exists(mark) else []
-                    pipe.multi()
-                    for call in unstarted:
-                        call.status, call.error, call.finished_at = "failed", NOT_STARTED, time.time()
-                        pipe.hset(calls_key, call.id, call.model_dump_json())
-                        pipe.xadd(self._k(job_id, ":events"), {"data": json.dumps({"type": "call", "call_id": call.id,
-                                  "index": call.index, "name": call.name, "status": "failed"})}, maxlen=1000)
-                    pipe.execute()
-                    return len(unstarted)
-                except redis.WatchError:
-                    continue
+        ``failed`` (:data:`NOT_STARTED`); nothing on another job. The cancel calls it, and so does whoever writes
+        calls after a status move: whichever comes last finds them. Returns how many it ended."""
+        key, mark = self._k(job_id, ":calls"), self._k(job_id, ":cancelled")
+
+        def end(pipe: redis.client.Pipeline) -> int:  # a call starting meanwhile: its own cancellation watch stops it
+            calls = [c for c in map(CallRecord.model_validate_json, pipe.hvals(key))
+                     if c.status in {"pending", "awaiting_approval"}] if pipe.exists(mark) else []
+            pipe.multi()
+            for call in calls:
+                call.status, call.error, call.finished_at = "failed", NOT_STARTED, time.time()
+                pipe.hset(key, call.id, call.model_dump_json())
+                pipe.xadd(self._k(job_id, ":events"), {"data": json.dumps({"type": "call", "call_id": call.id, "index":
+                          call.index, "name": call.name, "status": "failed"})}, maxlen=1000)
+            return len(calls)
+
+        return self.redis.transaction(end, key, mark, value_from_callable=True)
 
     @_guard
     def set_calls(self, job_id: str, calls: list[CallRecord], *, step: int = 0) -> None:

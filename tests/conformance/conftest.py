@@ -10,15 +10,13 @@ grammar compiles as for the real model; a decode takes milliseconds). Each test 
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
 from collections import defaultdict
 from importlib import metadata
 from pathlib import Path
 
 import pytest
-import uvicorn
+
+from tests.harness.serving import api_server
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 #: Pinned in the ``test`` extra; shown in the table.
@@ -26,12 +24,6 @@ CLIENTS = {"openai-python": "openai", "OpenAI Agents SDK": "openai-agents", "lan
            "openai-node": None}
 _RESULTS: dict[tuple[str, str], list[str]] = defaultdict(list)
 _COLLECTED: dict[str, int] = {"all": 0, "run": 0}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -57,17 +49,8 @@ def base_url(conformance_decider) -> str:
     """``http://127.0.0.1:<port>/v1``: Chat Completions and the Responses API over the tiny engine."""
     from decider.openai_api import create_app
 
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(lambda: conformance_decider), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(lambda: conformance_decider)) as base:
+        yield f"{base}/v1"
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """The console's browser tests: Debian's chromium (``/usr/bin/chromium``, installed by ``make install``) driven by
-Playwright (pytest-playwright's ``page``), never a downloaded browser; a real stack of the module's own: a traced
+Playwright's sync API (a browser per module, a context per test), never a downloaded browser; a real stack of the module's own: a traced
 Celery worker on its own Redis database, and two APIs over it (one without keys, one with two tenants' keys)."""
 
 from __future__ import annotations
@@ -9,22 +9,40 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
 
-from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.databases import own_database
 from tests.harness.fixtures import LEDGER_PREFIX
 from tests.harness.jobs import publishers
+from tests.harness.serving import api_server, worker_pool
 
 CHROMIUM = Path("/usr/bin/chromium")
 KEYS = {"alpha": "key-console-alpha", "beta": "key-console-beta"}
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
-    """pytest-playwright's launch arguments, with the system's chromium: no browser is downloaded."""
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's chromium for one module's tests. Module-scoped on purpose: while Playwright's sync API is running it
+    holds an event loop in the main thread, so a session-long browser made every later ``asyncio.run`` in the
+    suite fail ("cannot be called from a running event loop")."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (`make install` runs it)")
-    return {**browser_type_launch_args, "executable_path": str(CHROMIUM)}
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture()
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh context (no storage shared between tests) and its page."""
+    context = browser.new_context()
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -48,19 +66,16 @@ def console_worker(console_db: str, worker_env: dict[str, str], tmp_path_factory
 
     Ledger(redis.Redis.from_url(console_db), prefix=LEDGER_PREFIX).seed()
     log = tmp_path_factory.mktemp("console") / "worker.log"
-    proc = start_worker(console_db, queues=worker_queues(default_registry()), concurrency=2,
-                        env={**worker_env, "TOOLRAIL_TRACE_STORE": "redis"}, log_file=log, hostname="toolrail-console@%h")
-    try:
-        wait_for_workers(console_db, count=1, timeout_s=90)
+    with worker_pool(console_db, queues=worker_queues(default_registry()), concurrency=2,
+                     env={**worker_env, "TOOLRAIL_TRACE_STORE": "redis"}, log_file=log,
+                     hostname="toolrail-console@%h") as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
-def _serve(console_db: str, **settings: Any) -> tuple[Any, Any, str]:
+def _app(console_db: str, **settings: Any) -> Any:
+    """The job API over the console's store, its spans in the same store."""
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
     from toolrail import tracing
     from toolrail.settings import Settings
 
@@ -68,25 +83,19 @@ def _serve(console_db: str, **settings: Any) -> tuple[Any, Any, str]:
     runtime = Runtime.from_settings(config)
     tracing.setup("api", settings=config, redis_client=runtime.redis)  # the API's spans, in the same store
     enqueue, rerun = publishers(console_db)
-    server, thread, base = serve_in_thread(create_app(config, runtime, enqueue=enqueue, rerun=rerun,
-                                                      ping_workers=lambda: 1, mount_openai=False))
-    return server, thread, base
+    return create_app(config, runtime, enqueue=enqueue, rerun=rerun, ping_workers=lambda: 1, mount_openai=False)
 
 
 @pytest.fixture(scope="session")
 def console_api(console_db: str, console_worker: Any) -> Iterator[str]:
     """The API without keys (a local install), reconciling every half second (the workers view shows its sweep)."""
-    server, thread, base = _serve(console_db, reconcile_interval_s=0.5)
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(_app(console_db, reconcile_interval_s=0.5)) as base:
+        yield base
 
 
 @pytest.fixture(scope="session")
 def keyed_api(console_db: str, console_worker: Any) -> Iterator[str]:
     """The API with two tenants' keys, over the same store and worker."""
-    server, thread, base = _serve(console_db, reconcile_interval_s=0,
-                                  api_keys=",".join(f"{key}:{tenant}" for tenant, key in KEYS.items()))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(_app(console_db, reconcile_interval_s=0,
+                         api_keys=",".join(f"{key}:{tenant}" for tenant, key in KEYS.items()))) as base:
+        yield base

@@ -170,7 +170,7 @@ def test_the_feedback_message_never_grounds_a_value() -> None:
     assert result.status == "needs_review"
 
 
-def test_a_side_effect_the_conversation_already_made_is_not_repeated_unreviewed():
+def test_a_side_effect_the_conversation_already_made_is_never_run_again():
     done = {"role": "assistant", "content": None, "tool_calls": [{"id": "c-1", "type": "function", "function": {
         "name": "pay_invoice", "arguments": '{"invoice": "INV-4821", "amount": 20, "memo": "thanks"}'}}]}
     messages = [{"role": "user", "content": "pay 20 on INV-4821"}, done,
@@ -178,8 +178,9 @@ def test_a_side_effect_the_conversation_already_made_is_not_repeated_unreviewed(
     request = DecideRequest(request_id="rq-again", messages=messages, tools=[PAY])
     again = ScriptedDecider([_call("INV-4821", 20), _call("INV-4821", 20)])
     result = decide_checked(again, request)
-    assert result.status == "needs_review" and result.error["type"] == "repeated_side_effect"
-    assert len(again.requests) == 2  # re-asked once with the reason
+    # nobody asked for it again since it ran: re-asked once offering the answer only, then nothing new to run
+    assert result.status == "needs_review" and result.error["type"] == "repeated_answered_calls"
+    assert len(again.requests) == 2 and again.requests[1].tool_choice == "none" and not result.calls
     answered = decide_checked(ScriptedDecider([_call("INV-4821", 20), '{"content": "It is paid."}']), request)
     assert answered.status == "text"
 
@@ -202,6 +203,7 @@ def test_a_read_only_call_already_answered_is_reasked_offering_the_answer_only()
     assert "call_a" in result.attempts[0].errors[0]["message"]
     assert decider.requests[0].tool_choice == "auto" and decider.requests[1].tool_choice == "none"
     assert result.attempts[1].platform["reask_tool_choice"] == "none"  # what the platform did is on the record
+    assert decider.requests[1].messages == decider.requests[0].messages  # no feedback for a small model to parrot
 
 
 def test_a_different_call_after_a_result_is_the_models_to_make() -> None:
@@ -264,13 +266,49 @@ def test_a_text_answer_that_names_a_tool_is_an_answer() -> None:
     assert result.status == "text" and not result.attempts[0].errors
 
 
-def test_a_call_written_as_text_when_calls_were_forbidden_goes_to_review() -> None:
+def test_a_call_written_as_text_when_calls_were_forbidden_ends_the_decision() -> None:
     """The model repeats an answered call; asked to answer in text it writes the same call as text: requiring calls
-    next would only ask for the repeat again, so the decision goes to a person (no third attempt)."""
+    next would only ask for the repeat again, so the decision ends (no third attempt) as one that only repeated
+    answered calls — a run ends on its results there (``executor.runs.policy.ends_on_results``)."""
     import json
 
     repeat = '[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}]'
     decider = ScriptedDecider([repeat, json.dumps({"content": repeat}), repeat])
     result = decide_checked(decider, _after_result(), max_reasks=2)
-    assert result.status == "needs_review" and result.error["type"] == "call_as_text"
+    assert result.status == "needs_review" and result.error["type"] == "repeated_answered_calls"
     assert [r.tool_choice for r in decider.requests] == ["auto", "none"]
+
+
+def _transfer_after_result(*, user_again: str | None = None) -> DecideRequest:
+    spec = ToolSpec.from_openai({"type": "function", "function": {"name": "send", "parameters": {
+        "type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]}}})
+    spec = spec.model_copy(update={"side_effects": True})
+    messages = [{"role": "user", "content": "send it to bob"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "send", "arguments": '{"to": "bob"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": '{"sent": true}'}]
+    if user_again:
+        messages.append({"role": "user", "content": user_again})
+    return DecideRequest(request_id="rq-se", messages=messages, tools=[spec])
+
+
+def test_a_side_effect_that_already_ran_unasked_for_again_is_reasked_for_the_answer() -> None:
+    # before (issue 32): repeated_side_effect, re-asked, then review; nobody asked for it again since it ran
+    decider = ScriptedDecider(['[{"name": "send", "arguments": {"to": "bob"}}]', '{"content": "Sent to bob."}'])
+    result = decide_checked(decider, _transfer_after_result(), max_reasks=2)
+    assert result.status == "text" and result.content == "Sent to bob."
+    assert result.attempts[0].errors[0]["validator"] == "repeated_call"
+    assert decider.requests[1].tool_choice == "none"  # offered the answer only
+
+
+def test_a_side_effect_the_user_asks_for_again_still_needs_a_person() -> None:
+    repeat = '[{"name": "send", "arguments": {"to": "bob"}}]'
+    result = decide_checked(ScriptedDecider([repeat, repeat]), _transfer_after_result(user_again="send it again"))
+    assert result.status == "needs_review" and result.error["type"] == "repeated_side_effect"
+
+
+def test_only_repeating_answered_calls_is_its_own_review_type() -> None:
+    # the answer-only re-ask answered with the call written as text: nothing new to run (a run ends on its results)
+    decider = ScriptedDecider(['[{"name": "send", "arguments": {"to": "bob"}}]', '{"content": "send(to=\\"bob\\")"}'])
+    result = decide_checked(decider, _transfer_after_result(), max_reasks=2)
+    assert result.status == "needs_review" and result.error["type"] == "repeated_answered_calls", result.error

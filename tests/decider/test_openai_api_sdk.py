@@ -3,39 +3,22 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 
 import openai
 import pytest
-import uvicorn
 
 from decider.openai_api import create_app
 from decider.schema import validation_errors
 from decider_fixtures import marker_tools, tiny_decider, tiny_engine, weather_tools  # noqa: F401
+from tests.harness.serving import api_server
 
 MARKER_TEXT = "Account M0a1b2c: check the balance of M0a1b2c, then transfer 250 from M0a1b2c."
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def client(tiny_decider):  # noqa: F811
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(lambda: tiny_decider), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(lambda: tiny_decider)) as base:
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def _tools(specs):

@@ -129,7 +129,7 @@ def test_defs_are_hoisted_with_refs_rewritten():
     assert validation_errors(schema, [{"name": "t", "arguments": {"p": 2}}]) == []
 
 
-@pytest.mark.parametrize("module", ["decider.schema", "decider.grammar", "decider.candidates", "decider.checked",
+@pytest.mark.parametrize("module", ["decider.schema", "decider.grammar", "decider.candidates", "decider.checked", "decider.planning",
                                     "decider.prompt", "decider.parser", "decider.service", "decider.openai_api",
                                     "decider.errors"])
 def test_public_names_sorted_and_present(module):

@@ -110,15 +110,13 @@ def test_bad_openai_call_names_its_own_shape(client: httpx.Client) -> None:
 def keyed_api(runtime) -> Iterator[str]:
     """The API with keys configured and the embedded decider named (the model is not loaded for listing)."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     settings = Settings(api_keys="key-a:acme", decider="embedded", model="my-org/my-model")
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None,
-                                                      ping_workers=lambda: 1, mount_openai=False))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, enqueue=lambda job: None,
+                               ping_workers=lambda: 1, mount_openai=False)) as base:
+        yield base
 
 
 def test_openai_sdk_lists_the_served_model(keyed_api: str) -> None:
@@ -161,7 +159,7 @@ def completions_api(runtime, tmp_path_factory) -> Iterator[str]:
     from decider.openai_api import create_router
     from decider.service import EmbeddedDecider
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     try:
@@ -173,10 +171,8 @@ def completions_api(runtime, tmp_path_factory) -> Iterator[str]:
     app = create_app(Settings(decider="embedded"), runtime, enqueue=lambda job: None, ping_workers=lambda: 1,
                      mount_openai=False)
     app.include_router(create_router(lambda: decider), prefix="/v1")
-    server, thread, base = serve_in_thread(app)
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(app) as base:
+        yield base
     engine.close()
 
 

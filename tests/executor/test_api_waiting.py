@@ -108,14 +108,12 @@ def test_waiters_hold_no_thread(api: str) -> None:
 @pytest.fixture()
 def one_waiter_api(runtime, worker) -> Iterator[str]:
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import get_settings
 
     settings = get_settings().model_copy(update={"wait_max_per_tenant": 1})
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False)) as base:
+        yield base
 
 
 def test_waiters_are_bounded_per_tenant(one_waiter_api: str) -> None:

@@ -21,13 +21,12 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from tests.harness.databases import own_database
 from tests.harness.fixtures import TEST_TOOL_MODULES
 from tests.harness.jobs import publishers
-from tests.harness.processes import start_decider_worker
+from tests.harness.processes import decider_worker
 from tests.executor.literal_decider import DECISIONS_KEY
 
-from executor.stack import stop_process, wait_for_job
+from executor.stack import wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "clientcalls:ledger"
@@ -36,11 +35,6 @@ ASKED = "refund order A-17 by 5 dollars"
 CLIENT_CALL = {"name": "refund", "arguments": {"order_id": "A-17", "amount_cents": 500}}
 #: Where a client's unsupported value may stop: review, or (where grounding sends unclear support to a person) approval.
 HELD = {"needs_review", "awaiting_approval"}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -54,25 +48,19 @@ def ledger(db_url: str) -> Ledger:
 def api(db_url: str, ledger: Ledger) -> Iterator[str]:
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
     from tools.registry import load_registry
 
     env = {"TOOLRAIL_TOOL_MODULES": MODULES, "TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX}
-    proc, _ = start_decider_worker(db_url, factory="tests.executor.literal_decider:make", env=env,
-                                   queues=("tool.refund",), name="clientcalls")
     settings = Settings(decider="custom", rate_limit_per_s=0, reconcile_interval_s=0)
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     runtime = dataclasses.replace(runtime, registry=load_registry(modules=MODULES.split(",")))
     enqueue, rerun = publishers(db_url)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
-                                                      ping_workers=lambda: 1, mount_openai=False))
-    try:
+    with decider_worker(db_url, factory="tests.executor.literal_decider:make", env=env, queues=("tool.refund",), name="clientcalls"), \
+            api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun, ping_workers=lambda: 1,
+                                  mount_openai=False)) as base:
         yield base
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        stop_process(proc)
 
 
 @pytest.fixture()

@@ -14,11 +14,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
-from tests.harness.processes import start_decider_worker
+from tests.harness.processes import decider_worker
 
-from executor.stack import stop_process
 
 PAUSE_S = 1.5
 #: Job ids the API queued a decide task for.
@@ -26,24 +24,16 @@ DECIDE_TASKS: list[str] = []
 
 
 @pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
-
-
-@pytest.fixture(scope="module")
 def stream_worker(db_url: str) -> Iterator[object]:
-    proc, _ = start_decider_worker(db_url, factory="tests.executor.streaming_decider:make", name="early")
-    try:
+    with decider_worker(db_url, factory="tests.executor.streaming_decider:make", name="early") as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 @pytest.fixture(scope="module")
 def client(db_url: str, stream_worker) -> Iterator[httpx.Client]:
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     settings = Settings(decider="custom", reconcile_interval_s=0)
@@ -55,11 +45,9 @@ def client(db_url: str, stream_worker) -> Iterator[httpx.Client]:
 
     app = create_app(settings, Runtime.from_settings(settings, redis_url=db_url), mount_openai=False, ping_workers=lambda: 1,
                      enqueue=enqueue, rerun=rerun)
-    server, thread, base = serve_in_thread(app)
-    with httpx.Client(base_url=base, timeout=30) as http:
-        yield http
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(app) as base:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            yield http
 
 
 def _calls(*cities: str) -> str:

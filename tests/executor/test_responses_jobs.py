@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from executor.api.app import create_app
-from executor.stack import serve_in_thread
+from tests.harness.serving import api_server
 from toolrail.settings import Settings, get_settings
 
 NOTE = {"type": "function", "name": "save_note", "description": "save a short note", "strict": True, "parameters": {
@@ -34,13 +34,11 @@ def api(tmp_path_factory, runtime) -> Iterator[str]:
     patch.setenv("TOOLRAIL_DECIDER", "embedded")  # the routers' default decider reads the process settings
     get_settings.cache_clear()
     settings = Settings(api_keys="key-resp-a:resp-alpha,key-resp-b:resp-beta", rate_limit_per_s=0, decider="embedded")
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None,
-                                                      ping_workers=lambda: 1, mount_openai=True))
     try:
-        yield base
+        with api_server(create_app(settings, runtime, enqueue=lambda job: None,
+                                   ping_workers=lambda: 1, mount_openai=True)) as base:
+            yield base
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         patch.undo()
         get_settings.cache_clear()
 

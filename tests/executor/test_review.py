@@ -144,13 +144,14 @@ def _sent_together(api: str, requests: list[tuple[str, bytes]]) -> list[int]:
     return codes
 
 
-def test_a_review_and_a_cancel_sent_at_once_have_exactly_one_winner(api: str) -> None:
-    """20 pairs, both requests in flight together (review first in half of them): exactly one 2xx, and a record that
-    says the same. Before (issue 32): 1 of 20 pairs gave two 200s and ended ``cancelled`` with the reviewer's call
-    left ``pending``; and a job in review could not be cancelled at all when the cancel came first."""
+def test_a_review_and_a_cancel_sent_at_once_are_ordered_and_leave_nothing_pending(api: str) -> None:
+    """20 pairs, both requests in flight together (review first in half of them). Each is one compare-and-set of the
+    job, so the outcome is one of two orders and the record says which: the cancel first (the review is 409 and no
+    call was ever written), or the review first and the cancel after it (both 2xx: the cancel stops the run the
+    review started, its calls not started end ``call_cancelled``). Before (issue 32): 1 of 20 pairs ended
+    ``cancelled`` with the reviewer's call left ``pending``; and a job in review could not be cancelled at all."""
     with httpx.Client(base_url=api, timeout=30) as client:
         jobs = [_in_review(client) for _ in range(20)]
-        outcomes = []
         for n, job in enumerate(jobs):
             path = f"/v1/jobs/{job['job_id']}"
             pair = [(f"{path}/review", json.dumps({"calls": [
@@ -158,38 +159,34 @@ def test_a_review_and_a_cancel_sent_at_once_have_exactly_one_winner(api: str) ->
                     (f"{path}/cancel", b"{}")]
             kinds = ["review", "cancel"] if n % 2 == 0 else ["cancel", "review"]
             codes = dict(zip(kinds, _sent_together(api, pair if n % 2 == 0 else pair[::-1])))
-            won = [kind for kind, code in codes.items() if 200 <= code < 300]
             final = wait_terminal(client, job["job_id"])
-            assert len(won) == 1 and 409 in codes.values(), (n, codes, final["error"], [s.get("review") for s in final["steps"]])
             statuses = [c["status"] for c in final["calls"]]
-            if won == ["cancel"]:
-                assert final["status"] == "cancelled" and statuses == [], final  # the reviewer's call was never written
-            else:
-                assert final["status"] == "succeeded" and statuses == ["succeeded"], final
-            outcomes.append(won[0])
-    assert len(outcomes) == 20, outcomes
+            assert "pending" not in statuses and "running" not in statuses, (n, codes, final)
+            reviewed = [s["review"] for s in final["steps"] if s.get("review")]
+            if codes["review"] == 409:  # the cancel came first: nothing of the review was written
+                assert codes["cancel"] == 200 and final["status"] == "cancelled" and statuses == [] and not reviewed
+            else:  # the review came first; a cancel after it either stopped its run or found it already ended
+                assert codes["review"] == 200 and reviewed, (n, codes, final)
+                if codes["cancel"] == 200:
+                    assert final["status"] == "cancelled", final
+                    assert all(c["status"] == "succeeded" or c["error"]["type"] == "call_cancelled"
+                               for c in final["calls"]), final
+                else:
+                    assert codes["cancel"] == 409 and final["status"] == "succeeded", (n, codes, final)
 
 
 def test_a_cancel_after_a_review_ends_the_calls_that_had_not_started(client: httpx.Client, runtime) -> None:
     """A cancel that lands after a review (the reviewer's calls written, not started): they end call_cancelled and
     never run, so a cancelled job holds no pending call — whichever of the two writes comes last settles them."""
-    import pytest
-
-    from executor.errors import ApprovalConflictError
     from executor.runs.review import review
-    from executor.runs.submit import REVIEW_RACE_S, cancel
+    from executor.runs.submit import cancel
 
     job = _in_review(client)
     queued: list = []
     reviewed = review(runtime, job["job_id"], tenant="default", dispatch=lambda j, c: queued.append(c), next_step=None,
                       calls=[{"name": "get_weather", "arguments": {"city": "Beijing", "date": "tomorrow"}}])
     assert reviewed.status == "running" and [c.status for c in reviewed.calls] == ["pending"] and queued
-    reviewed_at = reviewed.steps[0]["review"]["at"]
-    with pytest.raises(ApprovalConflictError) as raced:  # sent before the review could have been seen: it stands
-        cancel(runtime, job["job_id"], "changed my mind", sent_at=reviewed_at + REVIEW_RACE_S / 2)
-    assert raced.value.details["reason"] == "job_not_in_review"
-    ended, cancelled = cancel(runtime, job["job_id"], "changed my mind",  # later, before any worker took the call
-                              sent_at=reviewed_at + REVIEW_RACE_S + 0.01)
+    ended, cancelled = cancel(runtime, job["job_id"], "changed my mind")  # before any worker took the call
     assert cancelled and ended.status == "cancelled"
     (call,) = client.get(f"/v1/jobs/{job['job_id']}").json()["calls"]
     assert call["status"] == "failed" and call["error"]["type"] == "call_cancelled", call

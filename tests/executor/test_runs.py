@@ -22,22 +22,16 @@ import httpx
 import pytest
 import redis
 
-from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
-from tests.harness.processes import pool_process_of, start_decider_worker
+from tests.harness.processes import decider_worker, pool_process_of
 from tests.harness.receiver import Receiver, wait_for
 
-from executor.stack import stop_process, wait_for_job
+from executor.stack import wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "runs:ledger"
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"runs-test-webhook-key-0123456789").decode()
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +45,9 @@ def run_worker(db_url: str, marker_dir: Path) -> Iterator[object]:
            "TOOLRAIL_RUN_MAX_IDENTICAL_CALLS": "2", "TOOLRAIL_API_KEYS": ",".join(f"{k}:{t}" for t, k in KEYS.items()),
            "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1", "TOOLRAIL_WEBHOOK_SECRETS": f"alice:{WEBHOOK_SECRET}",
            "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2"}
-    proc, _ = start_decider_worker(db_url, factory="tests.executor.scripted_decider:make", env=env, queues=("webhooks",),
-                                   name="runs")
-    try:
+    with decider_worker(db_url, factory="tests.executor.scripted_decider:make", env=env, queues=("webhooks",),
+                        name="runs") as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 @pytest.fixture(scope="module")
@@ -70,17 +61,15 @@ def runtime(db_url: str):
 @pytest.fixture(scope="module")
 def api(runtime, run_worker, db_url: str) -> Iterator[str]:
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     enqueue, rerun = publishers(db_url)
     settings = Settings(decider="custom", api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), reconcile_interval_s=0,
                         webhook_allow_private=True)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
-                                                      enqueue=enqueue, rerun=rerun))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
+                               enqueue=enqueue, rerun=rerun)) as base:
+        yield base
 
 
 @pytest.fixture()
@@ -180,6 +169,34 @@ def test_a_repeat_of_an_answered_call_is_reasked_for_the_answer(client: httpx.Cl
     attempts = job["steps"][1]["attempts"]
     assert attempts[0]["errors"][0]["validator"] == "repeated_call"
     assert attempts[1]["platform"]["reask_tool_choice"] == "none"  # what the platform did is on the record
+
+
+def test_a_call_written_as_text_after_its_result_ends_the_run_on_its_results(client: httpx.Client) -> None:
+    # what the 135M model does after a result (bench/newcomer.py): the same call, then, offered the answer only, that
+    # call written as text. Before (issue 32): needs_review (call_as_text), a person asked to decide nothing
+    same = {"calls": [{"name": "get_weather", "arguments": {"city": "Paris", "date": "today"}}],
+            "then": 'get_weather(city="Paris", date="today")'}
+    job = _wait(client, _submit(client, [same, same], tools=["get_weather"]), ENDED)
+    assert job["status"] == "succeeded" and job["error"] is None, json.dumps(job)[:3000]
+    assert [c["status"] for c in job["calls"]] == ["succeeded"]  # the results are the outcome; the repeat never ran
+    last = job["steps"][-1]
+    assert last["ended_by"] == "repeated_answered_calls" and last["status"] == "succeeded"
+    assert [a["errors"][0]["validator"] for a in last["attempts"]] == ["repeated_call", "call_as_text"]
+
+
+def test_an_approved_side_effect_proposed_again_is_not_run_again_and_the_run_answers(client: httpx.Client,
+                                                                                    ledger: Ledger) -> None:
+    # before (issue 32): the repeat was a repeated_side_effect, re-asked, then needs_review — a person asked to confirm
+    # the transfer they had just approved; now, nobody having asked for it again, the model is offered the answer only
+    again = {"calls": [_transfer(2.5)], "then": "transferred"}
+    job_id = _submit(client, [{"calls": [_transfer(2.5)]}, again], tools=["slow_transfer"],
+                     require_approval=["slow_transfer"])
+    (call,) = _wait(client, job_id, {"awaiting_approval"})["calls"]
+    assert client.post(f"/v1/jobs/{job_id}/calls/{call['id']}/approve").status_code == 200
+    job = _wait(client, job_id, ENDED)
+    assert job["status"] == "succeeded" and job["content"] == "answer only: transferred", json.dumps(job)[:3000]
+    assert len(_applied(ledger, job_id)) == 1 and len(job["calls"]) == 1
+    assert job["steps"][1]["attempts"][0]["errors"][0]["validator"] == "repeated_call"
 
 
 def test_max_steps_ends_a_run_that_never_answers(client: httpx.Client) -> None:

@@ -29,7 +29,8 @@ from executor.errors import SandboxError
 from executor.sandbox.boundary import CallRun
 from executor.sandbox.process import ProcessSandbox, ScratchRootError, prepare_scratch_root
 from executor.sandbox.child import MAX_RESULT_BYTES, MAX_RESULT_DEPTH
-from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
+from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from tests.harness.serving import api_server
 from tests.chaos.hostile_tools import ESCAPE_SPEC
 from tools.registry import load_registry
 from tests.harness.databases import own_database
@@ -224,11 +225,9 @@ def hostile_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> I
         wait_for_workers(redis_url, count=1, timeout_s=90)
         runtime = Runtime.from_settings(get_settings(), redis_url=redis_url)
         runtime.registry = registry
-        server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False,
-                                                          enqueue=enqueue_on(redis_url)))
-        yield {"url": base, "worker": worker, "log": log_file}
-        server.should_exit = True
-        thread.join(timeout=10)
+        with api_server(create_app(get_settings(), runtime, mount_openai=False,
+                                   enqueue=enqueue_on(redis_url))) as base:
+            yield {"url": base, "worker": worker, "log": log_file}
     finally:
         stop_process(worker)
 

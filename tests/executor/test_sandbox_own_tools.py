@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
+from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from tests.harness.serving import api_server
 from tools.registry import ENTRY_POINT_GROUP, load_registry
 from executor.worker.config import worker_queues
 from tests.harness.databases import own_database
@@ -243,11 +244,9 @@ def own_stack(tool_tree: tuple[Path, Path], redis_url: str, tmp_path_factory: py
         wait_for_workers(redis_url, count=1, timeout_s=90)
         runtime = Runtime.from_settings(get_settings(), redis_url=redis_url)
         runtime.registry = registry
-        server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False,
-                                                          enqueue=enqueue_on(redis_url)))
-        yield {"url": base, "registry": registry, "log": log_file, "worker": worker, "local": local}
-        server.should_exit = True
-        thread.join(timeout=10)
+        with api_server(create_app(get_settings(), runtime, mount_openai=False,
+                                   enqueue=enqueue_on(redis_url))) as base:
+            yield {"url": base, "registry": registry, "log": log_file, "worker": worker, "local": local}
     finally:
         stop_process(worker)
 

@@ -25,7 +25,8 @@ from tests.harness.jobs import wait_terminal
 from fastapi.testclient import TestClient
 
 from executor.api.app import create_app
-from executor.stack import serve_in_thread, stop_process, wait_http_ok
+from executor.stack import stop_process, wait_http_ok
+from tests.harness.serving import api_server
 from executor.store.records import JobRecord
 from toolrail.redis_embed import free_port
 from toolrail.settings import Settings
@@ -252,8 +253,7 @@ def test_100_open_streams_leave_healthz_answering_and_end_on_disconnect(serve_pr
 def test_open_streams_are_capped_per_tenant(runtime) -> None:
     settings = Settings(api_keys=KEYS, sse_heartbeat_s=0.2, sse_max_streams_per_tenant=2, rate_limit_per_s=0)
     app = create_app(settings, runtime, enqueue=lambda job: None, ping_workers=lambda: 1, mount_openai=False)
-    server, thread, base = serve_in_thread(app)
-    try:
+    with api_server(app) as base:
         alpha_job, beta_job = _endless_job(runtime, "alpha"), _endless_job(runtime, "beta")
 
         async def scenario() -> None:
@@ -276,9 +276,6 @@ def test_open_streams_are_capped_per_tenant(runtime) -> None:
             await client.aclose()
 
         asyncio.run(scenario())
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 # ----------------------------------------------------------------- circuit breakers per tenant

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from executor.api.app import create_app
-from executor.stack import serve_in_thread
+from tests.harness.serving import api_server
 from toolrail.settings import Settings, get_settings
 
 KEY = {"Authorization": "Bearer key-disconnect"}
@@ -44,13 +44,11 @@ def decoding_api(tmp_path_factory, runtime) -> Iterator[tuple[str, object]]:
     # a random model repeats itself: the loop guard would end the long attempts these tests need
     decider.config = dataclasses.replace(decider.config, loop_guard=False)
     settings = Settings(api_keys="key-disconnect:gamma", rate_limit_per_s=0, decider="embedded")
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None,
-                                                      ping_workers=lambda: 1, mount_openai=True))
     try:
-        yield base, decider.backend
+        with api_server(create_app(settings, runtime, enqueue=lambda job: None,
+                                   ping_workers=lambda: 1, mount_openai=True)) as base:
+            yield base, decider.backend
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         patch.undo()
         get_settings.cache_clear()
 
@@ -127,31 +125,29 @@ def test_the_first_completion_loads_the_model_off_the_event_loop(tmp_path, runti
     monkeypatch.setenv("TOOLRAIL_DECIDER", "embedded")
     get_settings.cache_clear()
     settings = Settings(api_keys="key-disconnect:gamma", rate_limit_per_s=0, decider="embedded")
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None,
-                                                      ping_workers=lambda: 1, mount_openai=True))
-    latencies: list[float] = []
-    done = threading.Event()
+    with api_server(create_app(settings, runtime, enqueue=lambda job: None,
+                               ping_workers=lambda: 1, mount_openai=True)) as base:
+        latencies: list[float] = []
+        done = threading.Event()
 
-    def probe() -> None:
-        with httpx.Client(base_url=base, timeout=30) as client:
-            while not done.is_set():
-                started = time.perf_counter()
-                client.get("/healthz")
-                latencies.append(time.perf_counter() - started)
-                time.sleep(0.02)
+        def probe() -> None:
+            with httpx.Client(base_url=base, timeout=30) as client:
+                while not done.is_set():
+                    started = time.perf_counter()
+                    client.get("/healthz")
+                    latencies.append(time.perf_counter() - started)
+                    time.sleep(0.02)
 
-    prober = threading.Thread(target=probe, daemon=True)
-    try:
-        prober.start()
-        first = httpx.post(f"{base}/v1/chat/completions", headers=KEY, timeout=300,
-                           json={**LONG, "max_tokens": 4})
-        assert first.status_code == 200, first.text
-    finally:
-        done.set()
-        prober.join(timeout=30)
-        server.should_exit = True
-        thread.join(timeout=10)
-        get_settings.cache_clear()
+        prober = threading.Thread(target=probe, daemon=True)
+        try:
+            prober.start()
+            first = httpx.post(f"{base}/v1/chat/completions", headers=KEY, timeout=300,
+                               json={**LONG, "max_tokens": 4})
+            assert first.status_code == 200, first.text
+        finally:
+            done.set()
+            prober.join(timeout=30)
+            get_settings.cache_clear()
     # Before: /healthz got no answer until the model had loaded (7-9 s here). The load still holds the GIL
     # in stretches (weights, torch set-up), so single answers may be slow, never the whole load long.
     # How many probes fit depends on how fast this machine loads the tiny model (18 on a quiet one): a few are enough

@@ -128,7 +128,7 @@ def trace_url(redis_url: str) -> str:
 @pytest.fixture(scope="module")
 def traced_worker(trace_url: str, worker_env: dict[str, str], triton, tmp_path_factory) -> Iterator[Any]:
     """A real worker pool (one process: a SIGKILL hits the call's process) with tracing to Redis and the Triton decider."""
-    from executor.stack import start_worker, stop_process, wait_for_workers
+    from tests.harness.serving import worker_pool
     from tools.registry import default_registry
 
     url, entry, tok_dir, _ = triton
@@ -136,13 +136,11 @@ def traced_worker(trace_url: str, worker_env: dict[str, str], triton, tmp_path_f
            "TOOLRAIL_TRITON_MODEL": entry, "TOOLRAIL_MODEL": str(tok_dir), "TOOLRAIL_DECIDER_CANDIDATES": "0"}
     env.pop("TOOLRAIL_TRACE_CONTENT", None)
     log_file = tmp_path_factory.mktemp("tracing-worker") / "worker.log"
-    proc = start_worker(trace_url, queues=worker_queues(default_registry()), concurrency=1, env=env,
-                        log_file=log_file, hostname="toolrail-tracing@%h")
     try:
-        wait_for_workers(trace_url, count=1, timeout_s=90)
-        yield proc
+        with worker_pool(trace_url, queues=worker_queues(default_registry()), concurrency=1, env=env,
+                         log_file=log_file, hostname="toolrail-tracing@%h") as proc:
+            yield proc
     finally:
-        stop_process(proc)
         print(log_file.read_text()[-3000:] if log_file.exists() else "")
 
 
@@ -154,7 +152,7 @@ def traced_api(trace_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
     from executor.api.app import create_app
     from executor.worker.config import celery_config
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.context import CELERY_REQUEST_ID_HEADER
     from toolrail.settings import get_settings
 
@@ -171,13 +169,11 @@ def traced_api(trace_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
         publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide",
                             headers={CELERY_REQUEST_ID_HEADER: job.request_id})
 
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, ping_workers=lambda: 1,
-                                                      mount_openai=False))
     try:
-        yield base, runtime
+        with api_server(create_app(settings, runtime, enqueue=enqueue, ping_workers=lambda: 1,
+                                   mount_openai=False)) as base:
+            yield base, runtime
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         if saved is None:
             os.environ.pop("TOOLRAIL_TRACE_STORE", None)
         else:

@@ -33,7 +33,7 @@ def test_every_dashboard_metric_is_exported_and_queue_age_is_measured(redis_url:
     from executor.api.app import create_app
     from executor.worker.config import celery_config
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import get_settings
 
     url = redis_url.rsplit("/", 1)[0] + f"/{METRICS_DB}"
@@ -42,14 +42,10 @@ def test_every_dashboard_metric_is_exported_and_queue_age_is_measured(redis_url:
     publisher = Celery("toolrail-dashboard-test")
     publisher.conf.update(celery_config(url))
     publisher.send_task("toolrail.noop", args=["waits"], queue="decide")  # no worker listens on this database
-    server, thread, base = serve_in_thread(create_app(get_settings(), runtime, enqueue=lambda job: None,
-                                                      ping_workers=lambda: 1, mount_openai=False))
-    try:
+    with api_server(create_app(get_settings(), runtime, enqueue=lambda job: None,
+                               ping_workers=lambda: 1, mount_openai=False)) as base:
         time.sleep(0.3)
         scrape = httpx.get(f"{base}/metrics", timeout=10).text
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
     dashboard = json.loads(DASHBOARD.read_text())
     used = {name for panel in dashboard["panels"] for target in panel["targets"]

@@ -42,15 +42,13 @@ class Recorder:
 @pytest.fixture(scope="module")
 def stack(runtime) -> Iterator[tuple[str, Recorder]]:
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
 
     recorder = Recorder()
     app = create_app(Settings(rate_limit_per_s=0, reconcile_interval_s=0), runtime, enqueue=recorder.enqueue,
                      rerun=recorder.rerun, ping_workers=lambda: 1, mount_openai=False)
-    server, thread, base = serve_in_thread(app)
-    yield base, recorder
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(app) as base:
+        yield base, recorder
 
 
 def _waiting_job(client: httpx.Client) -> tuple[str, str]:

@@ -23,13 +23,11 @@ FORGED = "evil.example"
 
 def _serve(runtime, settings: Settings) -> Iterator[tuple[str, object]]:
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
 
     app = create_app(settings, runtime, enqueue=lambda job: None, ping_workers=lambda: 1, mount_openai=False)
-    server, thread, base = serve_in_thread(app)
-    yield base, app
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(app) as base:
+        yield base, app
 
 
 @pytest.fixture(scope="module")

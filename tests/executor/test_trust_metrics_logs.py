@@ -43,21 +43,17 @@ def _finish(runtime, name: str, queue: str) -> None:
 def test_the_public_scrape_names_no_tenants_private_tools(tmp_path) -> None:
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     settings = Settings(api_keys=KEYS, metrics_key=METRICS_KEY, rate_limit_per_s=0, reconcile_interval_s=0)
     runtime = Runtime.from_settings(settings, redis_url=own_database(f"{__name__}:metrics"))
     _finish(runtime, PRIVATE, "mcp.alpha.acmebank")
     _finish(runtime, "get_weather", "tool.get_weather")
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=lambda job: None, ping_workers=lambda: 1,
-                                                      mount_openai=False))
-    try:
+    with api_server(create_app(settings, runtime, enqueue=lambda job: None, ping_workers=lambda: 1,
+                               mount_openai=False)) as base:
         public = httpx.get(f"{base}/metrics", timeout=30).text
         keyed = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"}, timeout=30).text
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
     assert "acmebank" not in public and "alpha" not in public
     assert 'toolrail_calls_total{outcome="succeeded",tool="mcp"} 1.0' in public, public[:3000]
     assert 'toolrail_calls_total{outcome="succeeded",tool="get_weather"} 1.0' in public
@@ -74,7 +70,7 @@ def receiver() -> Iterator[Receiver]:
 def test_the_webhook_worker_logs_no_full_url(receiver: Receiver, worker_env: dict[str, str], tmp_path: Path) -> None:
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
     from tools.registry import default_registry
 
@@ -92,23 +88,22 @@ def test_the_webhook_worker_logs_no_full_url(receiver: Receiver, worker_env: dic
     settings = Settings(rate_limit_per_s=0, reconcile_interval_s=0, webhook_allow_private=True)
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     enqueue, rerun = publishers(db_url)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
-                                                      ping_workers=lambda: 1, mount_openai=False))
     try:
-        wait_for_workers(db_url, count=1, timeout_s=90)
-        with httpx.Client(base_url=base, timeout=30) as client:
-            response = client.post("/v1/jobs", json={"webhook_url": hook_url, "tools": ["get_weather"], "tool_calls": [
-                {"name": "get_weather", "arguments": {"city": "Oslo", "date": "today"}}]})
-            assert response.status_code == 202, response.text
-            job = wait_for_job(client, response.json()["job_id"], timeout_s=90)
-            assert job["status"] == "succeeded", job
-            paths = wait_for(lambda: [r["path"] for r in receiver.seen()], 30)
-            seen = client.get(f"/v1/jobs/{job['job_id']}").json().get("webhooks")
-        assert all(SECRET_QUERY in p for p in paths), (seen, log_file.read_text()[-1500:])
-        time.sleep(1.0)  # the worker's last lines
+        with api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
+                                   ping_workers=lambda: 1, mount_openai=False)) as base:
+            wait_for_workers(db_url, count=1, timeout_s=90)
+            with httpx.Client(base_url=base, timeout=30) as client:
+                response = client.post("/v1/jobs", json={"webhook_url": hook_url, "tools": ["get_weather"],
+                                                         "tool_calls": [{"name": "get_weather", "arguments": {
+                                                             "city": "Oslo", "date": "today"}}]})
+                assert response.status_code == 202, response.text
+                job = wait_for_job(client, response.json()["job_id"], timeout_s=90)
+                assert job["status"] == "succeeded", job
+                paths = wait_for(lambda: [r["path"] for r in receiver.seen()], 30)
+                seen = client.get(f"/v1/jobs/{job['job_id']}").json().get("webhooks")
+            assert all(SECRET_QUERY in p for p in paths), (seen, log_file.read_text()[-1500:])
+            time.sleep(1.0)  # the worker's last lines
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         stop_process(proc)
     text = log_file.read_text(errors="replace")
     assert "webhook.attempt" in text  # the worker logged its deliveries at INFO ...

@@ -19,12 +19,11 @@ import httpx
 import pytest
 import redis
 
-from tests.harness.databases import own_database
 from tests.harness.fixtures import TEST_TOOL_MODULES
 from tests.harness.jobs import publishers
-from tests.harness.processes import start_decider_worker
+from tests.harness.processes import decider_worker
 
-from executor.stack import stop_process, wait_for_job
+from executor.stack import wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "provenance:ledger"
@@ -34,11 +33,6 @@ ENDED = {"succeeded", "failed", "needs_review", "cancelled", "expired"}
 ASK = {"messages": [{"role": "user", "content": "Summarize my newest email."}], "tools": ["read_inbox", "transfer"],
        "max_steps": 4}
 READ_INBOX = {"kind": "tool", "tool": "read_inbox", "mcp": False, "trusted": False}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -53,27 +47,21 @@ def ledger(db_url: str) -> Ledger:
 def api(db_url: str, ledger: Ledger) -> Iterator[str]:
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
     from tools.registry import load_registry
 
     env = {"TOOLRAIL_TOOL_MODULES": MODULES, "TOOLRAIL_LEDGER_PREFIX": LEDGER_PREFIX,
            "TOOLRAIL_TRUSTED_TOOL_OUTPUTS": json.dumps({"trusting": ["read_inbox"]})}
-    proc, _ = start_decider_worker(db_url, factory="tests.executor.injection_obeying_decider:make", env=env,
-                                   queues=("tool.read_inbox",), name="provenance")
     settings = Settings(decider="custom", api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), rate_limit_per_s=0,
                         reconcile_interval_s=0)
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     runtime = dataclasses.replace(runtime, registry=load_registry(modules=MODULES.split(",")))
     enqueue, rerun = publishers(db_url)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
-                                                      ping_workers=lambda: 1, mount_openai=False))
-    try:
+    with decider_worker(db_url, factory="tests.executor.injection_obeying_decider:make", env=env, queues=("tool.read_inbox",), name="provenance"), \
+            api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun, ping_workers=lambda: 1,
+                                  mount_openai=False)) as base:
         yield base
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        stop_process(proc)
 
 
 def _client(base: str, tenant: str) -> httpx.Client:

@@ -18,18 +18,13 @@ import httpx
 import pytest
 
 from executor.worker.config import worker_queues
-from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
+from tests.harness.serving import worker_pool
 
-from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from executor.stack import wait_for_job
 
 KEYS = {"alpha": "key-trace-alpha", "beta": "key-trace-beta"}
 WEATHER = {"tools": ["get_weather"], "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", "date": "today"}}]}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -38,20 +33,16 @@ def traced_worker(db_url: str, worker_env: dict[str, str], tmp_path_factory) -> 
 
     env = {**worker_env, "TOOLRAIL_TRACE_STORE": "redis"}
     log = tmp_path_factory.mktemp("trust-traces") / "worker.log"
-    proc = start_worker(db_url, queues=worker_queues(default_registry()), concurrency=1, env=env, log_file=log,
-                        hostname="toolrail-trust-traces@%h")
-    try:
-        wait_for_workers(db_url, count=1, timeout_s=90)
+    with worker_pool(db_url, queues=worker_queues(default_registry()), concurrency=1, env=env, log_file=log,
+                     hostname="toolrail-trust-traces@%h") as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 @pytest.fixture(scope="module")
 def api(db_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail import tracing
     from toolrail.settings import Settings
     from toolrail.trace_sinks import RedisSpanExporter
@@ -61,11 +52,9 @@ def api(db_url: str, traced_worker) -> Iterator[tuple[str, Any]]:
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     tracing.setup("api", settings=settings, exporters=[RedisSpanExporter(runtime.redis)])
     enqueue, rerun = publishers(db_url)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
-                                                      ping_workers=lambda: 1, mount_openai=False))
-    yield base, runtime
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, enqueue=enqueue, rerun=rerun,
+                               ping_workers=lambda: 1, mount_openai=False)) as base:
+        yield base, runtime
 
 
 def _client(base: str, tenant: str) -> httpx.Client:

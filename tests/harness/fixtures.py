@@ -17,7 +17,8 @@ import httpx
 import pytest
 import redis
 
-from executor.stack import start_worker, stop_process, wait_for_workers
+from tests.harness.databases import own_database
+from tests.harness.serving import api_server, worker_pool
 from tools.ledger import Ledger
 
 TEST_TOOL_MODULES = "tests.executor.tools_for_tests"
@@ -32,6 +33,12 @@ WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     return os.environ["REDIS_URL"]
+
+
+@pytest.fixture(scope="module")
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A database of the session's Redis that only the requesting test module uses (its workers, its API)."""
+    return own_database(request.module.__name__)
 
 
 @pytest.fixture(scope="session")
@@ -80,12 +87,9 @@ def worker_log() -> Path:
 @pytest.fixture(scope="session")
 def worker(redis_url: str, worker_env: dict[str, str], worker_log: Path) -> Iterator[object]:
     """A real Celery worker pool (2 processes) on every queue of the deployment (``deployment_queues``, as serve's)."""
-    proc = start_worker(redis_url, concurrency=2, env=worker_env, log_file=worker_log, hostname="toolrail-test@%h")
-    try:
-        wait_for_workers(redis_url, count=1, timeout_s=60)
+    with worker_pool(redis_url, timeout_s=60, concurrency=2, env=worker_env, log_file=worker_log,
+                     hostname="toolrail-test@%h") as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 @pytest.fixture(scope="session")
@@ -101,13 +105,10 @@ def runtime(redis_url: str):
 def api(runtime, worker) -> Iterator[str]:
     """The API on a loopback port, over the session Redis and workers."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
     from toolrail.settings import get_settings
 
-    server, thread, base = serve_in_thread(create_app(get_settings(), runtime, mount_openai=False))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(get_settings(), runtime, mount_openai=False)) as base:
+        yield base
 
 
 @pytest.fixture()

@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from executor.stack import start_worker, wait_for_workers
 from tests.harness.fixtures import TEST_TOOL_MODULES
+from tests.harness.serving import worker_pool
 
-__all__ = ["parent_pid", "pool_process_of", "start_decider_worker"]
+__all__ = ["decider_worker", "parent_pid", "pool_process_of"]
 
 
-def start_decider_worker(db_url: str, *, factory: str, env: dict[str, str] | None = None, queues: tuple[str, ...] = (),
-                         name: str) -> tuple[object, Path]:
-    """A real worker pool on ``db_url`` with the test tools and ``TOOLRAIL_DECIDER=custom`` from ``factory``; returns
-    the process (stop it with ``stop_process``) and its log file (every queue of the deployment, and ``queues``)."""
+@contextlib.contextmanager
+def decider_worker(db_url: str, *, factory: str, env: dict[str, str] | None = None, queues: tuple[str, ...] = (),
+                   name: str) -> Iterator[object]:
+    """A real worker pool on ``db_url`` with the test tools and ``TOOLRAIL_DECIDER=custom`` from ``factory``, on every
+    queue of the deployment and ``queues``: the process while the block runs, stopped when it ends."""
     from executor.stack import deployment_queues
 
     worker_env = {"TOOLRAIL_DECIDER": "custom", "TOOLRAIL_DECIDER_FACTORY": factory,
                   "TOOLRAIL_TOOL_MODULES": TEST_TOOL_MODULES, "TOOLRAIL_LOG_JSON": "1", **(env or {})}
     log = Path(tempfile.mkdtemp(prefix=f"toolrail-{name}-")) / "worker.log"
-    proc = start_worker(db_url, queues=deployment_queues(db_url, extra=queues), concurrency=2, env=worker_env,
-                        log_file=log, hostname=f"toolrail-{name}@%h")
-    wait_for_workers(db_url, count=1, timeout_s=90)
-    return proc, log
+    with worker_pool(db_url, queues=deployment_queues(db_url, extra=queues), concurrency=2, env=worker_env,
+                     log_file=log, hostname=f"toolrail-{name}@%h") as proc:
+        yield proc
 
 
 def parent_pid(pid: int) -> int | None:

@@ -21,7 +21,7 @@ def _executor_env(executor_env: None) -> Iterator[None]:
 def keyed_api(runtime, worker) -> Iterator[str]:
     """A second API over the same Redis and workers, with API keys for tenants alpha and beta."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     from tests.harness.fixtures import MCP_TEST_SERVERS
@@ -29,10 +29,8 @@ def keyed_api(runtime, worker) -> Iterator[str]:
     settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), mcp_allow_stdio=True,
                         mcp_stdio_read_roots=MCP_TEST_SERVERS,
                         mcp_allow_private_urls=True, decider="none", mcp_refresh_interval_s=0)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False)) as base:
+        yield base
 
 
 @pytest.fixture(scope="session")

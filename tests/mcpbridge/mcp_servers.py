@@ -17,9 +17,9 @@ object: ``read`` paths, ``write`` paths, ``connect`` [host, port] pairs, ``marke
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-import threading
 import time
 from typing import Any
 
@@ -221,26 +221,16 @@ def serve_http(kind: str = "good", *, json_response: bool = False, any_host: boo
     ``json_response``: answers as one JSON body instead of an event stream; ``any_host``: the SDK's
     DNS-rebinding protection off, for requests that name the server by a test name (a resolver double).
     """
-    import uvicorn  # noqa: PLC0415
     from mcp.server.transport_security import TransportSecuritySettings  # noqa: PLC0415
+
+    from tests.harness.serving import api_server  # noqa: PLC0415 - the stdio servers (a script) never load it
 
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False) if any_host else None
     app = build(kind).streamable_http_app(stateless_http=True, streamable_http_path="/mcp", json_response=json_response,
                                           transport_security=security)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not (server.started and server.servers) and time.time() < deadline:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-    return f"http://127.0.0.1:{port}/mcp", stop
+    served = contextlib.ExitStack()
+    base = served.enter_context(api_server(app))
+    return f"{base}/mcp", served.close
 
 
 def main(argv: list[str]) -> None:

@@ -16,15 +16,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from executor.stack import serve_in_thread, start_worker, stop_process, wait_for_job, wait_for_workers
-from tests.harness.databases import own_database
+from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from tests.harness.serving import api_server
 
 INVOICES = {"kind": "tool", "tool": "mcp__bills__invoices", "mcp": True, "trusted": False}
-
-
-@pytest.fixture(scope="module")
-def db_url() -> str:
-    return own_database(f"{__name__}:workers")
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +40,11 @@ def api(db_url: str, tmp_path_factory) -> Iterator[str]:  # noqa: ANN001 - pytes
                      enqueue=lambda job: publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide"),
                      rerun=lambda job, call: publisher.send_task("toolrail.run_call", args=[job.job_id, call.id],
                                                                  queue=call.queue))
-    server, thread, base = serve_in_thread(app)
     try:
-        wait_for_workers(db_url, count=1, timeout_s=90)
-        yield base
+        with api_server(app) as base:
+            wait_for_workers(db_url, count=1, timeout_s=90)
+            yield base
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         stop_process(worker)
 
 

@@ -33,17 +33,15 @@ def _no_queue(job: object) -> None:
 def fair_api(runtime) -> Iterator[str]:  # noqa: ANN001 - the session runtime
     """An API with keys for alpha and beta; room for HANGING registrations per tenant, a 60 s timeout ceiling."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), mcp_allow_private_urls=True,
                         mcp_refresh_interval_s=0, mcp_connect_timeout_s=CONNECT_TIMEOUT_S, mcp_max_timeout_s=60,
                         mcp_max_concurrent_per_tenant=HANGING, rate_limit_per_s=1000, rate_limit_burst=1000)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, enqueue=_no_queue,
-                                                      ping_workers=lambda: 1))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False, enqueue=_no_queue,
+                               ping_workers=lambda: 1)) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +172,7 @@ def test_urls_are_checked_at_registration_and_at_every_refresh(runtime, monkeypa
     """A guarded API (private addresses refused): a name answering 100.64.0.7 is refused at registration; a stored
     server whose name answers it now is refused at refresh (resolved again, never connected)."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     asked: list[str] = []
@@ -185,22 +183,20 @@ def test_urls_are_checked_at_registration_and_at_every_refresh(runtime, monkeypa
 
     monkeypatch.setattr(netguard, "resolve_host", resolver)
     settings = Settings(api_keys="key-guard:guard", mcp_refresh_interval_s=0, mcp_connect_timeout_s=CONNECT_TIMEOUT_S)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, enqueue=_no_queue,
-                                                      ping_workers=lambda: 1))
-    record = {"name": "rebound", "tenant": "guard", "url": "http://rebind.example.test/mcp", "command": None,
-              "network": True, "side_effects": [], "requires_approval": [], "timeout_s": 30.0, "idle_timeout_s": 10.0,
-              "memory_mb": 1024, "queue": "mcp.guard.rebound", "refused": [], "fetched_at": 0, "tools": []}
-    try:
-        with httpx.Client(base_url=base, timeout=60, headers={"Authorization": "Bearer key-guard"}) as guard:
-            refused = guard.post("/v1/mcp-servers", json={"name": "fresh", "url": "http://rebind.example.test/mcp"})
-            assert refused.status_code == 403 and refused.json()["error"]["type"] == "mcp_url_not_allowed"
-            assert refused.json()["error"]["details"]["address"] == "100.64.0.7"
-            providers.save_server(runtime.redis, record)  # registered while the name answered a public address
-            before = len(asked)
-            again = guard.post("/v1/mcp-servers/rebound/refresh")
-            assert again.status_code == 403 and again.json()["error"]["type"] == "mcp_url_not_allowed", again.text
-            assert len(asked) > before
-    finally:
-        providers.delete_server(runtime.redis, "guard", "rebound")
-        server.should_exit = True
-        thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False, enqueue=_no_queue,
+                               ping_workers=lambda: 1)) as base:
+        record = {"name": "rebound", "tenant": "guard", "url": "http://rebind.example.test/mcp", "command": None,
+                  "network": True, "side_effects": [], "requires_approval": [], "timeout_s": 30.0,
+                  "idle_timeout_s": 10.0, "memory_mb": 1024, "queue": "mcp.guard.rebound", "refused": [], "fetched_at": 0, "tools": []}
+        try:
+            with httpx.Client(base_url=base, timeout=60, headers={"Authorization": "Bearer key-guard"}) as guard:
+                refused = guard.post("/v1/mcp-servers", json={"name": "fresh", "url": "http://rebind.example.test/mcp"})
+                assert refused.status_code == 403 and refused.json()["error"]["type"] == "mcp_url_not_allowed"
+                assert refused.json()["error"]["details"]["address"] == "100.64.0.7"
+                providers.save_server(runtime.redis, record)  # registered while the name answered a public address
+                before = len(asked)
+                again = guard.post("/v1/mcp-servers/rebound/refresh")
+                assert again.status_code == 403 and again.json()["error"]["type"] == "mcp_url_not_allowed", again.text
+                assert len(asked) > before
+        finally:
+            providers.delete_server(runtime.redis, "guard", "rebound")

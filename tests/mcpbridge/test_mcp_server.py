@@ -127,21 +127,17 @@ def test_job_api_sees_the_tenants_mcp_tools(keyed_api: str, http_server: str, te
 
 def test_rate_limit_and_loopback_rule(runtime) -> None:  # noqa: ANN001 - the session runtime
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     settings = Settings(api_keys="key-rl:rl", rate_limit_per_s=0.01, rate_limit_burst=2, mcp_refresh_interval_s=0)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, enqueue=lambda job: None,
-                                                      ping_workers=lambda: 1))
-    try:
+    with api_server(create_app(settings, runtime, mount_openai=False, enqueue=lambda job: None,
+                               ping_workers=lambda: 1)) as base:
         body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
         headers = {"Authorization": "Bearer key-rl", "Accept": "application/json, text/event-stream",
                    "MCP-Protocol-Version": "2025-11-25"}
         codes = [httpx.post(f"{base}/mcp", json=body, headers=headers, timeout=30).status_code for _ in range(3)]
         assert codes[-1] == 429 and 429 not in codes[:1], codes  # the tenant's bucket: burst 2, then refused
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
     # without keys, a client that is not on loopback is refused before any MCP handling
     from executor.api.context import JobDesk
     from executor.api.middleware import LOOPBACK_NAMES
@@ -170,15 +166,13 @@ def _no_queue(job: object) -> None:
 def keyless_api(runtime):  # noqa: ANN001, ANN201 - the session runtime; yields the base URL
     """An API without keys (a one-user install: loopback only), over the session Redis, with a queue double."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     settings = Settings(mcp_refresh_interval_s=0, mcp_allow_private_urls=True)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, enqueue=_no_queue,
-                                                      ping_workers=lambda: 1))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False, enqueue=_no_queue,
+                               ping_workers=lambda: 1)) as base:
+        yield base
 
 
 def _rpc(base: str, method: str, *, headers: dict | None = None) -> httpx.Response:
@@ -203,7 +197,7 @@ def test_dns_rebinding_is_refused_without_keys(keyless_api: str, runtime) -> Non
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from executor.api.context import JobDesk
     from executor.api.middleware import LOOPBACK_NAMES
     from mcpbridge.server import McpEndpoint, McpService, build_server
@@ -219,8 +213,7 @@ def test_dns_rebinding_is_refused_without_keys(keyless_api: str, runtime) -> Non
 
     bare = Starlette(routes=[Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"]),
                              Route("/healthz", endpoint=lambda request: PlainTextResponse("ok"))], lifespan=lifespan)
-    server, thread, bare_url = serve_in_thread(bare)
-    try:
+    with api_server(bare) as bare_url:
         for base, host_refusal in ((keyless_api, 403), (bare_url, 421)):
             port = base.rsplit(":", 1)[1]
             forged_host = _rpc(base, "tools/list", headers={"Host": f"evil.example:{port}"})
@@ -230,9 +223,6 @@ def test_dns_rebinding_is_refused_without_keys(keyless_api: str, runtime) -> Non
             for host, origin in ((f"127.0.0.1:{port}", f"http://127.0.0.1:{port}"), (f"localhost:{port}", None)):
                 fine = _rpc(base, "tools/list", headers={"Host": host, **({"Origin": origin} if origin else {})})
                 assert fine.status_code == 200 and _result(fine)["tools"], fine.text
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_every_listed_tool_matches_the_specifications_tool_schema(keyless_api: str, http_server: str) -> None:

@@ -196,15 +196,13 @@ def test_a_missing_command_says_so(keyed_api: str) -> None:
 def strict_api(runtime) -> Iterator[str]:  # noqa: ANN001 - the session runtime
     """An API with keys and TOOLRAIL_MCP_ALLOW_STDIO unset (the default)."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), mcp_refresh_interval_s=0)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, enqueue=lambda job: None,
-                                                      ping_workers=lambda: 1))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False, enqueue=lambda job: None,
+                               ping_workers=lambda: 1)) as base:
+        yield base
 
 
 def test_with_keys_stdio_is_refused_unless_the_operator_allows_it(strict_api: str) -> None:

@@ -41,15 +41,13 @@ def _refusing_broker(job: object) -> None:
 def refusing_api(runtime) -> Iterator[str]:  # noqa: ANN001 - the session runtime
     """An API whose queue refuses every job (a broker double that raises)."""
     from executor.api.app import create_app
-    from executor.stack import serve_in_thread
+    from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
     settings = Settings(mcp_refresh_interval_s=0)
-    server, thread, base = serve_in_thread(create_app(settings, runtime, mount_openai=False, enqueue=_refusing_broker,
-                                                      ping_workers=lambda: 1))
-    yield base
-    server.should_exit = True
-    thread.join(timeout=10)
+    with api_server(create_app(settings, runtime, mount_openai=False, enqueue=_refusing_broker,
+                               ping_workers=lambda: 1)) as base:
+        yield base
 
 
 def test_a_queueing_failure_ends_the_mcp_job_failed(refusing_api: str) -> None:

@@ -29,4 +29,4 @@ def test_the_root_carries_what_the_api_maps() -> None:
     api = ApiError(409, "already_decided", "decided", state="approved")
     assert (api.status, api.type, api.details) == (409, "already_decided", {"state": "approved"})
     assert DeciderError("x").to_dict() == {"type": "decider_error", "message": "x", "details": {}}
-    assert isinstance(BackendUnavailableError("backend down"), ToolrailError)
+    assert BackendUnavailableError("backend down").retryable and BackendUnavailableError("down").status == 503

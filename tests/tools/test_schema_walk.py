@@ -15,7 +15,7 @@ from tools.cleaning import clean_value
 from tools.evidence import ConversationValues
 from tools.grounding import check_grounding, declaration_errors, grounded_paths
 from tools.schema_guard import check_client_schema
-from tools.schema_walk import declared_types, described_values, map_subschemas, subschemas
+from tools.schema_walk import declared_types, map_described, map_subschemas, subschemas
 from tools.spec import ToolSpec, strict_schema
 from tools.validator import validate
 
@@ -78,8 +78,10 @@ def test_declared_types():
     assert declared_types({"anyOf": [{"type": "object"}, {"const": "x"}]}, inferred=True) == {"object", "string"}
 
 
-def test_described_values_pair_instance_parts_with_their_schema():
-    pairs = [(where, schema.get("type")) for where, _, schema in described_values(INSTANCE, EDGE)]
+def test_map_described_pairs_instance_parts_with_their_schema():
+    pairs: list[tuple[str, object]] = []
+    rebuilt = map_described(INSTANCE, EDGE, lambda part, schema, where: pairs.append((where, schema.get("type"))) or part)
+    assert rebuilt == INSTANCE and rebuilt is not INSTANCE
     assert ("/type", "string") in pairs and ("/properties/name", "string") in pairs and ("/enum/0", "string") in pairs
 
 
