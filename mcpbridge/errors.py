@@ -28,10 +28,10 @@ from executor.ports import ConcurrencyLimitedError
 
 __all__ = [
     "McpOutputError",
-    "McpTenantLimitError",
     "McpProtocolError",
     "McpServerExitedError",
     "McpServerRejectedError",
+    "McpTenantLimitError",
     "McpTimeoutError",
     "McpTooLargeError",
     "McpToolRejectedError",

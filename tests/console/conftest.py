@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from tests.harness.databases import own_database
-from tests.harness.fixtures import LEDGER_PREFIX
+from tests.harness.fixtures import LEDGER_PREFIX, workers_environment
 from tests.harness.jobs import publishers
 from tests.harness.serving import api_server, worker_pool
 
@@ -45,9 +45,13 @@ def page(browser: Browser) -> Iterator[Page]:
         context.close()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _executor_env(executor_env: None) -> Iterator[None]:
-    yield  # this process sees the workers' tools (the test tools: slow_echo) and settings
+@pytest.fixture(scope="module", autouse=True)
+def _workers_environment(worker_env: dict[str, str]) -> Iterator[None]:
+    """This process sees the workers' tools (the test tools: slow_echo) and settings while a console module runs,
+    and only then: the directories after this one (decider/, e2e/) run with their own (a session-long setting here
+    made ``toolrail generate`` in tests/decider find ``TOOLRAIL_DECIDER=none``)."""
+    with workers_environment(worker_env):
+        yield
 
 
 @pytest.fixture(scope="session")

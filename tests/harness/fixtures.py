@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -58,10 +59,9 @@ def worker_env() -> dict[str, str]:
             "TOOLRAIL_MCP_STDIO_READ_ROOTS": MCP_TEST_SERVERS}
 
 
-@pytest.fixture(scope="session")
-def executor_env(worker_env: dict[str, str]) -> Iterator[None]:
-    """The pytest process sees the same tools and settings as the workers (the executor's and MCP's test
-    directories use it for all their tests: their conftests' autouse ``_executor_env``)."""
+@contextmanager
+def workers_environment(worker_env: dict[str, str]) -> Iterator[None]:
+    """This process sees the same tools and settings as the workers, and gets its own back afterwards."""
     from toolrail.settings import get_settings
     from tools.registry import default_registry
 
@@ -69,14 +69,24 @@ def executor_env(worker_env: dict[str, str]) -> Iterator[None]:
     os.environ.update({k: v for k, v in worker_env.items() if k != "TOOLRAIL_TEST_SECRET"})
     default_registry.cache_clear()
     get_settings.cache_clear()
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    default_registry.cache_clear()
-    get_settings.cache_clear()
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        default_registry.cache_clear()
+        get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def executor_env(worker_env: dict[str, str]) -> Iterator[None]:
+    """The pytest process sees the same tools and settings as the workers (the executor's and MCP's test
+    directories use it for all their tests: their conftests' autouse ``_executor_env``)."""
+    with workers_environment(worker_env):
+        yield
 
 
 @pytest.fixture(scope="session")
