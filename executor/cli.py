@@ -114,7 +114,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     from executor.stack import SupervisedWorker  # noqa: PLC0415
     from toolrail.logging import configure_logging, get_logger  # noqa: PLC0415
-    from toolrail.redis_embed import check_redis_url, display_url, ensure_redis  # noqa: PLC0415
+    from toolrail.redis_embed import ensure_redis  # noqa: PLC0415
+    from toolrail.settings import check_redis_url, display_url  # noqa: PLC0415
     from toolrail.settings import get_settings  # noqa: PLC0415
 
     configure_logging()
@@ -183,7 +184,7 @@ def _announce_when_ready(host: str, port: int, redis_url: str, *, ready_path: st
 
     import httpx  # noqa: PLC0415
 
-    from toolrail.redis_embed import display_url  # noqa: PLC0415
+    from toolrail.settings import display_url  # noqa: PLC0415
 
     probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104 - probing only
 

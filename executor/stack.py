@@ -22,12 +22,12 @@ import redis
 from toolrail.lifeline import dies_with_parent
 from toolrail.extensions import TOOL_SOURCES_GROUP, installed
 from toolrail.logging import get_logger
-from toolrail.redis_embed import EmbeddedRedis, display_url, ensure_redis, free_port
+from toolrail.redis_embed import EmbeddedRedis, ensure_redis, free_port
 from executor.worker.config import DECIDER_WARM_KEY, TOOL_CHECK_EXIT, worker_queues
 from tools.registry import default_registry
 from executor.store.records import TERMINAL_JOB
 from executor.api.readiness import mark_worker_down
-from toolrail.settings import DEFAULT_CACHE_DIR, get_settings
+from toolrail.settings import DEFAULT_CACHE_DIR, display_url, get_settings
 from executor.runtime import Runtime
 
 __all__ = ["LocalStack", "SupervisedWorker", "deployment_queues", "serve_in_thread", "start_worker", "wait_for_job",

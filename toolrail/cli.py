@@ -82,7 +82,8 @@ def one_line_error(exc: BaseException) -> str | None:
     import redis  # noqa: PLC0415
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from toolrail.redis_embed import EmbeddedRedisError, RedisNotConfiguredError, RedisUrlError  # noqa: PLC0415
+    from toolrail.redis_embed import EmbeddedRedisError, RedisNotConfiguredError  # noqa: PLC0415
+    from toolrail.settings import RedisUrlError  # noqa: PLC0415
 
     if isinstance(exc, httpx.TransportError):
         url = exc.request.url if _has_request(exc) else "the API"

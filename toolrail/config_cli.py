@@ -111,7 +111,7 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from toolrail.redis_embed import display_url  # noqa: PLC0415
+    from toolrail.settings import display_url  # noqa: PLC0415
     from toolrail.settings import env_names, get_settings  # noqa: PLC0415
 
     values: dict[str, Any] = {}

@@ -22,19 +22,12 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from toolrail.lifeline import dies_with_parent
 
-if TYPE_CHECKING:
-    from toolrail.settings import Settings
+from toolrail.settings import Settings, display_url
 
-__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "REDIS_SCHEMES", "RedisNotConfiguredError", "RedisUrlError",
-           "check_redis_url", "display_url", "ensure_redis", "find_redis_server", "free_port", "redis_url"]
-
-#: What a Redis URL starts with (redis-py's ``from_url``).
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
+__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "RedisNotConfiguredError", "display_url", "ensure_redis", "find_redis_server",
+           "free_port", "redis_url"]
 
 class EmbeddedRedisError(RuntimeError):
     """The embedded Redis could not be found or started."""
@@ -45,19 +38,6 @@ class RedisNotConfiguredError(RuntimeError):
 
     def __init__(self) -> None:
         super().__init__("no Redis configured: set REDIS_URL (your Redis, or the one `toolrail serve` started)")
-
-
-class RedisUrlError(ValueError):
-    """A Redis URL without a scheme redis-py knows (``localhost:6379``): one line, before anything connects."""
-
-
-def check_redis_url(url: str, *, source: str = "REDIS_URL") -> str:
-    """``url`` when it starts with one of ``REDIS_SCHEMES``, else :class:`RedisUrlError` naming ``source``."""
-    if not url.startswith(REDIS_SCHEMES):
-        shown = display_url(url if "://" in url else f"redis://{url}").removeprefix("redis://" if "://" not in url else "")
-        hint = f" (e.g. redis://{shown})" if "://" not in url else ""
-        raise RedisUrlError(f"{source} must start with redis://, rediss:// or unix://, not {shown!r}{hint}")
-    return url
 
 
 def redis_url(settings: Settings) -> str:
@@ -152,14 +132,6 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def display_url(url: str) -> str:
-    """``url`` with any password masked, for logs."""
-    scheme, sep, rest = url.partition("://")
-    if "@" not in rest:
-        return url
-    return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"
 
 
 def ensure_redis(redis_url: str | None, cache_dir: Path, *, redis_server: str | None = None,

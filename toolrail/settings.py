@@ -20,7 +20,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DEFAULT_CACHE_DIR", "OTHER_VARIABLES", "Settings", "env_names", "get_settings", "unknown_variables"]
+__all__ = ["DEFAULT_CACHE_DIR", "OTHER_VARIABLES", "REDIS_SCHEMES", "RedisUrlError", "Settings", "check_redis_url", "display_url",
+           "env_names", "get_settings", "unknown_variables"]
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "toolrail"
 
@@ -50,6 +51,31 @@ OTHER_VARIABLES: dict[str, str] = {
     "TOOLRAIL_HUB_EGRESS": "Triton image entrypoint: `true` lets it serve a model the server fetches from a hub "
                            "(set by terraform from `engine.hub_egress`; default `false`: such a model is refused).",
 }
+
+
+#: What a Redis URL starts with (redis-py's ``from_url``).
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+class RedisUrlError(ValueError):
+    """A Redis URL without a scheme redis-py knows (``localhost:6379``): one line, before anything connects."""
+
+
+def check_redis_url(url: str, *, source: str = "REDIS_URL") -> str:
+    """``url`` when it starts with one of ``REDIS_SCHEMES``, else :class:`RedisUrlError` naming ``source``."""
+    if not url.startswith(REDIS_SCHEMES):
+        shown = display_url(url if "://" in url else f"redis://{url}").removeprefix("redis://" if "://" not in url else "")
+        hint = f" (e.g. redis://{shown})" if "://" not in url else ""
+        raise RedisUrlError(f"{source} must start with redis://, rediss:// or unix://, not {shown!r}{hint}")
+    return url
+
+
+def display_url(url: str) -> str:
+    """``url`` with any password masked, for logs."""
+    scheme, sep, rest = url.partition("://")
+    if "@" not in rest:
+        return url
+    return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"
 
 
 class Settings(BaseSettings):
@@ -320,8 +346,6 @@ class Settings(BaseSettings):
     @field_validator("redis_url", mode="after")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
-        from toolrail.redis_embed import check_redis_url  # noqa: PLC0415 - the one check, also for serve --redis-url
-
         return None if value is None else check_redis_url(value)
 
     @field_validator("log_level", mode="after")
