@@ -49,17 +49,18 @@ def page(browser: Browser) -> Iterator[Page]:
 def _workers_environment(worker_env: dict[str, str]) -> Iterator[None]:
     """This process sees the workers' tools (the test tools: slow_echo) and settings while a console module runs,
     and only then: the directories after this one (decider/, e2e/) run with their own (a session-long setting here
-    made ``toolrail generate`` in tests/decider find ``TOOLRAIL_DECIDER=none``)."""
+    made ``toolrail generate`` in tests/decider find ``TOOLRAIL_DECIDER=none``). The stack below is per module
+    too, so that it is built inside this environment (an autouse fixture comes first only within its scope)."""
     with workers_environment(worker_env):
         yield
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def console_db() -> str:
     return own_database("tests.console")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def console_worker(console_db: str, worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real Celery worker on the console tests' database, its spans (and its sandboxes') kept in Redis."""
     import redis
@@ -90,14 +91,14 @@ def _app(console_db: str, **settings: Any) -> Any:
     return create_app(config, runtime, enqueue=enqueue, rerun=rerun, ping_workers=lambda: 1, mount_openai=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def console_api(console_db: str, console_worker: Any) -> Iterator[str]:
     """The API without keys (a local install), reconciling every half second (the workers view shows its sweep)."""
     with api_server(_app(console_db, reconcile_interval_s=0.5)) as base:
         yield base
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def keyed_api(console_db: str, console_worker: Any) -> Iterator[str]:
     """The API with two tenants' keys, over the same store and worker."""
     with api_server(_app(console_db, reconcile_interval_s=0,

@@ -90,7 +90,7 @@ def test_the_jobs_list_updates_live(page: Page, console_api: str) -> None:
     page.goto(f"{console_api}/console/")
     expect(page.locator("#live")).to_have_text("● live")
     job_id = _submit(console_api, {"tools": ["slow_echo"], "tool_calls": [
-        {"name": "slow_echo", "arguments": {"value": "live", "delay_s": 1.0}}]})
+        {"name": "slow_echo", "arguments": {"value": "live", "delay_s": 4.0}}]})
     row = page.locator(f"tr[data-job-id='{job_id}']")
     expect(row).to_be_visible(timeout=5000)  # a new job appears without a reload
     expect(row).to_have_attribute("data-status", "running", timeout=5000)
