@@ -209,9 +209,7 @@ class _ChatCompletions:
                 await asyncio.to_thread(self.get_decider)  # the first call loads the model: never on the event loop
                 return await core.unless_disconnected(request, self._complete(body, ask), on_disconnect=lambda: (
                     core.cancel_decoding(self.get_decider(), request_id, attempts=(body.max_reasks or 0) + 2)))
-            except core.ModelNotFound as exc:
-                return exc.response(request_id)
-            except core.CheckFailed as exc:
+            except core.AnsweredError as exc:  # an unknown model (404), a failed check (502)
                 return exc.response(request_id)
             except DeciderError as exc:
                 return core.error_for(exc, request_id)

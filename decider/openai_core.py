@@ -43,7 +43,7 @@ from tools.grounding import grounded_paths
 from tools.schema_guard import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, check_client_schema
 from tools.spec import ToolSpec
 
-__all__ = ["Ask", "BlockedPiece", "CallPiece", "CheckFailed", "EndPiece", "Limits", "ModelNotFound", "Outcome", "Planned",
+__all__ = ["AnsweredError", "Ask", "BlockedPiece", "CallPiece", "CheckFailed", "EndPiece", "Limits", "ModelNotFound", "Outcome", "Planned",
            "TextPiece", "cancel_decoding", "check_bound", "check_model", "check_tool_answers", "client_calls", "complete",
            "default_decider", "error_for", "error_response", "plan", "schema_refusal", "stream", "stream_error",
            "unless_disconnected"]
@@ -187,7 +187,14 @@ def check_model(model: str | None, served: Sequence[str]) -> None:
         raise ModelNotFound(model)
 
 
-class ModelNotFound(Exception):
+class AnsweredError(Exception):
+    """A refusal that knows its own HTTP answer (``response``): both endpoints catch this one class."""
+
+    def response(self, request_id: str) -> JSONResponse:
+        raise NotImplementedError
+
+
+class ModelNotFound(AnsweredError):
     """The request names a model nobody serves here."""
 
     def __init__(self, model: str) -> None:
@@ -382,7 +389,7 @@ async def complete(decider: BackendDecider, planned: Planned) -> Outcome:
     return Outcome(decision, reason, _usage(decider, plan, decision.usage, decision.raw_output), None, planned.max_tokens)
 
 
-class CheckFailed(Exception):
+class CheckFailed(AnsweredError):
     """The checked loop failed for a reason other than a bound: answered 502 with its record."""
 
     def __init__(self, checked: Any) -> None:

@@ -339,9 +339,7 @@ class _Responses:
                 return await core.unless_disconnected(request, self._respond(turn, ask, conversation, tenant),
                                                       on_disconnect=lambda: core.cancel_decoding(
                                                           self.get_decider(), request_id, attempts=4))
-            except core.ModelNotFound as exc:
-                return exc.response(request_id)
-            except core.CheckFailed as exc:
+            except core.AnsweredError as exc:  # an unknown model (404), a failed check (502)
                 return exc.response(request_id)
             except DeciderError as exc:
                 return core.error_for(exc, request_id)
