@@ -45,6 +45,7 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", _fuzz_app())
 
 
 SEEN: dict[str, int] = {"requests": 0, "5xx": 0}
+SENT: set[str] = set()
 
 
 def _bounded_waits(case) -> None:  # noqa: ANN001 - a schemathesis case
@@ -64,6 +65,12 @@ def _call_and_check(case, headers: dict[str, str]) -> None:
     if case.path.endswith("/events"):
         case.query = {**(case.query or {}), "timeout_s": 1}  # a stream that exists would otherwise block for 60 s
     _bounded_waits(case)
+    # the coverage phase draws many cases that are one request byte for byte (header variants the test's own
+    # credentials then override): a request already sent and passed is not sent again — a stream holds its 1 s floor
+    request = repr((case.method, case.formatted_path, case.query, case.headers, case.cookies, case.media_type, case.body,
+                    headers))
+    if request in SENT:
+        return
     response = case.call(headers=headers)
     SEEN["requests"] += 1
     SEEN["5xx"] += response.status_code >= 500
@@ -76,6 +83,7 @@ def _call_and_check(case, headers: dict[str, str]) -> None:
         body = response.json()
         assert set(body) == {"error"} and {"type", "message", "details"} <= set(body["error"])
         assert "Traceback" not in response.text
+    SENT.add(request)  # only once it passed: a failing request is sent again as hypothesis replays it
 
 
 @schema.parametrize()
