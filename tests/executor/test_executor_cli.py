@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import queue
 import subprocess
 import sys
 import threading
@@ -14,12 +13,8 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-import redis
 
-from executor.stack import stop_process
-from toolrail.redis_embed import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -126,37 +121,6 @@ def test_run_timeout_is_one_deadline(slow_api: str, mode: list[str]) -> None:
     assert out.returncode == 124, out.stderr
     assert "--timeout 4 s passed; job job_slow is still running" in out.stderr
     assert elapsed < 4 + 3.5, f"{elapsed:.1f} s for --timeout 4"  # the interpreter's start, the imports
-
-
-def test_serve_prints_its_url_and_the_redis_url_a_second_process_needs(tmp_path: Path) -> None:
-    """A real ``toolrail serve`` on its own embedded Redis (a random port): once ``/readyz`` answers it prints the
-    API's URL and ``export REDIS_URL=…``, and that Redis is the one serving (a second process can use it)."""
-    port = free_port()
-    env = {**os.environ, "TOOLRAIL_DECIDER": "none", "TOOLRAIL_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
-    env.pop("REDIS_URL", None)
-    err = tmp_path / "serve.err"
-    with open(err, "wb") as err_file:
-        proc = subprocess.Popen([sys.executable, "-m", "toolrail.cli", "serve", "--port", str(port), "--concurrency", "1"],
-                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err_file, text=True,
-                                start_new_session=True)
-    try:
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-        first = lines.get(timeout=120)
-        second = lines.get(timeout=10)
-        assert first.strip() == f"toolrail serve: ready at http://127.0.0.1:{port}", err.read_text()[-2000:]
-        assert second.startswith("export REDIS_URL=redis://127.0.0.1:"), second
-        redis_url = second.split("=", 1)[1].split()[0]
-        assert redis_url.endswith("/0") and not redis_url.startswith("redis://127.0.0.1:6379/")
-        assert redis.Redis.from_url(redis_url, socket_connect_timeout=2).ping()
-        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200  # ready when it said so
-        shell = subprocess.run(["bash", "-c", f"{second.strip()}; echo \"$REDIS_URL\""], capture_output=True, text=True)
-        assert shell.stdout.strip() == redis_url  # the line works as printed
-        console = lines.get(timeout=10).strip()  # then where a person watches jobs and approves calls
-        assert console == f"console: http://127.0.0.1:{port}/console/", console
-        assert httpx.get(console.split(" ", 1)[1], timeout=5).headers["content-security-policy"]
-    finally:
-        stop_process(proc, grace_s=30)
 
 
 def test_run_timeout_counts_the_local_stack_start() -> None:

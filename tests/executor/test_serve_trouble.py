@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
@@ -88,8 +89,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, int, Path, str]]:
-    """``toolrail serve`` on its own embedded Redis with its worker pool: (process, port, its log, its REDIS_URL)."""
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, int, Path, str, list[str]]]:
+    """``toolrail serve`` on its own embedded Redis with its worker pool: (process, port, its log, its REDIS_URL, the
+    three lines it printed once ready)."""
     port = free_port()
     log = tmp_path_factory.mktemp("serve-trouble") / "serve.log"
     with open(log, "wb") as out:
@@ -100,24 +102,43 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess
     try:
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-        assert lines.get(timeout=120).startswith("toolrail serve: ready at"), log.read_text()[-2000:]
-        redis_url = lines.get(timeout=10).split("=", 1)[1].split()[0]
+        printed = [lines.get(timeout=120)]
+        assert printed[0].startswith("toolrail serve: ready at"), log.read_text()[-2000:]
+        printed += [lines.get(timeout=10), lines.get(timeout=10)]  # export REDIS_URL=…, console: …
+        redis_url = printed[1].split("=", 1)[1].split()[0]
         started = _descendants(proc.pid)
-        yield proc, port, log, redis_url
+        yield proc, port, log, redis_url, printed
     finally:
         stop_process(proc, grace_s=20)
         _kill_all({**started, **_descendants(proc.pid)})
 
 
-def test_readiness_polls_are_not_logged_at_info(serve: tuple[subprocess.Popen, int, Path, str]) -> None:
-    _, _, log, _ = serve
+def test_serve_prints_its_url_and_the_redis_url_a_second_process_needs(
+        serve: tuple[subprocess.Popen, int, Path, str, list[str]]) -> None:
+    """Once ``/readyz`` answers serve prints the API's URL and ``export REDIS_URL=…`` of its own embedded Redis (a
+    random port), and that Redis is the one serving (a second process can use it)."""
+    _, port, log, redis_url, printed = serve
+    ready, export, console = (line.strip() for line in printed)
+    assert ready == f"toolrail serve: ready at http://127.0.0.1:{port}", log.read_text()[-2000:]
+    assert export.startswith("export REDIS_URL=redis://127.0.0.1:"), export
+    assert redis_url.endswith("/0") and not redis_url.startswith("redis://127.0.0.1:6379/")
+    assert redis.Redis.from_url(redis_url, socket_connect_timeout=2).ping()
+    assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200  # ready when it said so
+    shell = subprocess.run(["bash", "-c", f"{export}; echo \"$REDIS_URL\""], capture_output=True, text=True)
+    assert shell.stdout.strip() == redis_url  # the line works as printed
+    assert console == f"console: http://127.0.0.1:{port}/console/", console  # where a person watches and approves
+    assert httpx.get(console.split(" ", 1)[1], timeout=5).headers["content-security-policy"]
+
+
+def test_readiness_polls_are_not_logged_at_info(serve: tuple[subprocess.Popen, int, Path, str, list[str]]) -> None:
+    _, _, log, _, _ = serve
     polls = [line for line in log.read_text().splitlines() if "/readyz" in line]
     assert not polls, f"{len(polls)} readiness polls logged, e.g. {polls[0][:200]}"
 
 
 def test_a_second_serve_on_the_port_is_refused_before_it_starts_anything(
-        serve: tuple[subprocess.Popen, int, Path, str]) -> None:
-    proc, port, _, redis_url = serve
+        serve: tuple[subprocess.Popen, int, Path, str, list[str]]) -> None:
+    proc, port, _, redis_url, _ = serve
     first = redis.Redis.from_url(redis_url)
     first.set("toolrail-test:first-serve", "mine")
     second = subprocess.run([sys.executable, "-m", "toolrail.cli", "serve", "--port", str(port)], cwd=REPO,
@@ -152,9 +173,9 @@ def test_a_port_held_by_another_program_is_refused_and_its_redis_untouched(tmp_p
         bystander.stop()
 
 
-def test_a_sigkilled_serve_leaves_nothing_running(serve: tuple[subprocess.Popen, int, Path, str]) -> None:
+def test_a_sigkilled_serve_leaves_nothing_running(serve: tuple[subprocess.Popen, int, Path, str, list[str]]) -> None:
     """Last in the module: it kills the module's serve."""
-    proc, _, _, _ = serve
+    proc, _, _, _, _ = serve
     started = _descendants(proc.pid)
     assert any("redis-server" in c for c in started.values()) and any("celery" in c for c in started.values()), started
     os.kill(proc.pid, signal.SIGKILL)
