@@ -57,9 +57,12 @@ def test_long_call_is_not_redelivered_while_it_runs(stack: ChaosStack) -> None:
 
 
 def test_worker_sigkills_lose_and_double_nothing(stack: ChaosStack) -> None:
-    figures = run_chaos(stack, kills=8, kill_every_s=2.0, jobs_per_s=4, drain_timeout_s=60, main_share=0.35)
+    # five kills, main processes and pool processes both (bench/chaos.py runs 100+; test_worker_liveness proves each
+    # kind resumes within seconds under serve)
+    figures = run_chaos(stack, kills=5, kill_every_s=2.0, jobs_per_s=4, drain_timeout_s=60, main_share=0.35)
     print("chaos figures:", figures)
-    assert figures["kills"] == 8 and figures["jobs"] >= 15
+    assert figures["kills"] == 5 and figures["main_kills"] >= 1 and figures["pool_child_kills"] >= 1, figures
+    assert figures["jobs"] >= 10, figures
     assert figures["lost"] == 0, figures
     assert figures["duplicated"] == 0 and figures["missing_applications"] == 0 and figures["orphaned"] == 0, figures
     assert figures["balances_exact"] and figures["total_conserved"], figures
