@@ -76,7 +76,7 @@ def wait_for_workers(redis_url: str, *, count: int = 1, timeout_s: float = 60.0)
     seen = 0
     while time.monotonic() < deadline:
         try:
-            seen = len(probe.control.ping(timeout=0.5) or [])
+            seen = len(probe.control.ping(timeout=0.5, limit=count) or [])  # answers as soon as count replied
         except (redis.RedisError, OSError):
             seen = 0
         if seen >= count:
