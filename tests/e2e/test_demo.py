@@ -5,7 +5,8 @@ From a fresh shell: no ``TOOLRAIL_*`` variable (the demo registers its own tool)
 Redis). Its stderr holds no third-party warning (Celery's root ``SecurityWarning``, transformers' ``FutureWarning``
 or weight-loading progress bar); it ends with the README's next commands. The whole demo is ``slow`` (40 s on a
 quiet 2-core machine, 70 s on a busy one: SmolLM2 decides on CPU); the default suite keeps the quiet console of
-its worker: a deciding worker started as the demo starts it, its model loaded, its output free of warnings.
+its worker on test_end_to_end's stack: a deciding worker started as the demo starts it, its model loaded, its output
+free of warnings.
 """
 
 from __future__ import annotations
@@ -14,43 +15,17 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from executor.cli import NEXT_STEPS
-from executor.stack import start_worker, stop_process
-from executor.worker.config import DECIDER_WARM_KEY
-from toolrail.redis_embed import EmbeddedRedis
 
 pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What third-party noise looks like on a console: a warning's category or its source line, a progress bar.
 NOISE = re.compile(r"Warning\b|warnings\.warn|Loading weights|it/s\]")
-
-
-def test_a_deciding_worker_starts_quietly(tmp_path: Path) -> None:
-    """The demo's worker pool (embedded decider, warmed at start), run as root as the demo runs it: no Celery
-    ``SecurityWarning``, no transformers progress bar or warning, from start to a warm decider."""
-    server = EmbeddedRedis(data_dir=tmp_path / "redis").start()
-    log = tmp_path / "worker.log"
-    env = {"TOOLRAIL_DEMO_TOOLS": "get_weather", "TOOLRAIL_DECIDER": "embedded", "TOOLRAIL_LOG_LEVEL": "WARNING"}
-    worker = start_worker(server.url, concurrency=1, env=env, log_file=log)
-    try:
-        client = redis.Redis.from_url(server.url)
-        deadline = time.monotonic() + 300
-        while not client.exists(DECIDER_WARM_KEY):
-            assert worker.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-    finally:
-        stop_process(worker)
-        server.stop()
-    noise = [line for line in log.read_text().splitlines() if NOISE.search(line)]
-    assert not noise, "\n".join(noise)
 
 
 @pytest.mark.slow

@@ -10,21 +10,29 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
+from test_demo import NOISE
 
 from executor.stack import LocalStack, wait_for_job
 from executor.store.records import TERMINAL_JOB
+from executor.worker.config import DECIDER_WARM_KEY
 
 pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[LocalStack]:
-    with LocalStack(redis_url=os.environ["REDIS_URL"], concurrency=1,
-                    worker_env={"TOOLRAIL_DECIDER": "embedded", "TOOLRAIL_LOG_JSON": "1"}) as running:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """Its worker pool started as the demo starts it (``start_worker``: the embedded decider, warmed at start, warnings
+    only), its output kept in ``log_file``."""
+    redis.Redis.from_url(os.environ["REDIS_URL"]).delete(DECIDER_WARM_KEY)  # an earlier pool's mark says nothing of this one
+    with LocalStack(redis_url=os.environ["REDIS_URL"], concurrency=1, log_file=tmp_path_factory.mktemp("e2e") / "worker.log",
+                    worker_env={"TOOLRAIL_DECIDER": "embedded", "TOOLRAIL_LOG_JSON": "1",
+                                "TOOLRAIL_LOG_LEVEL": "WARNING"}) as running:
         yield running
 
 
@@ -32,6 +40,18 @@ def _wait(client: httpx.Client, job_id: str, timeout_s: float = 300) -> dict:
     job = wait_for_job(client, job_id, timeout_s=timeout_s, poll_s=0.25)
     assert job["status"] in TERMINAL_JOB, f"job {job_id} did not finish: {job}"
     return job
+
+
+def test_a_deciding_worker_starts_quietly(stack: LocalStack) -> None:
+    """The demo's worker pool (embedded decider, warmed at start), run as root as the demo runs it: no Celery
+    ``SecurityWarning``, no transformers progress bar or warning, from start to a warm decider."""
+    assert stack.log_file is not None
+    client, deadline = redis.Redis.from_url(stack.redis_url), time.monotonic() + 300
+    while not client.exists(DECIDER_WARM_KEY):
+        assert time.monotonic() < deadline, stack.log_file.read_text()[-3000:]
+        time.sleep(0.5)
+    noise = [line for line in stack.log_file.read_text().splitlines() if NOISE.search(line)]
+    assert not noise, "\n".join(noise)
 
 
 def test_cli_run_decides_and_executes_on_the_real_model(stack: LocalStack) -> None:
