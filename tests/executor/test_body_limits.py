@@ -1,5 +1,6 @@
 """Limits before parsing, before auth, with memory flat (issue 35, item 2) — against ``toolrail serve --no-worker`` in a
-process of its own (its RSS is what is measured), API keys on, requests sent without a key over raw sockets.
+process of its own (the session's ``api_process``: its RSS is what is measured), API keys on, requests sent without a
+key over raw sockets.
 
 - ``Content-Length: 0`` beside ``Transfer-Encoding: chunked`` (request smuggling's framing, RFC 9112 §6.3): 400
   ``conflicting_framing`` and the connection closed. Before: the guard took it as bodiless, h11 read the 100 MB
@@ -10,35 +11,14 @@ process of its own (its RSS is what is measured), API keys on, requests sent wit
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from executor.stack import stop_process, wait_http_ok
-from toolrail.redis_embed import free_port
 
 HEAD = (b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n")
 MB = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def api_process(redis_url: str) -> Iterator[tuple[int, int]]:
-    """``toolrail serve --no-worker`` with API keys: (port, pid)."""
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": redis_url, "TOOLRAIL_API_KEYS": "key-35:alpha", "TOOLRAIL_DECIDER": "none",
-           "TOOLRAIL_RECONCILE_INTERVAL_S": "0", "TOOLRAIL_RATE_LIMIT_PER_S": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "toolrail.cli", "serve", "--no-worker", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_http_ok(f"http://127.0.0.1:{port}", timeout_s=60)
-        yield port, proc.pid
-    finally:
-        stop_process(proc)
 
 
 def _rss_mb(pid: int) -> float:

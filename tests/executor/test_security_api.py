@@ -11,10 +11,7 @@ its own circuit breaker.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,13 +22,11 @@ from tests.harness.jobs import wait_terminal
 from fastapi.testclient import TestClient
 
 from executor.api.app import create_app
-from executor.stack import stop_process, wait_http_ok
+from tests.harness.fixtures import API_KEYS, METRICS_KEY
 from tests.harness.serving import api_server
 from executor.store.records import JobRecord
-from toolrail.redis_embed import free_port
 from toolrail.settings import Settings
 
-KEYS = "key-alpha-18:alpha,key-beta-18:beta"
 ALPHA = {"Authorization": "Bearer key-alpha-18"}
 BETA = {"Authorization": "Bearer key-beta-18"}
 EVIL = r"^(a+)+$"
@@ -92,7 +87,7 @@ def test_backtracking_pattern_is_answered_in_bounded_time_while_healthz_stays_fa
 
 @pytest.fixture(scope="module")
 def tenant_app(runtime) -> Iterator[TestClient]:
-    settings = Settings(api_keys=KEYS, metrics_key="metrics-key-18", max_schema_bytes=8_192)
+    settings = Settings(api_keys=API_KEYS, metrics_key=METRICS_KEY, max_schema_bytes=8_192)
     with TestClient(create_app(settings, runtime, enqueue=lambda job: None, ping_workers=lambda: 1,
                                mount_openai=True), raise_server_exceptions=False) as app_client:
         yield app_client
@@ -142,7 +137,7 @@ def test_openai_endpoint_requires_a_key_and_caps_max_tokens(tenant_app: TestClie
 
 
 def test_openai_endpoint_gets_the_tenants_rate_limit(runtime) -> None:
-    settings = Settings(api_keys=KEYS, rate_limit_per_s=0.5, rate_limit_burst=2)
+    settings = Settings(api_keys=API_KEYS, rate_limit_per_s=0.5, rate_limit_burst=2)
     runtime.redis.delete("tr:rl:alpha", "tr:rl:beta")
     with TestClient(create_app(settings, runtime, enqueue=lambda job: None, mount_openai=True),
                     raise_server_exceptions=False) as app_client:
@@ -162,7 +157,7 @@ def test_metrics_name_tenants_only_to_the_metrics_key(tenant_app: TestClient) ->
     assert "toolrail_http_request_duration_seconds_count" in public.text
     for wrong in ({"Authorization": "Bearer key-alpha-18"}, {"Authorization": "Bearer nope"}):
         assert "alpha" not in tenant_app.get("/metrics", headers=wrong).text  # a tenant key shows no tenant
-    operator = tenant_app.get("/metrics", headers={"Authorization": "Bearer metrics-key-18"}).text
+    operator = tenant_app.get("/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"}).text
     assert 'toolrail_jobs_created_total{tenant="alpha"}' in operator
     assert "toolrail_jobs_created_total " in public.text  # the same series, summed over tenants
 
@@ -170,25 +165,8 @@ def test_metrics_name_tenants_only_to_the_metrics_key(tenant_app: TestClient) ->
 # ----------------------------------------------------------------- event streams
 
 
-@pytest.fixture()
-def serve_process(redis_url: str) -> Iterator[str]:
-    """``toolrail serve --no-worker`` in its own process: the API as shipped, on the session's Redis."""
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": redis_url, "TOOLRAIL_API_KEYS": KEYS, "TOOLRAIL_METRICS_KEY": "metrics-key-18",
-           "TOOLRAIL_SSE_HEARTBEAT_S": "5", "TOOLRAIL_SSE_MAX_STREAMS_PER_TENANT": "120",
-           "TOOLRAIL_RATE_LIMIT_PER_S": "0", "TOOLRAIL_DECIDER": "none", "TOOLRAIL_RECONCILE_INTERVAL_S": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "toolrail.cli", "serve", "--no-worker", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ok(base, timeout_s=60)
-        yield base
-    finally:
-        stop_process(proc)
-
-
 def _open_stream_gauge(base: str) -> float:
-    scrape = httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer metrics-key-18"}, timeout=5).text
+    scrape = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"}, timeout=5).text
     for line in scrape.splitlines():
         if line.startswith('toolrail_sse_open_streams{tenant="alpha"}'):
             return float(line.split()[-1])
@@ -210,8 +188,8 @@ async def _open_streams(base: str, path: str, count: int, headers: dict) -> tupl
     return contexts, responses, client
 
 
-def test_100_open_streams_leave_healthz_answering_and_end_on_disconnect(serve_process: str, runtime) -> None:
-    base = serve_process
+def test_100_open_streams_leave_healthz_answering_and_end_on_disconnect(api_process: tuple[int, int], runtime) -> None:
+    base = f"http://127.0.0.1:{api_process[0]}"  # ``toolrail serve --no-worker`` in its own process: the API as shipped
     job_id = _endless_job(runtime, "alpha")
 
     async def scenario() -> tuple[list[float], list[str], float]:
@@ -251,7 +229,7 @@ def test_100_open_streams_leave_healthz_answering_and_end_on_disconnect(serve_pr
 
 
 def test_open_streams_are_capped_per_tenant(runtime) -> None:
-    settings = Settings(api_keys=KEYS, sse_heartbeat_s=0.2, sse_max_streams_per_tenant=2, rate_limit_per_s=0)
+    settings = Settings(api_keys=API_KEYS, sse_heartbeat_s=0.2, sse_max_streams_per_tenant=2, rate_limit_per_s=0)
     app = create_app(settings, runtime, enqueue=lambda job: None, ping_workers=lambda: 1, mount_openai=False)
     with api_server(app) as base:
         alpha_job, beta_job = _endless_job(runtime, "alpha"), _endless_job(runtime, "beta")
@@ -286,7 +264,7 @@ def test_one_tenants_crashing_calls_do_not_open_the_breaker_for_others(runtime, 
     breaker.reset("stress")
     crash = {"tool_calls": [{"name": "stress", "arguments": {"mode": "crash"}}]}
     fine = {"tool_calls": [{"name": "stress", "arguments": {"mode": "ok"}}]}
-    with TestClient(create_app(Settings(api_keys=KEYS, rate_limit_per_s=0), runtime, mount_openai=False),
+    with TestClient(create_app(Settings(api_keys=API_KEYS, rate_limit_per_s=0), runtime, mount_openai=False),
                     raise_server_exceptions=False) as app_client:
         def run(body: dict, headers: dict) -> dict:
             created = app_client.post("/v1/jobs", json=body, headers=headers)

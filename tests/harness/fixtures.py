@@ -9,6 +9,8 @@ no decider (spine tests bring their own tool calls), and the ledger on the sessi
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,8 +20,10 @@ import httpx
 import pytest
 import redis
 
+from executor.stack import stop_process, wait_http_ok
 from tests.harness.databases import own_database
 from tests.harness.serving import api_server, worker_pool
+from toolrail.redis_embed import free_port
 from tools.ledger import Ledger
 
 TEST_TOOL_MODULES = "tests.executor.tools_for_tests"
@@ -29,6 +33,9 @@ LEDGER_PREFIX = "test:ledger"
 SECRET = "s3cr3t-worker-only"
 #: Signing secret of the test session's webhooks (default tenant).
 WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+#: The tenants' API keys of the session's ``toolrail serve --no-worker`` (``api_process``), and its metrics key.
+API_KEYS = "key-alpha-18:alpha,key-beta-18:beta"
+METRICS_KEY = "metrics-key-18"
 
 
 @pytest.fixture(scope="session")
@@ -132,3 +139,22 @@ def ledger(redis_client: redis.Redis) -> Ledger:
     book = Ledger(redis_client, prefix=LEDGER_PREFIX)
     book.seed()
     return book
+
+
+@pytest.fixture(scope="session")
+def api_process(redis_url: str) -> Iterator[tuple[int, int]]:
+    """``toolrail serve --no-worker`` in a process of its own (its RSS can be measured): the API as shipped on
+    127.0.0.1, on the session's Redis, ``API_KEYS`` on, no rate limit, no reconciler; (port, pid)."""
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": redis_url, "TOOLRAIL_API_KEYS": API_KEYS, "TOOLRAIL_METRICS_KEY": METRICS_KEY,
+           "TOOLRAIL_SSE_HEARTBEAT_S": "5", "TOOLRAIL_SSE_MAX_STREAMS_PER_TENANT": "120",
+           "TOOLRAIL_RATE_LIMIT_PER_S": "0", "TOOLRAIL_DECIDER": "none", "TOOLRAIL_RECONCILE_INTERVAL_S": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "toolrail.cli", "serve", "--no-worker", "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ok(base, timeout_s=60)
+        yield port, proc.pid
+    finally:
+        stop_process(proc)
