@@ -65,10 +65,20 @@ def _chunked(port: int, headers: bytes, *, prefix: bytes, total: int, fill: byte
                 closed = True
                 break
             reply += data
+            if _whole_answer_kept_open(reply):
+                break  # nothing more comes on that connection until its idle timeout (5 s)
     except (ConnectionResetError, TimeoutError):
         closed = True  # reset: the server closed with our unread bytes in its buffer
     sock.close()
     return reply, sent, closed
+
+
+def _whole_answer_kept_open(reply: bytes) -> bool:
+    """``reply`` holds a whole answer (its headers and Content-Length bytes of body) that does not close the connection."""
+    head, sep, body = reply.partition(b"\r\n\r\n")
+    fields = dict(line.split(b":", 1) for line in head.lower().split(b"\r\n")[1:] if b":" in line)
+    return bool(sep) and fields.get(b"connection", b"").strip() != b"close" and \
+        len(body) >= int(fields.get(b"content-length", b"0"))
 
 
 def _answered(sock: socket.socket) -> bool:
