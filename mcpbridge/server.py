@@ -199,8 +199,9 @@ def _result_of(job: JobRecord, *, request_id: str) -> types.CallToolResult:
         return _error_result({"type": "awaiting_approval", "message": "the call waits for a person's approval; "
                               f"follow job {job.job_id}", "details": {}}, job_id=job.job_id, request_id=request_id)
     if call is not None and call.error:
-        return _error_result(call.error, job_id=job.job_id, request_id=request_id)
-    error = job.error or {"type": job.status, "message": f"the job ended {job.status}", "details": {}}
+        return _error_result(call.error.model_dump(), job_id=job.job_id, request_id=request_id)
+    error = job.error.model_dump() if job.error else {"type": job.status, "message": f"the job ended {job.status}",
+                                                      "details": {}}
     return _error_result(error, job_id=job.job_id, request_id=request_id)
 
 

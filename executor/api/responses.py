@@ -30,7 +30,7 @@ class JobResponses:
         texts = [part["text"] for item in response["output"] if item["type"] == "message" for part in item["content"]]
         status = {"completed": "succeeded", "incomplete": "failed", "failed": "failed"}[response["status"]]
         error = response.get("error") or ({"type": "generation_bound", "message": "the output was cut at "
-                                           "max_output_tokens"} if response["status"] == "incomplete" else None)
+                                           "max_output_tokens", "details": {}} if response["status"] == "incomplete" else None)
         job = JobRecord(job_id=response["id"], request_id=request_id,
                         tenant=tenant, status=status, created_at=response["created_at"], messages=conversation,
                         tools=[t["name"] for t in response.get("tools") or []], calls=calls,

@@ -24,12 +24,11 @@ import redis
 
 from executor.errors import ExecutorError
 from executor.ports import Runtime
-from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
+from executor.store.models import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord, RecordedError
 from toolrail.logging import get_logger
 from executor.runs.approvals import expire_due
 from executor.runs.loop import advance, set_status
 from executor.runs.policy import close_step
-from executor.runs.submit import internal_error
 
 __all__ = ["LAST_SWEEP_KEY", "MAX_REQUEUES", "Reconciler", "reconcile_once"]
 
@@ -89,8 +88,8 @@ def _end_lost(rt: Runtime, job: JobRecord) -> None:
     log.error("job.lost", job_id=job.job_id, request_id=job.request_id, status=job.status, step=job.step,
               requeues=MAX_REQUEUES)
     set_status(rt, job.job_id, "failed", mutate=lambda j: close_step(j, status="failed"),
-               error=internal_error(f"the job's work was lost {MAX_REQUEUES} times at step {job.step} ({job.status})",
-                                    request_id=job.request_id, requeues=MAX_REQUEUES))
+               error=RecordedError.internal(f"the job's work was lost {MAX_REQUEUES} times at step {job.step} "
+                                            f"({job.status})", request_id=job.request_id, requeues=MAX_REQUEUES))
     rt.store.forget_active(job.job_id)
 
 
