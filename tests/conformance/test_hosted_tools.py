@@ -120,3 +120,26 @@ def test_the_standalone_endpoint_refuses_hosted_tools_naming_why() -> None:
                                                           "tools": [TOOLRAIL]}, timeout=10)
     error = answer.json()["error"]
     assert answer.status_code == 400 and error["param"] == "tools" and "toolrail serve" in error["message"]
+
+
+@pytest.mark.conformance("responses: a hosted tool's call held for approval, approved through the run's interruptions",
+                         "OpenAI Agents SDK")
+async def test_an_agent_approves_a_held_call_through_its_interruptions(api: str, ledger: Ledger) -> None:
+    agents = pytest.importorskip("agents")
+
+    agents.set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=f"{api}/v1", api_key=KEY, max_retries=0, timeout=120)
+    tool = agents.HostedMCPTool(tool_config={**TOOLRAIL, "allowed_tools": ["slow_transfer"],
+                                             "require_approval": "always"})
+    agent = agents.Agent(name="teller", instructions="Send the money.", tools=[tool],
+                         model=agents.OpenAIResponsesModel(model="custom", openai_client=client))
+    held = await agents.Runner.run(agent, _script(TRANSFER, {"text": "sent: {results}"}), max_turns=3)
+    (interruption,) = held.interruptions
+    assert interruption.raw_item.type == "mcp_approval_request" and interruption.raw_item.name == "slow_transfer"
+    job_id = held.raw_responses[0].response_id
+    assert [e for e in ledger.applications() if e["key"].startswith(f"{job_id}:")] == []
+    state = held.to_state()
+    state.approve(interruption)
+    done = await agents.Runner.run(agent, state, max_turns=3)
+    assert "sent:" in done.final_output
+    assert len([e for e in ledger.applications() if e["key"].startswith(f"{job_id}:")]) == 1
