@@ -160,11 +160,11 @@ def hosted_view(job: JobRecord, response: dict[str, Any], *, from_step: int = 0)
         if call.status == "validated":  # a client's own function tool: the client runs it
             output.append({"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id, "name": call.name,
                            "arguments": arguments, "status": "completed"})
-        elif call.status == "awaiting_approval" and (call.approval or {}).get("state") == "pending":
+        elif call.status == "awaiting_approval" and call.approval_state() == "pending":
             output.append({"type": "mcp_approval_request", "id": _approval_id(job, call), "name": call.name,
                            "arguments": arguments, "server_label": HOSTED_LABEL})
         elif call.status in ("succeeded", "failed", "rejected"):
-            error = (call.error or {}).get("message") if call.status != "succeeded" else None
+            error = call.error.message if call.error and call.status != "succeeded" else None
             output.append({"type": "mcp_call", "id": call.id, "name": call.name, "arguments": arguments,
                            "server_label": HOSTED_LABEL, "output": _text(call.result) if call.status == "succeeded"
                            else None, "error": error or (call.status if call.status != "succeeded" else None),
@@ -177,7 +177,7 @@ def hosted_view(job: JobRecord, response: dict[str, Any], *, from_step: int = 0)
         job.status, "failed" if job.status in SETTLED else "in_progress")
     error = None
     if status == "failed":
-        error = {"code": "server_error", "message": (job.error or {}).get("message") or f"the run ended "
+        error = {"code": "server_error", "message": (job.error and job.error.message) or f"the run ended "
                  f"{job.status}" + (": a person reviews it in the console" if job.status == "needs_review" else "")}
     return {**response, "status": status, "output": output, "error": error,
             "toolrail": {"job_id": job.job_id, "job_status": job.status}}
