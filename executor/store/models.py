@@ -28,8 +28,8 @@ from pydantic import BaseModel, Field, model_serializer
 
 from toolrail.errors import ToolrailError
 
-__all__ = ["DECIDING_JOB", "NOT_STARTED", "TERMINAL_CALL", "TERMINAL_JOB", "Approval", "ApprovalAnswer", "Attempt",
-           "CallRecord", "EarlyDispatch", "JobRecord", "ProposedCall", "RecordedError", "Review", "Sparse", "StepRecord"]
+__all__ = ["Approval", "ApprovalAnswer", "Attempt", "CallRecord", "DECIDING_JOB", "EarlyDispatch", "JobRecord",
+           "NOT_STARTED", "ProposedCall", "RecordedError", "Review", "Sparse", "StepRecord", "TERMINAL_CALL", "TERMINAL_JOB"]
 
 JobStatus = Literal["queued", "deciding", "validating", "running", "awaiting_approval", "succeeded", "failed",
                     "needs_review", "cancelled", "expired"]
