@@ -28,6 +28,7 @@ import gc
 import hashlib
 import hmac
 import inspect
+import math
 import os
 import time
 import uuid
@@ -211,8 +212,9 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     @app.exception_handler(ToolrailError)  # the one mapping of the platform's errors: status, retryability on the class
     async def _typed_error(_: Request, exc: ToolrailError) -> JSONResponse:
         error = exc.http_error()
+        retry_after = max(1, math.ceil(exc.retry_after_s or 1))
         return JSONResponse(_error_body(error["type"], error["message"], error["details"]), status_code=exc.status,
-                            headers={"Retry-After": "1"} if exc.retryable else None)
+                            headers={"Retry-After": str(retry_after)} if exc.retryable else None)
 
     app.state.tenants = tenants
     trace_claims = TraceClaims(runtime.redis, ttl_s=settings.trace_store_ttl_s)  # a client's trace id: whose it is
