@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.fixtures import workers_environment
 from tests.harness.serving import api_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,19 +77,30 @@ def aclient(base_url):
 
 
 @pytest.fixture(scope="session")
-def mcp_http(runtime, worker) -> dict:  # noqa: ANN001 - the session's runtime and workers
-    """The job API's MCP endpoint over the session's workers, with API keys on: ``{url, headers}`` (its key)."""
+def mcp_http(request: pytest.FixtureRequest, redis_url: str, worker_env: dict[str, str]) -> dict:
+    """The job API's MCP endpoint over the session's workers, with API keys on: ``{url, headers}`` (its key).
+
+    The workers and this API's runtime are built under the workers' environment, as a deployment's are: the
+    session's ``worker`` consumes the queues of the tools its parent sees when it starts, and the executor's tests
+    that share it later need their test tools' queues."""
     from executor.api.app import create_app
+    from executor.runtime import Runtime
+    from executor.worker.tasks import QUEUES
     from toolrail.settings import Settings
 
-    settings = Settings(api_keys="key-conformance:conformance", decider="none", mcp_refresh_interval_s=0)
-    with api_server(create_app(settings, runtime, mount_openai=False)) as base:
+    with workers_environment(worker_env):
+        request.getfixturevalue("worker")
+        settings = Settings(api_keys="key-conformance:conformance", mcp_refresh_interval_s=0)
+        app = create_app(settings, Runtime.from_settings(settings, redis_url=redis_url, queues=QUEUES),
+                         mount_openai=False)
+    with api_server(app) as base:
         yield {"url": f"{base}/mcp", "headers": {"Authorization": "Bearer key-conformance"}}
 
 
 @pytest.fixture(scope="session")
-def mcp_stdio(redis_url: str, worker) -> dict:  # noqa: ANN001 - the workers publish the tools stdio serves
-    """How a host launches ``toolrail mcp stdio`` (docs/mcp.md: its config names Redis only)."""
+def mcp_stdio(redis_url: str, mcp_http: dict) -> dict:
+    """How a host launches ``toolrail mcp stdio`` (docs/mcp.md: its config names Redis only); it serves the tools the
+    workers (started with ``mcp_http``) published."""
     return {"command": sys.executable, "args": ["-m", "toolrail.cli", "mcp", "stdio"], "cwd": str(ROOT),
             "env": {"REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}}
 
