@@ -85,7 +85,7 @@ def _unstarted(job: JobRecord) -> bool:
     """Whether the job waits on work no worker began: a call ``pending``, or a decision whose step is not open."""
     if job.status == "running":
         return any(c.status == "pending" for c in job.step_calls())
-    return not any(step.get("index") == job.step for step in job.steps)
+    return job.journal(job.step) is None
 
 
 def _requeues(rt: Runtime, job: JobRecord) -> int:
