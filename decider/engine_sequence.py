@@ -105,6 +105,12 @@ class EngineSequence:
         """Generated tokens whose KV is not in the slot yet (one, or more after a jump-forward)."""
         return self.output_ids[self.cached_len - len(self.prompt_ids) :]
 
+    def take_ids(self) -> tuple[int, ...]:
+        """The output ids not yet reported in a chunk's ``token_ids``, now marked reported."""
+        ids = tuple(self.output_ids[self.reported_ids :])
+        self.reported_ids = len(self.output_ids)
+        return ids
+
     def usage(self) -> dict[str, int]:
         prompt = len(self.prompt_ids)
         completion = len(self.output_ids)

@@ -1,8 +1,8 @@
 """The embedded engine's model side: a Llama-family forward pass over a slot-addressed KV cache, and
 the prefix cache of prompt KV blocks.
 
-Split from :mod:`decider.embedded` (the scheduler, sampling and grammar side), which owns one
-:class:`LlamaRunner` and one :class:`PrefixCache` per engine; nothing here knows about requests.
+The engine's scheduler (:mod:`decider.engine_scheduler`) owns one :class:`LlamaRunner` and one
+:class:`PrefixCache` per engine; nothing here knows about requests.
 """
 
 from __future__ import annotations
