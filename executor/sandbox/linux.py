@@ -3,8 +3,8 @@
 Plain functions over the kernel's interfaces (``unshare``, ``mount``, ``landlock_*``, ``prctl``,
 ``capset``, ``/proc``), each returning how it applied a layer or ``unavailable (...)`` — the
 policy of which to apply, to what, and in which order lives in ``executor.sandbox.child`` (the
-tool process) and ``executor.sandbox.parent`` (the call's parent). Imports run one way: child
-and parent import this module, never the reverse; nothing here imports the platform.
+tool process) and ``executor.sandbox.parent`` (the call's parent). Imports run one way: child,
+parent and serve import this module, never the reverse; nothing here imports the platform.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 from executor.errors import CallCancelledError
 from executor.sandbox.boundary import CallRun
-from executor.sandbox.child import MAX_RESULT_BYTES
+from executor.sandbox.answer import MAX_RESULT_BYTES
 from executor.sandbox.progress import ProgressReader
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
