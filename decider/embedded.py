@@ -1,20 +1,12 @@
 """The embedded engine: in-process continuous batching with torch and xgrammar.
 
-:class:`EmbeddedEngine` is the ``InferenceBackend`` face: it loads the model (:mod:`decider.engine_loading`),
-validates, tokenizes and compiles each request on the caller's thread into a
-:class:`~decider.engine_sequence.EngineSequence`, and streams its chunks to async or threaded callers. One
-:class:`~decider.engine_scheduler.Scheduler` thread owns the model and a preallocated KV cache of
-``max_batch_size`` slots and runs every request to its end, batching all running requests into each decode
-step; :class:`~decider.engine_sampling.TokenSampler` picks their tokens under their grammars.
-
-Greedy is the default and deterministic; sampling is deterministic per ``seed``. Generation
-stops at EOS, when the request's matcher has terminated, at a stop string or at ``max_tokens``.
-
-Attention is written out in :mod:`decider.kv_runner` (not through ``model.forward``) for Llama-family decoders
-(Llama, SmolLM, Mistral, Qwen2/3): the HF module's weights, norms, MLP and rotary embedding are
-reused; only the KV cache and the batched masked attention over ragged lengths are ours. Prefill
-and decode steps may run different copies of the weights (fp32 and bf16: the ``"hybrid"`` dtype
-mode, the default on CPUs without native bf16) over the one KV cache.
+:class:`EmbeddedEngine` is the ``InferenceBackend``: it loads the model (:mod:`decider.engine_loading`), turns
+each request into an :class:`~decider.engine_sequence.EngineSequence` on the caller's thread (validated,
+tokenized, its grammar compiled) and streams its chunks to async or threaded callers. One
+:class:`~decider.engine_scheduler.Scheduler` thread decodes every request, batched, over a KV cache of
+``max_batch_size`` slots (:mod:`decider.kv_runner`: our own attention over the HF module's weights, for
+Llama-family decoders); :class:`~decider.engine_sampling.TokenSampler` picks the tokens. Greedy is the
+default and deterministic; sampling is deterministic per ``seed``.
 """
 from __future__ import annotations
 
@@ -32,13 +24,8 @@ from decider.engine_loading import decode_weights, eos_ids, load_pretrained
 from decider.engine_sampling import TokenSampler
 from decider.engine_scheduler import Scheduler
 from decider.engine_sequence import DETOKENIZER_CONTEXT, EngineSequence, IncrementalDetokenizer
-from decider.errors import (
-    BackendUnavailableError,
-    InvalidRequestError,
-    PromptTooLongError,
-    StreamInterruptedError,
-    UnsupportedSchemaError,
-)
+from decider.errors import (BackendUnavailableError, InvalidRequestError, PromptTooLongError, StreamInterruptedError,
+                            UnsupportedSchemaError)
 from decider.grammar import GrammarCache
 from decider.kv_runner import LlamaRunner, PrefixCache
 
@@ -64,13 +51,8 @@ class EmbeddedEngine:
 
     Precision: ``model``'s dtype runs multi-token passes (prefill, jump-forward extends);
     ``decode_dtype``, when it differs, runs single-token decode steps on a second copy of the
-    weights. One KV cache (the wider of the two dtypes) serves both, q/k/v cast to it. This is
-    the ``"hybrid"`` mode :meth:`load` picks on CPUs without native bf16 (AVX2 only): there
-    emulated bf16 makes prefill ~6x slower than fp32 (200 tokens: 5.1 s vs 0.8 s at one thread),
-    while a decode step, bound by memory bandwidth, is still ~20 % faster with half-size weights
-    (66 vs 81 ms/token). Dev-split decisions were identical to all-bf16 ones, greedy tokens
-    matched fp32 in the tests;
-    the price is a second copy of the weights (+270 MB for SmolLM2-135M).
+    weights. One KV cache (the wider of the two dtypes) serves both, q/k/v cast to it: the
+    ``"hybrid"`` mode :meth:`load` picks on CPUs without native bf16 (:func:`decider.engine_loading.resolve_dtype`).
 
     ``jump_forward`` (on by default) appends the tokens a grammar forces without a decode step each
     and feeds them in one multi-token pass (see :meth:`_jump_forward`): on the quality set's dev
@@ -129,15 +111,8 @@ class EmbeddedEngine:
                                    jump_forward=jump_forward)
 
     @classmethod
-    def load(
-        cls,
-        model_path: str | Path | None = None,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        *,
-        num_threads: int | None = None,
-        **options: Any,
-    ) -> EmbeddedEngine:
+    def load(cls, model_path: str | Path | None = None, device: str | torch.device | None = None,
+             dtype: str | torch.dtype | None = None, *, num_threads: int | None = None, **options: Any) -> EmbeddedEngine:
         """Load a local HF model directory (default: the converted SmolLM2, pulled if missing).
 
         ``dtype``: ``None``/``"auto"`` (default) is bf16 on GPUs and on CPUs with native bf16

@@ -1,8 +1,7 @@
 """Choosing the embedded engine's next tokens: the grammar's bitmask, the repetition penalty, greedy or seeded sampling.
 
-Split out of :mod:`decider.embedded` (issue 33: the engine by concern). A :class:`TokenSampler` owns the
-scratch bitmask of one engine (row ``i`` belongs to the ``i``-th sequence of the step being picked) and the
-two JSON token masks; the scheduler hands it a step's logits and gets one token per sequence back.
+A :class:`TokenSampler` owns one engine's scratch bitmask (row ``i`` is the ``i``-th sequence of the step being
+picked) and its two JSON token masks.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The embedded engine's scheduler: one thread, a slot-addressed KV cache, continuous batching.
 
-Split out of :mod:`decider.embedded` (issue 33: the engine by concern). Every iteration the scheduler
+Every iteration the scheduler
 
 1. takes in new and cancelled requests,
 2. admits waiting requests into free slots (copying any cached shared-prefix KV into the slot),
@@ -9,10 +9,8 @@ Split out of :mod:`decider.embedded` (issue 33: the engine by concern). Every it
    grammar work until the logits exist),
 4. prefills at most ``prefill_chunk`` prompt tokens of admitted requests,
 
-so requests join and leave the running batch at every decode step. The batch order of a step is
-rebuilt from the :class:`~decider.engine_sequence.EngineSequence` objects every step; no state is
-kept by batch position. A request ends at EOS, when its matcher has terminated, at a stop string
-or at ``max_tokens``; every chunk and the final one (or an error) go to its sink.
+so requests join and leave the running batch at every decode step. A request ends at EOS, when its
+matcher has terminated, at a stop string or at ``max_tokens``; its chunks (or an error) go to its sink.
 """
 
 from __future__ import annotations
@@ -93,11 +91,9 @@ class Scheduler:
         """Stop the request under ``key``; its slot and matcher are freed at the next iteration."""
         with self._lock:
             seq = self._by_key.get(key)
-            if seq is None:
-                return False
-            seq.cancel_requested = True
-            self._lock.notify()
-            return True
+        if seq is not None:
+            self.cancel_seq(seq)
+        return seq is not None
 
     def cancel_seq(self, seq: EngineSequence) -> None:
         with self._lock:

@@ -1,8 +1,7 @@
 """What one request owns inside the embedded engine: its incremental detokenizer and its sequence record.
 
-Split out of :mod:`decider.embedded` (issue 33: the engine module by concern). Everything here is per
-request, built fresh by the engine's ``_prepare`` and never shared: the scheduler rebuilds each step's
-batch from these objects, keyed by request id, never by batch position.
+Built fresh per request by the engine's ``_prepare``, never shared: the scheduler rebuilds each step's batch
+from these objects, keyed by request id, never by batch position.
 """
 
 from __future__ import annotations

@@ -142,10 +142,6 @@ class LlamaRunner:
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self._clean_upto = [0] * num_slots
 
-    @property
-    def bytes_per_token(self) -> int:
-        return 2 * len(self.layers) * self.num_kv_heads * self.head_dim * self.k.element_size()
-
     def _ensure_clean(self, slot: int, upto: int) -> None:
         start = self._clean_upto[slot]
         if upto > start:

@@ -1,9 +1,7 @@
-"""A tool's answer on its way from the tool process to the worker: its bounds, its shape, the error types it may claim.
+"""A tool's answer on its way to the worker: its bounds, its shape, the error types a tool may claim.
 
-The tool process encodes its answer (``encode_result``); the call parent decodes it with a cap
-(``decode_object``) and reduces it to a frame of known shape (``checked_answer``), refusing an
-error type a tool may not claim (``tool_error_type``); the worker decodes the frame again, as
-untrusted as anything the tool wrote. Nothing here starts or confines a process.
+The tool process encodes it (``encode_result``); the call parent decodes it with a cap (``decode_object``) and
+reduces it to a frame of known shape (``checked_answer``, refusing a type the tool may not claim).
 """
 
 from __future__ import annotations
@@ -12,11 +10,13 @@ import json
 import re
 from typing import Any
 
-__all__ = ["MAX_RESULT_BYTES", "MAX_RESULT_DEPTH", "RESERVED_TYPES", "SANDBOX_REPORTED_TYPES", "TOOL_RAISABLE_TYPES",
-           "OutputError", "checked_answer", "decode_object", "encode_result", "error_frame", "json_depth",
-           "tool_error_type"]
+__all__ = ["MAX_FRAME_BYTES", "MAX_RESULT_BYTES", "MAX_RESULT_DEPTH", "RESERVED_TYPES", "SANDBOX_REPORTED_TYPES",
+           "TOOL_RAISABLE_TYPES", "OutputError", "checked_answer", "decode_object", "encode_result", "error_frame",
+           "json_depth", "tool_error_type"]
 
 MAX_RESULT_BYTES = 1_000_000
+#: A result with what rides around it (the tool's header line; the call parent's frame: isolation, spans).
+MAX_FRAME_BYTES = MAX_RESULT_BYTES + 65536
 #: Nesting depth a result may have (objects and arrays); deeper is ``tool_output_invalid``.
 MAX_RESULT_DEPTH = 64
 #: A tool's own error type (``tools.errors.ToolError.type``): snake_case, a letter first, at most 64 characters.

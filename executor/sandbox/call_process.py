@@ -1,10 +1,8 @@
-"""The worker's handle on one call's process: a fork of the fork server, or a spawned call parent; and ending it.
+"""The worker's handle on a call's process, and ending it.
 
-By default a fork server (``python -m executor.sandbox.serve --forkserver FD``, one per worker
-process) is the parent of every call: ``ForkServer`` hands it each call's pipes and request on a Unix
-socket and hears back the call's pid and exit. Without it, each call spawns a call parent of its own
-(``spawn_call_parent``). Either way the sandbox holds a ``CallProcess``: ``Popen``'s surface and the
-parent's ends of the call's pipes.
+By default the worker's fork server (``ForkServer``: ``python -m executor.sandbox.serve --forkserver FD``) is the
+parent of every call; without it each call spawns a call parent of its own (``spawn_call_parent``). Either way
+the sandbox holds a ``CallProcess``: ``Popen``'s surface and the parent's ends of the call's pipes.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.sandbox.child import close_all
+from executor.sandbox.linux import close_all
+
 
 __all__ = ["CallProcess", "ForkServer", "ForkedCall", "end_call", "kill_group", "kill_uid", "spawn_call_parent"]
 
@@ -51,9 +50,6 @@ class ForkedCall:
         self.pid = pid
         self.how = how
         self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        return self.returncode
 
     def kill(self) -> None:
         if self.returncode is None:

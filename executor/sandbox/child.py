@@ -50,29 +50,10 @@ import traceback
 from typing import Any
 
 from executor.sandbox.answer import encode_result, error_frame, tool_error_type
-from executor.sandbox.linux import (
-    LIMITS,
-    host_pid,
-    confine,
-    die_with_parent,
-    drop_network,
-    enter_user_namespace,
-    hide_other_calls,
-    make_reachable,
-    name_process,
-    own_ipc,
-    private_mounts,
-    remember_parent,
-)
-from executor.sandbox.prepared import (
-    empty_network_fd,
-    enter_empty_network,
-    landlock_abi_prepared,
-    prepared_fds,
-    prepared_rules,
-    release_prepared,
-    require_no_sockets,
-)
+from executor.sandbox.linux import (LIMITS, confine, die_with_parent, drop_network, enter_user_namespace, hide_other_calls,
+                                    host_pid, make_reachable, name_process, own_ipc, private_mounts, remember_parent)
+from executor.sandbox.prepared import (empty_network_fd, enter_empty_network, landlock_abi_prepared, prepared_fds,
+                                       prepared_rules, release_prepared, require_no_sockets)
 
 #: The descriptor a spawned call parent writes its one result frame to; the tool process never holds it.
 RESULT_FD = 3
@@ -88,13 +69,6 @@ SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/
                      "/etc/services", "/etc/protocols", "/etc/ssl", "/etc/ca-certificates", "/etc/pki")
 #: Packages of this platform a tool imports through ``tools.context`` and friends.
 PLATFORM_PACKAGES = ("toolrail", "tools", "executor")
-
-
-def _package_dirs(modules: list[str]) -> list[str]:
-    out: list[str] = []
-    for name in modules:
-        out.extend(_package_dir(name.split(".", 1)[0]))
-    return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -142,7 +116,7 @@ def _read_paths(modules: tuple[str, ...], exclude: tuple[str, ...], search_path:
             paths.add(os.path.abspath(entry))
         elif entry and os.path.isfile(entry) and entry.endswith(".zip"):
             paths.add(os.path.abspath(entry))
-    paths.update(_package_dirs([*PLATFORM_PACKAGES, *modules]))
+    paths.update(found for name in (*PLATFORM_PACKAGES, *modules) for found in _package_dir(name.split(".", 1)[0]))
     paths.update(SYSTEM_READ_PATHS)
     fenced = [os.path.realpath(p) for p in exclude if p]
 
@@ -155,11 +129,6 @@ def _read_paths(modules: tuple[str, ...], exclude: tuple[str, ...], search_path:
 
 
 # ----------------------------------------------------------------- the tool process
-
-
-def _load(entrypoint: str):
-    module_name, _, func_name = entrypoint.partition(":")
-    return getattr(importlib.import_module(module_name), func_name)
 
 
 def _call(func, arguments: dict):
@@ -377,7 +346,8 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     isolation: dict[str, str] = {}
     try:
         request, isolation = tool_namespaces(request)
-        func = _load(request["entrypoint"])
+        module_name, _, func_name = request["entrypoint"].partition(":")
+        func = getattr(importlib.import_module(module_name), func_name)
         _bind_tool_logging(ids)
         if request.get("confine", True):
             read = read_paths([*modules, request["entrypoint"].partition(":")[0]],
@@ -423,30 +393,10 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     os._exit(0)  # interpreter teardown would only delay the call parent
 
 
-#: Whether this process entered a user namespace of its own (a non-root call parent needs one for PID namespaces).
-_own_userns = False
-
-
 def mark_progress_pipe(present: bool) -> None:
     """This tool process holds the call's progress pipe at ``PROGRESS_FD`` (a fork server's call: set by its parent)."""
     global _progress_pipe
     _progress_pipe = present
-
-
-def close_all(fds: Any) -> None:
-    """Close each descriptor; one already closed is no error."""
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def in_own_user_namespace() -> bool:
-    return _own_userns
-
-
-def mark_own_user_namespace() -> None:
-    global _own_userns
-    _own_userns = True
 
 
 #: Whether this process was given a progress pipe (at ``PROGRESS_FD``): only then may the tool process write there.

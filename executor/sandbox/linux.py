@@ -20,6 +20,7 @@ import signal
 import stat
 import struct
 import time
+from collections.abc import Iterable
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -449,6 +450,13 @@ def remember_parent() -> None:
     """Call first thing after a fork: the parent ``die_with_parent`` guards."""
     global _parent_pid
     _parent_pid = os.getppid()
+
+
+def close_all(fds: Iterable[int]) -> None:
+    """Close each descriptor; one already closed is no error."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def host_pid() -> int:

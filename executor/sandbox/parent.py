@@ -33,17 +33,10 @@ import time
 from typing import Any
 
 from executor.sandbox import child, linux, prepared
-from executor.sandbox.answer import MAX_RESULT_BYTES, OutputError, checked_answer, decode_object, error_frame
-from executor.sandbox.child import close_all
-from executor.sandbox.linux import (
-    CLONE_NEWPID,
-    host_pid,
-    libc,
-    live_pids,
-    children,
-    kill_leftovers,
-    new_pid_namespace,
-)
+from executor.sandbox.answer import (MAX_FRAME_BYTES, MAX_RESULT_BYTES, OutputError, checked_answer, decode_object,
+                                     error_frame)
+from executor.sandbox.linux import (CLONE_NEWPID, children, close_all, host_pid, kill_leftovers, libc, live_pids,
+                                    new_pid_namespace)
 
 __all__ = ["own_pid_namespace_for_children", "run_call", "start_init", "traced_run_call"]
 
@@ -53,6 +46,8 @@ INIT_PROGRAM = ("sleep", "/bin/sleep", "/usr/bin/sleep")
 _own_pid_ns: int | None = None
 #: Whether that namespace is the server's own (its pids differ from the host's, which ``/proc`` shows).
 _private_pid_ns = False
+#: Whether this process entered a user namespace of its own (a non-root call parent needs one for PID namespaces).
+_own_userns = False
 _exit_statuses: dict[int, int] = {}
 
 
@@ -72,7 +67,7 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
     Returns the frame, the tool's wait status and its host pid.
     """
     isolation: dict[str, str] = {}
-    if os.geteuid() != 0 and not child.in_own_user_namespace():
+    if os.geteuid() != 0 and not _own_userns:
         isolation["parent_userns"] = linux.enter_user_namespace()
     isolation["pid"] = new_pid_namespace()
     pid_namespace = isolation["pid"] == "pidns"
@@ -102,7 +97,7 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
             tool_pid = _host_pid_of(tool, tool_fd)
             if on_tool is not None:
                 on_tool(tool_pid)
-            data, too_big = _read_answer(answer_r, tool, tool_fd, limit=MAX_RESULT_BYTES + 65536, control=control,
+            data, too_big = _read_answer(answer_r, tool, tool_fd, limit=MAX_FRAME_BYTES, control=control,
                                          kill=lambda: _kill_call(tool, init, session=session))
         finally:
             if tool_fd is not None:
@@ -233,13 +228,6 @@ def _host_pid_of(pid: int, pidfd: int | None) -> int:
 # ----------------------------------------------------------------- the call's init
 
 
-def _init_program() -> str | None:
-    for path in INIT_PROGRAM[1:]:
-        if os.access(path, os.X_OK):
-            return path
-    return None
-
-
 def start_init(lifetime_s: int) -> int:
     """PID 1 of the call's PID namespace: a process that only waits, holding the namespace open.
 
@@ -253,7 +241,7 @@ def start_init(lifetime_s: int) -> int:
     """
     if _private_pid_ns and (waiter := prepared.clone_waiter()) is not None:
         return waiter
-    program = _init_program()
+    program = next((path for path in INIT_PROGRAM[1:] if os.access(path, os.X_OK)), None)
     if program is not None:
         actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0), (os.POSIX_SPAWN_DUP2, 0, 1),
                    (os.POSIX_SPAWN_DUP2, 0, 2)]
@@ -406,11 +394,11 @@ def own_pid_namespace_for_children(sock: socket.socket) -> bool:
     still had, init and leftovers included. Its parent stays behind, waiting, as the worker's
     handle on the server. Where none of that is possible, it forks a call parent per call.
     """
-    global _own_pid_ns, _private_pid_ns
+    global _own_pid_ns, _private_pid_ns, _own_userns
     if os.geteuid() != 0:
         if linux.enter_user_namespace() != "userns":
             return False
-        child.mark_own_user_namespace()
+        _own_userns = True
     if libc.unshare(CLONE_NEWPID) == 0:
         pid = os.fork()
         if pid != 0:  # the worker's handle: waits for the server, holding nothing of its

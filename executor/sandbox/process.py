@@ -17,9 +17,9 @@ logs ``sandbox.degraded`` once per layer.
 
 Results come back over a pipe of their own, written only by the call's parent
 (``executor.sandbox.parent``, in the fork server or a spawned parent: ``executor.sandbox.serve``), never by
-tool code, and read with a cap (``executor.sandbox.outcome``); stdout and stderr are read with a cap too (the
-rest is discarded and counted) and each line becomes a ``tool.output`` log event carrying the call id. A
-malformed result of any kind is a typed ``ToolOutputError``.
+tool code, and read with a cap; stdout and stderr are read with a cap too (the rest is discarded and counted)
+and each line becomes a ``tool.output`` log event carrying the call id. A malformed result of any kind is a
+typed ``ToolOutputError``.
 
 Starting Python and importing the tool modules costs far more than the tool itself, so
 by default a fork server imports them once and is the parent of every call: one fork of it
@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -43,17 +44,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from executor.errors import SandboxError, ToolOutputError, ToolTimeoutError
+from executor.errors import (SandboxError, ToolCpuLimitError, ToolCrashedError, ToolMemoryError, ToolOutputError,
+                             ToolRaisedError, ToolTimeoutError)
+from executor.sandbox.answer import MAX_FRAME_BYTES, MAX_RESULT_DEPTH, OutputError, decode_object
 from executor.sandbox.boundary import CallRun, SandboxResult
-from executor.sandbox.call_process import (
-    CallProcess,
-    ForkServer,
-    end_call,
-    kill_group,
-    kill_uid,
-    spawn_call_parent,
-)
-from executor.sandbox.outcome import check_isolation, death_error, read_frame, tool_failure, warn_once
+from executor.sandbox.call_process import CallProcess, ForkServer, end_call, kill_group, kill_uid, spawn_call_parent
 from executor.sandbox.pipes import Captured, collect, log_output
 from executor.sandbox.progress import ProgressReader
 from tools.registry import default_registry
@@ -62,7 +57,8 @@ from toolrail.logging import get_logger
 from toolrail.settings import get_settings
 from toolrail.tracing import adopt_spans
 
-__all__ = ["ProcessSandbox", "ScratchRootError", "default_scratch_root", "module_search_path", "prepare_scratch_root"]
+__all__ = ["ProcessSandbox", "SandboxDeniedError", "ScratchRootError", "ToolLeftProcessError", "ToolProcessLimitError",
+           "default_scratch_root", "module_search_path", "prepare_scratch_root"]
 
 log = get_logger("toolrail.sandbox")
 
@@ -70,6 +66,24 @@ log = get_logger("toolrail.sandbox")
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 #: Processes (and threads) one call may have at once, the sandbox's own included.
 DEFAULT_MAX_PROCESSES = 32
+
+
+class SandboxDeniedError(SandboxError):
+    """The tool tried something the sandbox forbids (a file outside scratch, the network)."""
+
+    type = "sandbox_denied"
+
+
+class ToolProcessLimitError(SandboxError):
+    """The tool tried to start more processes than its limit (a fork bomb)."""
+
+    type = "tool_process_limit"
+
+
+class ToolLeftProcessError(SandboxError):
+    """The tool returned but left processes running; they were killed."""
+
+    type = "tool_left_process"
 
 
 class ScratchRootError(SandboxError):
@@ -161,7 +175,7 @@ class ProcessSandbox:
         #: A uid of its own per call: only possible (and only needed) as root.
         self._own_uid = os.geteuid() == 0 if own_uid is None else own_uid and os.geteuid() == 0
         if not self._own_uid:
-            warn_once("uid", "sandbox calls run under the worker's uid: the process limit needs a user namespace, "
+            _warn_once("uid", "sandbox calls run under the worker's uid: the process limit needs a user namespace, "
                               "and files are kept apart by Landlock and the call's own mount namespace",
                        euid=os.geteuid())
         self._confine = confine
@@ -206,7 +220,7 @@ class ProcessSandbox:
             try:
                 return self._forkserver.fork(request)
             except (OSError, ConnectionError, ValueError) as exc:
-                warn_once("forkserver", "the sandbox fork server failed; restarting it", error=str(exc))
+                _warn_once("forkserver", "the sandbox fork server failed; restarting it", error=str(exc))
                 self._forkserver.close()
                 self._forkserver = None
         return None
@@ -288,7 +302,7 @@ class ProcessSandbox:
                 end_call(proc)
             finally:
                 warm.release()
-            frame = read_frame(spec, streams.get("result"))
+            frame = _read_frame(spec, streams.get("result"))
             if isinstance(frame, dict) and "spans" in frame:  # the child's spans (it has no network): ours to export
                 adopt_spans(frame.pop("spans"), trace_context=call.trace_context)
             isolation = frame.get("isolation") if isinstance(frame, dict) and isinstance(frame.get("isolation"), dict) \
@@ -310,24 +324,24 @@ class ProcessSandbox:
                 duration: float) -> SandboxResult:
         stderr = bytes(streams["stderr"].data) if "stderr" in streams else b""
         if frame is None:
-            raise death_error(spec, proc.returncode, stderr)
+            raise _death_error(spec, proc.returncode, stderr)
         if isinstance(frame, ToolOutputError):
             raise frame
-        check_isolation(isolation, confine=self._confine, own_uid=self._own_uid)
+        _check_isolation(isolation, confine=self._confine, own_uid=self._own_uid)
         if frame.get("ok") is True and isinstance(frame.get("result"), dict):
             output = {name: {"bytes": c.total, "dropped_bytes": c.dropped} for name, c in streams.items()
                       if name in ("stdout", "stderr")}
             return SandboxResult(result=frame["result"], duration_s=duration, pid=proc.pid,
                                  network=str(frame.get("network", "")), logs=logs, isolation=isolation, output=output)
         if "exit" in frame and not frame.get("error"):
-            raise death_error(spec, frame.get("exit"), stderr)
-        raise tool_failure(frame.get("error") if isinstance(frame.get("error"), dict) else {})
+            raise _death_error(spec, frame.get("exit"), stderr)
+        raise _tool_failure(frame.get("error") if isinstance(frame.get("error"), dict) else {})
 
 
 # ----------------------------------------------------------------- limits
 
 
-def _limits(spec: ToolSpec, *, max_processes: int | None = None) -> dict[str, tuple[int, int]]:
+def _limits(spec: ToolSpec, *, max_processes: int) -> dict[str, tuple[int, int]]:
     """The rlimits of one call, by name: the tool process sets them on itself before any tool code runs.
 
     ``nproc`` binds only where the call has a count of its own (its own uid, or a user
@@ -335,8 +349,100 @@ def _limits(spec: ToolSpec, *, max_processes: int | None = None) -> dict[str, tu
     """
     memory = spec.memory_mb * 1024 * 1024
     cpu = int(spec.cpu_s or max(1, int(spec.timeout_s) + 1))  # a fresh fork: its CPU time starts at zero
-    limits = {"as": (memory, memory), "cpu": (cpu, cpu + 1), "nofile": (64, 64),
-              "fsize": (16 * 1024 * 1024, 16 * 1024 * 1024), "core": (0, 0)}
-    if max_processes is not None:
-        limits["nproc"] = (max_processes, max_processes)
-    return limits
+    return {"as": (memory, memory), "cpu": (cpu, cpu + 1), "nofile": (64, 64),
+            "fsize": (16 * 1024 * 1024, 16 * 1024 * 1024), "core": (0, 0), "nproc": (max_processes, max_processes)}
+
+
+# ----------------------------------------------------------------- how a call ended
+
+
+_ERRORS: dict[str, type[SandboxError]] = {
+    "tool_memory_limit": ToolMemoryError,
+    "tool_output_invalid": ToolOutputError,
+    "sandbox_denied": SandboxDeniedError,
+    "tool_process_limit": ToolProcessLimitError,
+    "tool_left_process": ToolLeftProcessError,
+    "sandbox_error": SandboxError,
+}
+_degraded_logged: set[str] = set()
+
+
+def _read_frame(spec: ToolSpec, raw: Captured | None) -> dict[str, Any] | ToolOutputError | None:
+    """The call parent's result frame: None when it wrote none (it died), a ``ToolOutputError`` when malformed."""
+    if raw is None or not raw.data:
+        return None
+    if raw.dropped:
+        return ToolOutputError(f"{spec.name}: the sandbox's result frame exceeds its cap", dropped_bytes=raw.dropped)
+    try:
+        return decode_object(bytes(raw.data), what=f"{spec.name}'s result frame", max_bytes=MAX_FRAME_BYTES,
+                             max_depth=MAX_RESULT_DEPTH + 4)
+    except OutputError as exc:
+        return ToolOutputError(str(exc))
+
+
+def _tool_failure(error: dict[str, Any]) -> SandboxError:
+    """The error a failed call ends with: the type, message and details of the call parent's checked frame, one
+    level deep (``{type, message, details}``; a traceback, when asked for, is ``details.traceback``).
+
+    A sandbox outcome (``sandbox_denied``, ``tool_memory_limit``, ...) is its own class; any other type is
+    the tool's own (``order_not_found``), carried by a ``ToolRaisedError`` (the call parent refused the
+    types a tool may not claim: ``executor.sandbox.answer.tool_error_type``).
+    """
+    kind = str(error.get("type") or "tool_error")
+    cls = _ERRORS.get(kind, ToolRaisedError)
+    failure = cls(str(error.get("message", "tool failed")))
+    failure.details = dict(error.get("details") or {})  # set, not passed: a tool's detail may be named ``message``
+    if cls is ToolRaisedError:
+        failure.type = kind
+    return failure
+
+
+def _death_error(spec: ToolSpec, returncode: int | None, stderr: bytes) -> SandboxError:
+    tail = stderr[-600:].decode(errors="replace")
+    if returncode is not None and returncode < 0:
+        sig = -returncode
+        if sig == signal.SIGXCPU:
+            return ToolCpuLimitError(f"{spec.name} used more than its CPU time limit", signal="SIGXCPU")
+        if sig == signal.SIGKILL and "MemoryError" in tail:
+            return ToolMemoryError(f"{spec.name} exceeded its {spec.memory_mb} MB memory limit")
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        return ToolCrashedError(f"{spec.name} died of {name}", signal=name, stderr_tail=tail)
+    if "MemoryError" in tail or "Cannot allocate memory" in tail:
+        return ToolMemoryError(f"{spec.name} exceeded its {spec.memory_mb} MB memory limit", stderr_tail=tail)
+    return ToolCrashedError(f"{spec.name} exited with status {returncode} without a result", exit_status=returncode,
+                            stderr_tail=tail)
+
+
+def _warn_once(what: str, message: str, **details: Any) -> None:
+    if what not in _degraded_logged:
+        _degraded_logged.add(what)
+        log.warning("sandbox.degraded", layer=what, message=message, **details)
+
+
+#: Isolation layers by the values that say the tool process applied them, and what it means when it did not.
+_NAMESPACES = (
+    ("network", ("netns", "userns+netns", "allowed"), "no network namespace: non-networked tools can reach the network"),
+    ("scratch", ("own-mount",), "no mount namespace: other calls' scratch dirs are kept apart by modes and Landlock only"),
+    ("ipc", ("ipcns",), "no IPC namespace: System V IPC and message queues are shared between calls"),
+    ("pid", ("pidns",), "no PID namespace: leftover processes are found through the subreaper only"))
+_CONFINEMENT = (("filesystem", ("landlock",), "no Landlock: tools can read what their uid can read"),
+                ("sockets", ("seccomp", "allowed"), "no seccomp: non-networked tools can open Unix sockets"))
+
+
+def _check_isolation(isolation: dict[str, Any], *, confine: bool, own_uid: bool) -> None:
+    """Log (once per layer and process) any isolation layer the child could not apply."""
+    def warn_missing(layers: tuple[tuple[str, tuple[str, ...], str], ...]) -> None:
+        for layer, applied, message in layers:
+            how = str(isolation.get(layer, ""))
+            if how and not how.startswith(applied):
+                _warn_once(layer, message, how=how)
+
+    warn_missing(_NAMESPACES)
+    if str(isolation.get("processes", "")).startswith("unlimited"):
+        _warn_once("processes", "no per-call process limit (needs root or a user namespace)",
+                  how=isolation.get("processes"))
+    if not confine:
+        return
+    warn_missing(_CONFINEMENT)
+    if own_uid and isolation.get("uid") and not str(isolation.get("uid")).isdigit():
+        _warn_once("uid_drop", "the tool process kept the worker's uid", how=isolation.get("uid"))

@@ -1,11 +1,6 @@
-"""The call parent as a process of its own: the fork server's loop, or one spawned call parent.
-
-``python -m executor.sandbox.serve --forkserver FD`` is the **fork server** (``serve_forks``): one
-per worker process, it imports the tool modules once, then serves one call at a time on the
-worker's socket, each through ``executor.sandbox.parent.run_call``. ``python -m
-executor.sandbox.serve`` alone is a **spawned call parent** (``main``, the fallback without a fork
-server): one call, its stdio the call's, the result pipe at ``RESULT_FD``.
-"""
+"""The call parent as a process: ``python -m executor.sandbox.serve --forkserver FD`` is the fork server
+(``serve_forks``: it imports the tool modules once, then serves the worker's calls one at a time through
+``executor.sandbox.parent.run_call``); without ``--forkserver``, one spawned call parent (``main``)."""
 
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ from typing import Any
 
 from executor.sandbox import child, linux, parent, prepared
 from executor.sandbox.answer import error_frame
-from executor.sandbox.child import close_all
-from executor.sandbox.linux import libc, reap_children
+from executor.sandbox.linux import close_all, libc, reap_children
 
 __all__ = ["entry", "main", "serve_forks"]
 
@@ -190,15 +184,9 @@ def main(argv: list[str]) -> int:
     os._exit(0)
 
 
-def _strip_unsafe_path() -> None:
-    """Drop the working directory ``python -m`` put first on ``sys.path`` (Python < 3.11 has no ``-P``)."""
-    cwd = os.getcwd()
-    sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
-
-
 def entry(argv: list[str]) -> int:
     """``python -m executor.sandbox.serve [--forkserver FD]``: a fork server, or one spawned call parent."""
-    _strip_unsafe_path()
+    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]  # ``python -m`` put it first (no ``-P`` < 3.11)
     if len(argv) > 2 and argv[1] == "--forkserver":
         return serve_forks(int(argv[2]))
     return main(argv)

@@ -78,8 +78,8 @@ def test_the_sandbox_reports_its_own_classifications_but_a_tool_does_not() -> No
 def _platform_types() -> set[str]:
     """Every ``type`` an error class of the platform declares (the executor, tools, the sandbox, MCP, limits)."""
     names: set[str] = set()
-    for module_name in ("executor.errors", "tools.errors", "tools.registry", "executor.sandbox.outcome",
-                        "executor.sandbox.process", "executor.calls.breaker", "executor.calls.concurrency", "executor.api.ratelimit",
+    for module_name in ("executor.errors", "tools.errors", "tools.registry", "executor.sandbox.process",
+                        "executor.calls.breaker", "executor.calls.concurrency", "executor.api.ratelimit",
                         "mcpbridge.errors"):
         module = importlib.import_module(module_name)
         for value in vars(module).values():
