@@ -25,7 +25,6 @@ import weakref
 
 import torch
 
-from decider.backend import GenerationChunk
 from decider.engine_sampling import TokenSampler
 from decider.engine_sequence import EngineSequence
 from decider.errors import BackendUnavailableError, DeciderError, InvalidRequestError, StreamInterruptedError
@@ -276,7 +275,7 @@ class Scheduler:
         is_eos = token in self._eos_token_ids
         if not is_eos:
             seq.pending_text += seq.detokenizer.push([token])
-        if self._check_stop_strings(seq):
+        if seq.cut_at_stop():
             self._finish(seq, "stop")
             return False
         if is_eos or (seq.matcher is not None and seq.matcher.is_terminated()):
@@ -284,50 +283,15 @@ class Scheduler:
             return False
         if self._jump_forward_on and seq.matcher is not None and len(seq.output_ids) < seq.max_new_tokens:
             self._jump_forward(seq)
-            if self._check_stop_strings(seq):
+            if seq.cut_at_stop():
                 self._finish(seq, "stop")
                 return False
         if len(seq.output_ids) >= seq.max_new_tokens:
             seq.pending_text += seq.detokenizer.flush()
             self._finish(seq, "length")
             return False
-        self._emit(seq)
+        seq.emit()
         return True
-
-    @staticmethod
-    def _check_stop_strings(seq: EngineSequence) -> bool:
-        stops = seq.request.stop
-        if not stops or not seq.pending_text:
-            return False
-        # Search the sent tail too: a stop string may straddle two chunks' boundary.
-        tail = max(len(stop) for stop in stops)
-        window_start = max(0, len(seq.text) - tail)
-        window = seq.text[window_start:] + seq.pending_text
-        hits = [window.find(stop) for stop in stops if stop in window]
-        if not hits:
-            return False
-        cut = window_start + min(hits)  # absolute offset in the full text
-        full = seq.text + seq.pending_text
-        seq.pending_text = full[len(seq.text) : max(cut, len(seq.text))]
-        return True
-
-    @staticmethod
-    def _emit(seq: EngineSequence) -> None:
-        text = seq.pending_text
-        if seq.request.stop and text:
-            # Hold back a suffix that could start a stop string.
-            hold = 0
-            for stop in seq.request.stop:
-                for size in range(min(len(stop) - 1, len(text)), 0, -1):
-                    if text.endswith(stop[:size]):
-                        hold = max(hold, size)
-                        break
-            text = text[: len(text) - hold]
-        if not text:
-            return
-        seq.pending_text = seq.pending_text[len(text) :]
-        seq.text += text
-        seq.sink(GenerationChunk(request_id=seq.request_id, text=text, token_ids=seq.take_ids()))
 
     def _finish(self, seq: EngineSequence, reason: str | None, *, error: DeciderError | None = None) -> None:
         """Free the slot and matcher, send the final chunk (or the error), forget the request."""
@@ -347,8 +311,4 @@ class Scheduler:
         if error is not None:
             seq.sink(error)
             return
-        text = seq.pending_text
-        seq.text += text
-        seq.pending_text = ""
-        seq.sink(GenerationChunk(request_id=seq.request_id, text=text, token_ids=seq.take_ids(), finished=True,
-                                 finish_reason=reason, usage=seq.usage(), logprob=seq.logprob))
+        seq.emit_last(reason)

@@ -1,4 +1,4 @@
-"""The sandboxed side of a tool run: the tool process, what it may read, its answer and the error types it may report.
+"""The sandboxed side of a tool run: the tool process, what it may read, and how its failures are classified.
 
 The Linux primitives it is confined with (namespaces, Landlock, seccomp, capabilities, rlimits,
 prctl, leftovers) are in ``executor.sandbox.linux``; this module decides which to apply, in order.
