@@ -269,7 +269,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         job, created = await run_in_threadpool(_create_job, body, request.state.request_id, tenant, idempotency_key)
         return await waiter.submitted(job, created=created, prefer=prefer)
 
-    def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None) -> tuple[JobRecord, bool]:
+    def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None, *,
+                    job_id: str | None = None, response: dict[str, Any] | None = None) -> tuple[JobRecord, bool]:
         app.state.rate_limiter.check(tenant)
         names, inline = _resolve_tools(runtime, body, settings, tenant=tenant)
         if not body.messages and body.tool_calls is None and body.raw_output is None:
@@ -296,8 +297,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         max_reasks = settings.default_max_reasks if body.max_reasks is None else body.max_reasks
         if max_reasks > settings.max_reasks_limit:
             raise ApiError(422, "validation_error", f"max_reasks may be at most {settings.max_reasks_limit}")
-        job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
-                        messages=messages, tools=names,
+        job = JobRecord(job_id=job_id or f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
+                        messages=messages, tools=names, response=response,
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
                         max_reasks=max_reasks, client_output=client_output,
@@ -400,7 +401,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
             from decider.embedded import DEFAULT_MAX_SEQ_LEN  # noqa: PLC0415 - heavy (torch); the model loads on first use
             from decider.openai_api import ChatLimits, create_router  # noqa: PLC0415
             from decider.responses_api import create_router as responses_router  # noqa: PLC0415
-            from executor.api.responses import JobResponses  # noqa: PLC0415 - only with the decider's modules
+            from executor.api.responses import HostedTools, JobResponses  # noqa: PLC0415 - only with the decider's modules
 
             limits = ChatLimits(max_tokens=settings.max_tokens_cap, max_schema_bytes=settings.max_schema_bytes,
                                 max_schema_depth=settings.max_schema_depth,
@@ -408,8 +409,12 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
             models = [m["id"] for m in _served_models(settings, created=started_at)]
             app.include_router(create_router(limits=limits, models=models,
                                              dependencies=[Depends(rate_limited(tenant_of))]), prefix="/v1")
+            hosted = HostedTools(lambda body, request_id, tenant, job_id, response: _create_job(
+                                     body, request_id, tenant, None, job_id=job_id, response=response)[0],
+                                 lambda job_id, call_id, tenant, decision: _resolve(job_id, call_id, tenant, decision),
+                                 waiter, runtime.store)
             app.include_router(responses_router(store=JobResponses(runtime.store), tenant_of=rate_limited(tenant_of),
-                                                limits=limits, models=models), prefix="/v1")
+                                                limits=limits, models=models, hosted=hosted), prefix="/v1")
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     app.state.lifespans = []  # an extension's background work, run for as long as the app serves
