@@ -29,7 +29,8 @@ from decider.errors import (BackendUnavailableError, InvalidRequestError, Prompt
 from decider.grammar import GrammarCache
 from decider.kv_runner import LlamaRunner, PrefixCache
 
-__all__ = ["DEFAULT_MAX_SEQ_LEN", "EmbeddedEngine"]
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_SEQ_LEN", "DEFAULT_PREFILL_CHUNK", "DEFAULT_PREFIX_BLOCK",
+           "DEFAULT_PREFIX_CACHE_BYTES", "EmbeddedEngine"]
 
 DEFAULT_MAX_BATCH_SIZE = 32
 #: Upper bound on the context; the model's own ``max_position_embeddings`` may lower it.

@@ -10,9 +10,9 @@ import json
 import re
 from typing import Any
 
-__all__ = ["MAX_FRAME_BYTES", "MAX_RESULT_BYTES", "MAX_RESULT_DEPTH", "RESERVED_TYPES", "SANDBOX_REPORTED_TYPES",
-           "TOOL_RAISABLE_TYPES", "OutputError", "checked_answer", "decode_object", "encode_result", "error_frame",
-           "json_depth", "tool_error_type"]
+__all__ = ["MAX_FRAME_BYTES", "MAX_RESULT_BYTES", "MAX_RESULT_DEPTH", "OutputError", "RESERVED_TYPES",
+           "SANDBOX_REPORTED_TYPES", "TOOL_RAISABLE_TYPES", "checked_answer", "decode_object", "encode_result",
+           "error_frame", "json_depth", "tool_error_type"]
 
 MAX_RESULT_BYTES = 1_000_000
 #: A result with what rides around it (the tool's header line; the call parent's frame: isolation, spans).
