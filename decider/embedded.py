@@ -56,7 +56,7 @@ class EmbeddedEngine:
     ``"hybrid"`` mode :meth:`load` picks on CPUs without native bf16 (:func:`decider.engine_loading.resolve_dtype`).
 
     ``jump_forward`` (on by default) appends the tokens a grammar forces without a decode step each
-    and feeds them in one multi-token pass (see :meth:`_jump_forward`): on the quality set's dev
+    and feeds them in one multi-token pass (``Scheduler._jump_forward``): on the quality set's dev
     split (158 rows) it left exact tool calls at 96.8 % and cut the median decision from 4.5 s to
     1.1 s on 2 CPU cores.
     """
