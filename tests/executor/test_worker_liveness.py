@@ -233,7 +233,7 @@ def test_the_messages_of_a_worker_that_stopped_beating_go_back_to_their_queue(tm
     from celery import Celery
     from kombu import Connection
 
-    from executor.sandbox.child import children
+    from executor.sandbox.linux import children
     from executor.stack import start_worker, wait_for_workers
     from executor.worker import liveness
     from executor.worker.config import celery_config
