@@ -323,6 +323,11 @@ class ProcessSandbox:
                 isolation: dict[str, Any], streams: dict[str, Captured], logs: list[dict[str, Any]],
                 duration: float) -> SandboxResult:
         stderr = bytes(streams["stderr"].data) if "stderr" in streams else b""
+        died = frame is None or (isinstance(frame, dict) and "exit" in frame and not frame.get("error"))
+        if died and self._forkserver is not None and not self._forkserver.alive():
+            # the call's process died with the fork server above it: the sandbox's end, not the tool's
+            raise SandboxError(f"the sandbox's fork server died while {spec.name} ran; the call did not finish",
+                               cause="forkserver_died")
         if frame is None:
             raise _death_error(spec, proc.returncode, stderr)
         if isinstance(frame, ToolOutputError):
