@@ -25,6 +25,7 @@ Handler = Callable[[argparse.Namespace], "int | None"]
 def handler_named(name: str) -> Handler:
     """The handler that ``"module:function"`` names, its module imported now."""
     module, _, function = name.partition(":")
+    # lazy: the command table names each handler; its module (the stack, Redis, torch) loads for that command alone
     return getattr(importlib.import_module(module), function)
 
 

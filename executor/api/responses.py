@@ -1,4 +1,6 @@
-"""The Responses API in the job API: each response is a job, stored per tenant under the response's id.
+"""The OpenAI-compatible endpoints in the job API (:func:`add_openai_endpoints`): ``/v1/chat/completions``
+(``decider.openai_api``) and ``/v1/responses``, where each response is a job, stored per tenant under the
+response's id.
 
 ``decider.responses_api`` makes the response; :class:`JobResponses` keeps it as a job whose conversation is
 the one the response ended (what ``previous_response_id`` continues), whose calls are the response's
@@ -11,10 +13,26 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from fastapi import Depends, FastAPI
+
+from decider.embedded import DEFAULT_MAX_SEQ_LEN
+from decider.openai_api import ChatLimits, create_router
+from decider.responses_api import create_router as responses_router
 from executor.errors import JobNotFoundError
 from executor.store.records import CallRecord, JobRecord, JobStore
+from toolrail.settings import Settings
 
-__all__ = ["JobResponses"]
+__all__ = ["JobResponses", "add_openai_endpoints"]
+
+
+def add_openai_endpoints(app: FastAPI, settings: Settings, store: JobStore, *, tenant: Any, models: list[str]) -> None:
+    """Both endpoints under ``/v1``, each request charged to ``tenant`` (the API's rate-limited tenant dependency)."""
+    limits = ChatLimits(max_tokens=settings.max_tokens_cap, max_schema_bytes=settings.max_schema_bytes,
+                        max_schema_depth=settings.max_schema_depth,
+                        context_tokens=None if settings.decider == "triton" else DEFAULT_MAX_SEQ_LEN)
+    app.include_router(create_router(limits=limits, models=models, dependencies=[Depends(tenant)]), prefix="/v1")
+    app.include_router(responses_router(store=JobResponses(store), tenant_of=tenant, limits=limits, models=models),
+                       prefix="/v1")
 
 
 class JobResponses:

@@ -46,6 +46,8 @@ from executor.sandbox.linux import (
     kill_leftovers,
     new_pid_namespace,
 )
+from toolrail.trace_sinks import ChildRecorder  # a traced call's span, as plain data: no tracer provider, no thread
+import tools.context  # noqa: F401 - loaded before the fork server forks: each tool process uses it (child.run_tool)
 
 __all__ = ["run_call", "serve_forks", "start_init", "traced_run_call"]
 
@@ -165,8 +167,6 @@ def traced_run_call(request: dict, modules: list[str], **kwargs: Any) -> tuple[d
     if not request.get("trace_context"):
         return run_call(request, modules, **kwargs)
     try:
-        from toolrail.tracing import ChildRecorder  # noqa: PLC0415 - preloaded by the fork server
-
         recorder = ChildRecorder(request["trace_context"])
     except Exception:  # noqa: BLE001 - tracing never stops a call
         return run_call(request, modules, **kwargs)
@@ -482,10 +482,6 @@ def serve_forks(sock_fd: int) -> int:
     linux.name_process(b"tr-forkserver")
     libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a call parent leaves (its init) is reaped here
     modules = child.preload_modules()
-    import tools.context  # noqa: F401, PLC0415
-
-    with contextlib.suppress(Exception):  # traced calls record their span here: import it once
-        import toolrail.tracing  # noqa: F401, PLC0415 - never start the SDK here: a thread it leaves makes every fork hang
     child._reachable_for_own_uid(modules)
     child.configure_tool_logging()
     # every call's confinement looks this up: computed here once, inherited by each fork
