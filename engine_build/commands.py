@@ -48,10 +48,6 @@ def _options_from_args(args: argparse.Namespace) -> list[Any]:
     return [BuildOptions(**given)]
 
 
-def _console() -> Any:
-    return Console(stderr=True)
-
-
 def _fail(exc: Exception) -> int:
     code = EXIT_USAGE if isinstance(exc, (MissingRequirementError, PlanError, FileNotFoundError, ValueError)) else EXIT_FAILED
     print(f"toolrail engine: error: {exc}", file=sys.stderr)
@@ -59,7 +55,6 @@ def _fail(exc: Exception) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Print the resolved steps and build key of each build."""
     try:
         plans = [plan_build(opts) for opts in _options_from_args(args)]
     except (EngineBuildError, FileNotFoundError, ValueError) as exc:
@@ -81,8 +76,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """Run each build (skipping cache hits); one manifest per build."""
-    console = _console()
+    console = Console(stderr=True)
     try:
         options = _options_from_args(args)
         cache = FileHashCache(options[0].output_root / ".hash-cache.json")
@@ -109,7 +103,6 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_triton_repo(args: argparse.Namespace) -> int:
-    """Write a Triton model repository for a build (engine or pytorch flavor)."""
     try:
         engine_dir = args.engine_dir
         flavor = args.flavor
@@ -169,7 +162,6 @@ def cmd_triton_repo(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    """Upload a build, its tokenizer and its Triton repository to S3; the manifest (every file's sha256) goes last."""
     try:
         if args.print_layout:
             manifest = Manifest.read(args.build_dir)
@@ -192,7 +184,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_export_hf4(args: argparse.Namespace) -> int:
-    """Export an HF model dir saved by transformers 5 in the layout TensorRT-LLM's pinned transformers 4.x reads."""
     try:
         target = export_hf4(args.model, args.output, log=lambda line: print(line, file=sys.stderr))
     except (EngineBuildError, FileNotFoundError, ValueError, OSError) as exc:

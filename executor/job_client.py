@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     if args.url:
         with _client(args.url, args.api_key) as client:
             job = _submit_and_wait(client, body, deadline=deadline, show=not args.json, wait=not args.no_wait)
-            trace = _trace(client, job) if args.trace else None
+            trace = fetch_trace(client, job["job_id"]) if args.trace else None
     else:
         if not args.json:
             print("starting a local stack (Redis, worker pool, API)…", file=sys.stderr)
@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             with _client(stack.url, None) as client:
                 job = _submit_and_wait(client, body, deadline=deadline, show=not args.json, wait=not args.no_wait)
-                trace = _trace(client, job) if args.trace else None
+                trace = fetch_trace(client, job["job_id"]) if args.trace else None
                 if job["status"] not in TERMINAL_JOB:  # past the deadline: the stack goes with the command, at once
                     stack.stop_grace_s = 0
         except KeyboardInterrupt:  # Ctrl-C: the stack goes at once and silently (a pool told to stop mid-task
@@ -265,10 +265,6 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return TIMEOUT_EXIT
     return 0 if job["status"] == "succeeded" else 3 if job["status"] == "awaiting_approval" else 1
-
-
-def _trace(client: Any, job: dict[str, Any]) -> dict[str, Any]:
-    return fetch_trace(client, job["job_id"])
 
 
 def demo(args: argparse.Namespace) -> int:

@@ -24,7 +24,6 @@ from executor.api.context import JobDesk
 from executor.api.readiness import mark_worker_down
 from executor.ports import Jobs
 from executor.runtime import Runtime
-from executor.store.records import TERMINAL_JOB
 from executor.store.worker_tools import published
 from executor.worker import liveness
 from executor.worker.config import DECIDER_WARM_KEY, TOOL_CHECK_EXIT, celery_config, worker_queues

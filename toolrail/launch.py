@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable
 
 import httpx
 import redis
@@ -17,16 +16,7 @@ from toolrail.logging import configure_logging
 from toolrail.redis_embed import EmbeddedRedisError, RedisNotConfiguredError
 from toolrail.settings import RedisUrlError, Settings, env_names, get_settings
 
-__all__ = ["handler_named", "one_line_error", "run"]
-
-Handler = Callable[[argparse.Namespace], "int | None"]
-
-
-def handler_named(name: str) -> Handler:
-    """The handler that ``"module:function"`` names, its module imported now."""
-    module, _, function = name.partition(":")
-    # lazy: the command table names each handler; its module (the stack, Redis, torch) loads for that command alone
-    return getattr(importlib.import_module(module), function)
+__all__ = ["one_line_error", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +24,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         get_settings()  # every command: a bad value is one line
         configure_logging()  # ... and an unknown TOOLRAIL_* variable one warning
-        handler = handler_named(args.handler) if isinstance(args.handler, str) else args.handler
+        handler = args.handler
+        if isinstance(handler, str):  # lazy: the command's module (the stack, Redis, torch) loads for it alone
+            module, _, function = handler.partition(":")
+            handler = getattr(importlib.import_module(module), function)
         return int(handler(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
