@@ -16,7 +16,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from toolrail.settings import DEFAULT_CACHE_DIR, OTHER_VARIABLES, Settings, display_url, env_names, get_settings
+from toolrail.settings import (DEFAULT_CACHE_DIR, OTHER_VARIABLES, Settings, display_url, env_names, extension_settings,
+                               get_settings)
 
 __all__ = ["docs", "render_markdown", "show"]
 
@@ -65,13 +66,20 @@ def _cell(text: str) -> str:
 
 def render_markdown() -> str:
     """The configuration reference as Markdown, from ``Settings`` and ``OTHER_VARIABLES``."""
-    lines = [_HEADER, "## Settings\n", "| Variable | Type | Default | Description |", "| --- | --- | --- | --- |"]
-    for name, field in Settings.model_fields.items():
-        names = env_names(name)
-        variable = f"`{names[0]}`" + "".join(f" (also `{other}`)" for other in names[1:])
-        lines.append(f"| {variable} | {_type_text(field.annotation)} | {_default_text(field.get_default(call_default_factory=True))} | "
-                     f"{_cell(field.description or '')} |")
-    lines += ["", "## Other variables\n",
+    lines = [_HEADER]
+    for owner in (Settings, *extension_settings()):
+        if owner is Settings:
+            lines.append("## Settings\n")
+        else:  # an installed extension's own (entry point group toolrail.settings)
+            lines += [f"## Settings of `{owner.__module__}`\n", _cell(owner.__doc__ or "") + "\n"]
+        lines += ["| Variable | Type | Default | Description |", "| --- | --- | --- | --- |"]
+        for name, field in owner.model_fields.items():
+            names = env_names(name, owner)
+            variable = f"`{names[0]}`" + "".join(f" (also `{other}`)" for other in names[1:])
+            lines.append(f"| {variable} | {_type_text(field.annotation)} | "
+                         f"{_default_text(field.get_default(call_default_factory=True))} | {_cell(field.description or '')} |")
+        lines.append("")
+    lines += ["## Other variables\n",
               "Read by a client command, by a tool process or by a container entrypoint, not by `Settings`.\n",
               "| Variable | Description |", "| --- | --- |"]
     lines += [f"| `{name}` | {_cell(text)} |" for name, text in sorted(OTHER_VARIABLES.items())]
@@ -101,6 +109,8 @@ def show(args: argparse.Namespace) -> int:
         if name in _SECRET_FIELDS and value:
             value = display_url(value) if name == "redis_url" else "***"
         values[env_names(name)[0]] = value
+    for owner in extension_settings():
+        values.update({env_names(name, owner)[0]: value for name, value in owner().model_dump(mode="json").items()})
     if args.json:
         print(json.dumps(values, indent=2))
         return 0

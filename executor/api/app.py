@@ -269,7 +269,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         job, created = await run_in_threadpool(_create_job, body, request.state.request_id, tenant, idempotency_key)
         return await waiter.submitted(job, created=created, prefer=prefer)
 
-    def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None) -> tuple[JobRecord, bool]:
+    def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None, *,
+                    job_id: str | None = None, response: dict[str, Any] | None = None) -> tuple[JobRecord, bool]:
         app.state.rate_limiter.check(tenant)
         names, inline = _resolve_tools(runtime, body, settings, tenant=tenant)
         if not body.messages and body.tool_calls is None and body.raw_output is None:
@@ -296,8 +297,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         max_reasks = settings.default_max_reasks if body.max_reasks is None else body.max_reasks
         if max_reasks > settings.max_reasks_limit:
             raise ApiError(422, "validation_error", f"max_reasks may be at most {settings.max_reasks_limit}")
-        job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
-                        messages=messages, tools=names,
+        job = JobRecord(job_id=job_id or f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
+                        messages=messages, tools=names, response=response,
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
                         max_reasks=max_reasks, client_output=client_output,
@@ -399,8 +400,12 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         try:
             from executor.api.responses import add_openai_endpoints  # lazy: torch, only where this API decides
 
-            add_openai_endpoints(app, settings, runtime.store, tenant=rate_limited(tenant_of),
-                         models=[m["id"] for m in _served_models(settings, created=started_at)])
+            add_openai_endpoints(
+                app, settings, runtime.store, tenant=rate_limited(tenant_of),
+                models=[m["id"] for m in _served_models(settings, created=started_at)], waiter=waiter,
+                create=lambda body, request_id, tenant, job_id, response: _create_job(
+                    body, request_id, tenant, None, job_id=job_id, response=response)[0],
+                resolve=lambda job_id, call_id, tenant, decision: _resolve(job_id, call_id, tenant, decision))
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     app.state.lifespans = []  # an extension's background work, run for as long as the app serves
