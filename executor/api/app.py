@@ -147,7 +147,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     (the runtime's queues by default, Celery's where it has none; with ``enqueue`` given and no ``rerun``, approvals
     and the reconciler are off). Webhooks go out on the runtime's queues."""
     if runtime.queues is None:  # the deployment's Celery queues, unless the runtime brings its own
-        from executor.worker.tasks import QUEUES  # noqa: PLC0415 - the Celery app reads REDIS_URL at import
+        from executor.worker.tasks import QUEUES  # lazy: the Celery app reads REDIS_URL at import; not when queues are given
 
         runtime.queues = QUEUES
     if enqueue is None:
@@ -400,23 +400,14 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         mount_openai = settings.decider in {"embedded", "triton"}
     if mount_openai:
         try:
-            from decider.embedded import DEFAULT_MAX_SEQ_LEN  # noqa: PLC0415 - heavy (torch); the model loads on first use
-            from decider.openai_api import ChatLimits, create_router  # noqa: PLC0415
-            from decider.responses_api import create_router as responses_router  # noqa: PLC0415
-            from executor.api.responses import HostedTools, JobResponses  # noqa: PLC0415 - only with the decider's modules
+            from executor.api.responses import add_openai_endpoints  # lazy: torch, only where this API decides
 
-            limits = ChatLimits(max_tokens=settings.max_tokens_cap, max_schema_bytes=settings.max_schema_bytes,
-                                max_schema_depth=settings.max_schema_depth,
-                                context_tokens=None if settings.decider == "triton" else DEFAULT_MAX_SEQ_LEN)
-            models = [m["id"] for m in _served_models(settings, created=started_at)]
-            app.include_router(create_router(limits=limits, models=models,
-                                             dependencies=[Depends(rate_limited(tenant_of))]), prefix="/v1")
-            hosted = HostedTools(lambda body, request_id, tenant, job_id, response: _create_job(
-                                     body, request_id, tenant, None, job_id=job_id, response=response)[0],
-                                 lambda job_id, call_id, tenant, decision: _resolve(job_id, call_id, tenant, decision),
-                                 waiter, runtime.store)
-            app.include_router(responses_router(store=JobResponses(runtime.store), tenant_of=rate_limited(tenant_of),
-                                                limits=limits, models=models, hosted=hosted), prefix="/v1")
+            add_openai_endpoints(
+                app, settings, runtime.store, tenant=rate_limited(tenant_of),
+                models=[m["id"] for m in _served_models(settings, created=started_at)], waiter=waiter,
+                create=lambda body, request_id, tenant, job_id, response: _create_job(
+                    body, request_id, tenant, None, job_id=job_id, response=response)[0],
+                resolve=lambda job_id, call_id, tenant, decision: _resolve(job_id, call_id, tenant, decision))
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     app.state.lifespans = []  # an extension's background work, run for as long as the app serves
@@ -489,7 +480,7 @@ def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
 
 def _celery_ping() -> tuple[int, set[str]]:
     """How many workers answer, and the queues they consume (one broadcast, as a ping)."""
-    from executor.worker.celery import app as celery_app  # noqa: PLC0415
+    from executor.worker.celery import app as celery_app  # lazy: the Celery app reads REDIS_URL at import
 
     replies = celery_app.control.inspect(timeout=0.5).active_queues() or {}
     return len(replies), {queue["name"] for queues in replies.values() for queue in queues or []}

@@ -1,4 +1,6 @@
-"""The Responses API in the job API: each response is a job, stored per tenant under the response's id.
+"""The OpenAI-compatible endpoints in the job API (:func:`add_openai_endpoints`): ``/v1/chat/completions``
+(``decider.openai_api``) and ``/v1/responses``, where each response is a job, stored per tenant under the
+response's id.
 
 ``decider.responses_api`` makes the response; :class:`JobResponses` keeps it as a job whose conversation is
 the one the response ended (what ``previous_response_id`` continues), whose calls are the response's
@@ -20,23 +22,40 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from decider.embedded import DEFAULT_MAX_SEQ_LEN
 from decider.errors import InvalidRequestError
+from decider.openai_api import ChatLimits, create_router
 from decider.responses_api import HOSTED_LABEL
+from decider.responses_api import create_router as responses_router
 from executor.api.bodies import JobCreate
 from executor.api.waiting import MAX_WAIT_S, SETTLED, JobWaiter
 from executor.errors import JobNotFoundError
 from executor.store.records import CallRecord, JobRecord, JobStore
+from toolrail.settings import Settings
 from tools.spec import ToolSpec
 
-__all__ = ["HostedTools", "JobResponses", "hosted_view"]
+__all__ = ["HostedTools", "JobResponses", "add_openai_endpoints", "hosted_view"]
 
 #: Creates a job from a job API body: ``(body, request_id, tenant, job_id, response) -> job``.
 CreateJob = Callable[[JobCreate, str, str, str, dict[str, Any]], JobRecord]
 #: Approves or rejects one waiting call: ``(job_id, call_id, tenant, "approve" | "reject")``.
 Resolve = Callable[[str, str, str, str], Any]
 
+
+
+def add_openai_endpoints(app: FastAPI, settings: Settings, store: JobStore, *, tenant: Any, models: list[str],
+                         create: CreateJob, resolve: Resolve, waiter: JobWaiter) -> None:
+    """Both endpoints under ``/v1``, each request charged to ``tenant`` (the API's rate-limited tenant dependency);
+    a response with toolrail's own tools runs as a job (:class:`HostedTools` over ``create``, ``resolve``)."""
+    limits = ChatLimits(max_tokens=settings.max_tokens_cap, max_schema_bytes=settings.max_schema_bytes,
+                        max_schema_depth=settings.max_schema_depth,
+                        context_tokens=None if settings.decider == "triton" else DEFAULT_MAX_SEQ_LEN)
+    app.include_router(create_router(limits=limits, models=models, dependencies=[Depends(tenant)]), prefix="/v1")
+    app.include_router(responses_router(store=JobResponses(store), tenant_of=tenant, limits=limits, models=models,
+                                        hosted=HostedTools(create, resolve, waiter, store)), prefix="/v1")
 
 class JobResponses:
     """A ``decider.responses_api.ResponseStore`` on the job store."""

@@ -37,6 +37,7 @@ from executor.sandbox.answer import (MAX_FRAME_BYTES, MAX_RESULT_BYTES, OutputEr
                                      error_frame)
 from executor.sandbox.linux import (CLONE_NEWPID, children, close_all, host_pid, kill_leftovers, libc, live_pids,
                                     new_pid_namespace)
+from toolrail.trace_sinks import ChildRecorder  # a traced call's span, as plain data: no tracer provider, no thread
 
 __all__ = ["own_pid_namespace_for_children", "run_call", "start_init", "traced_run_call"]
 
@@ -158,8 +159,6 @@ def traced_run_call(request: dict, modules: list[str], **kwargs: Any) -> tuple[d
     if not request.get("trace_context"):
         return run_call(request, modules, **kwargs)
     try:
-        from toolrail.tracing import ChildRecorder  # noqa: PLC0415 - preloaded by the fork server
-
         recorder = ChildRecorder(request["trace_context"])
     except Exception:  # noqa: BLE001 - tracing never stops a call
         return run_call(request, modules, **kwargs)

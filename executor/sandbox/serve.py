@@ -15,6 +15,7 @@ from typing import Any
 from executor.sandbox import child, linux, parent, prepared
 from executor.sandbox.answer import error_frame
 from executor.sandbox.linux import close_all, libc, reap_children
+import tools.context  # noqa: F401 - loaded before the fork server forks: each tool process uses it (child.tool_process)
 
 __all__ = ["entry", "main", "serve_forks"]
 
@@ -64,10 +65,6 @@ def serve_forks(sock_fd: int) -> int:
     linux.name_process(b"tr-forkserver")
     libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a call parent leaves (its init) is reaped here
     modules = child.preload_modules()
-    import tools.context  # noqa: F401, PLC0415
-
-    with contextlib.suppress(Exception):  # traced calls record their span here: import it once
-        import toolrail.tracing  # noqa: F401, PLC0415 - never start the SDK here: a thread it leaves makes every fork hang
     child.reachable_for_own_uid(modules)
     child.configure_tool_logging()
     # every call's confinement looks this up: computed here once, inherited by each fork

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from executor.cli import NEXT_STEPS
+from executor.job_client import NEXT_STEPS
 from executor.stack import start_worker, stop_process
 from executor.worker.config import DECIDER_WARM_KEY
 from toolrail.redis_embed import EmbeddedRedis

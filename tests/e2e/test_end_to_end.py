@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from executor.stack import LocalStack, wait_for_job
+from executor.job_client import wait_for_job
+from executor.stack import LocalStack
 from executor.store.records import TERMINAL_JOB
 
 pytestmark = pytest.mark.model

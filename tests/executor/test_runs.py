@@ -26,7 +26,7 @@ from tests.harness.jobs import publishers
 from tests.harness.processes import decider_worker, pool_process_of
 from tests.harness.receiver import Receiver, wait_for
 
-from executor.stack import wait_for_job
+from executor.job_client import wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "runs:ledger"

@@ -32,7 +32,8 @@ import httpx
 import pytest
 import redis
 
-from executor.stack import stop_process, wait_for_job
+from executor.job_client import wait_for_job
+from executor.stack import stop_process
 from executor.store.records import TERMINAL_JOB
 from tests.harness.processes import parent_pid, pool_process_of
 from toolrail.redis_embed import EmbeddedRedis, free_port

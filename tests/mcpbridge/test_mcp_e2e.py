@@ -15,7 +15,8 @@ import anyio
 import httpx
 import pytest
 
-from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from executor.job_client import wait_for_job
+from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.serving import api_server
 from tests.harness.databases import own_database
 

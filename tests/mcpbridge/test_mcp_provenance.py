@@ -16,7 +16,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from executor.job_client import wait_for_job
+from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.serving import api_server
 
 INVOICES = {"kind": "tool", "tool": "mcp__bills__invoices", "mcp": True, "trusted": False}
