@@ -54,6 +54,7 @@ from executor.sandbox.linux import (LIMITS, confine, die_with_parent, drop_netwo
                                     host_pid, make_reachable, name_process, own_ipc, private_mounts, remember_parent)
 from executor.sandbox.prepared import (empty_network_fd, enter_empty_network, landlock_abi_prepared, prepared_fds,
                                        prepared_rules, release_prepared, require_no_sockets)
+from tools.context import CallContext, flush_progress, set_current_call
 
 #: The descriptor a spawned call parent writes its one result frame to; the tool process never holds it.
 RESULT_FD = 3
@@ -339,7 +340,6 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     die_with_parent()
-    from tools.context import CallContext, flush_progress, set_current_call  # noqa: PLC0415
 
     ids = {"request_id": request["request_id"], "job_id": request["job_id"], "call_id": request["call_id"],
            "tool": request["tool"]}

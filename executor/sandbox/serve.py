@@ -15,7 +15,6 @@ from typing import Any
 from executor.sandbox import child, linux, parent, prepared
 from executor.sandbox.answer import error_frame
 from executor.sandbox.linux import close_all, libc, reap_children
-import tools.context  # noqa: F401 - loaded before the fork server forks: each tool process uses it (child.tool_process)
 
 __all__ = ["entry", "main", "serve_forks"]
 
