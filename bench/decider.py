@@ -393,13 +393,13 @@ def main(argv: list[str] | None = None) -> int:
 
     reps = 1 if args.quick else 5
     if args.dtypes:
-        from decider.embedded import _native_bf16
+        from decider.engine_loading import native_bf16
         from toolrail.logging import configure_logging
 
         configure_logging(json=False, level="WARNING")  # the decider logs every decision at debug
 
         device = torch.device(args.device) if args.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        report = {"device": str(device), "threads": torch.get_num_threads(), "native_bf16": _native_bf16(device),
+        report = {"device": str(device), "threads": torch.get_num_threads(), "native_bf16": native_bf16(device),
                   "dtypes": dtype_comparison(args.model, args.device, [m.strip() for m in args.dtypes.split(",")],
                                              reps=2 if args.quick else 5)}
         print_dtype_table(report)

@@ -230,6 +230,7 @@ def fairness(*, hanging: int, samples: int) -> int:
     from executor.runtime import Runtime  # noqa: PLC0415
     from executor.stack import serve_in_thread  # noqa: PLC0415
     from toolrail.redis_embed import EmbeddedRedis  # noqa: PLC0415
+    from mcpbridge.settings import mcp_settings  # noqa: PLC0415
     from toolrail.settings import Settings  # noqa: PLC0415
 
     silent = socket.socket()
@@ -237,9 +238,10 @@ def fairness(*, hanging: int, samples: int) -> int:
     silent.listen(64)  # accepts (the kernel's backlog) and never answers
     silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}/mcp"
     store = EmbeddedRedis(data_dir=Path(tempfile.mkdtemp(prefix="bench-mcp-"))).start()
-    settings = Settings(api_keys="ka:alpha,kb:beta", redis_url=store.url, mcp_allow_private_urls=True,
-                        mcp_refresh_interval_s=0, mcp_connect_timeout_s=10, mcp_max_concurrent_per_tenant=hanging,
-                        rate_limit_per_s=10_000, rate_limit_burst=10_000)
+    settings = Settings(api_keys="ka:alpha,kb:beta", redis_url=store.url, rate_limit_per_s=10_000, rate_limit_burst=10_000)
+    os.environ.update({"TOOLRAIL_MCP_ALLOW_PRIVATE_URLS": "true", "TOOLRAIL_MCP_REFRESH_INTERVAL_S": "0",  # the bridge's own
+                       "TOOLRAIL_MCP_CONNECT_TIMEOUT_S": "10", "TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT": str(hanging)})
+    mcp_settings.cache_clear()
     server, thread, base = serve_in_thread(create_app(settings, Runtime.from_settings(settings), mount_openai=False,
                                                       enqueue=lambda job: None, ping_workers=lambda: 1))
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}

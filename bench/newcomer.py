@@ -51,7 +51,7 @@ REQUESTS: list[tuple[str, list[str], str | None]] = [
 
 
 def run_one(client, number: int, text: str, tools: list[str], approval: str | None, *, timeout_s: float) -> dict:
-    from executor.stack import wait_for_job  # noqa: PLC0415
+    from executor.job_client import wait_for_job  # noqa: PLC0415
 
     body: dict = {"messages": [{"role": "user", "content": text}], "tools": tools}
     if approval:

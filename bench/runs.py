@@ -47,7 +47,7 @@ def _user(n: int) -> dict:
 
 
 def _wait(client, job_id: str, timeout_s: float = 120.0) -> dict:
-    from executor.stack import wait_for_job  # noqa: PLC0415
+    from executor.job_client import wait_for_job  # noqa: PLC0415
 
     return wait_for_job(client, job_id, timeout_s=timeout_s, poll_s=0.005)
 

@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import redis  # noqa: E402
 
-from executor.stack import stop_process, wait_for_job  # noqa: E402
+from executor.job_client import wait_for_job  # noqa: E402
+from executor.stack import stop_process  # noqa: E402
 from executor.store.records import TERMINAL_JOB  # noqa: E402
 from tests.harness.receiver import Receiver  # noqa: E402
 from toolrail.lifeline import dies_with_parent  # noqa: E402

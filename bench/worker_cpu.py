@@ -40,7 +40,7 @@ _spec = importlib.util.spec_from_file_location("bench_executor", Path(__file__).
 bench_executor = sys.modules["bench_executor"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_executor)
 
-from executor.sandbox.child import children  # noqa: E402 - ROOT is on sys.path once bench/executor.py is loaded
+from executor.sandbox.linux import children  # noqa: E402 - ROOT is on sys.path once bench/executor.py is loaded
 
 IN_PROCESS = r'''
 import json, os, sys, tempfile, time, uuid

@@ -1,8 +1,7 @@
-"""What one request owns inside the embedded engine: its incremental detokenizer and its sequence record.
+"""What one request owns inside the embedded engine: its sequence record, its text and chunks, its detokenizer.
 
-Split out of :mod:`decider.embedded` (issue 33: the engine module by concern). Everything here is per
-request, built fresh by the engine's ``_prepare`` and never shared: the scheduler rebuilds each step's
-batch from these objects, keyed by request id, never by batch position.
+Built fresh per request by the engine's ``_prepare``, never shared: the scheduler rebuilds each step's batch
+from these objects, keyed by request id, never by batch position.
 """
 
 from __future__ import annotations
@@ -104,6 +103,53 @@ class EngineSequence:
     def unfed(self) -> list[int]:
         """Generated tokens whose KV is not in the slot yet (one, or more after a jump-forward)."""
         return self.output_ids[self.cached_len - len(self.prompt_ids) :]
+
+    def cut_at_stop(self) -> bool:
+        """Whether the text so far holds a stop string; if so the pending text is cut just before it."""
+        stops = self.request.stop
+        if not stops or not self.pending_text:
+            return False
+        # Search the sent tail too: a stop string may straddle two chunks' boundary.
+        tail = max(len(stop) for stop in stops)
+        window_start = max(0, len(self.text) - tail)
+        window = self.text[window_start:] + self.pending_text
+        hits = [window.find(stop) for stop in stops if stop in window]
+        if not hits:
+            return False
+        cut = window_start + min(hits)  # absolute offset in the full text
+        full = self.text + self.pending_text
+        self.pending_text = full[len(self.text) : max(cut, len(self.text))]
+        return True
+
+    def emit(self) -> None:
+        """Send the pending text, less a suffix that could start a stop string, as a chunk."""
+        text = self.pending_text
+        if self.request.stop and text:
+            hold = 0
+            for stop in self.request.stop:
+                for size in range(min(len(stop) - 1, len(text)), 0, -1):
+                    if text.endswith(stop[:size]):
+                        hold = max(hold, size)
+                        break
+            text = text[: len(text) - hold]
+        if not text:
+            return
+        self.pending_text = self.pending_text[len(text) :]
+        self.text += text
+        self.sink(GenerationChunk(request_id=self.request_id, text=text, token_ids=self._take_ids()))
+
+    def emit_last(self, reason: str | None) -> None:
+        """Send the rest of the text as the final chunk, with the finish reason, usage and log-probability."""
+        text, self.pending_text = self.pending_text, ""
+        self.text += text
+        self.sink(GenerationChunk(request_id=self.request_id, text=text, token_ids=self._take_ids(), finished=True,
+                                  finish_reason=reason, usage=self.usage(), logprob=self.logprob))
+
+    def _take_ids(self) -> tuple[int, ...]:
+        """The output ids not yet reported in a chunk's ``token_ids``, now marked reported."""
+        ids = tuple(self.output_ids[self.reported_ids :])
+        self.reported_ids = len(self.output_ids)
+        return ids
 
     def usage(self) -> dict[str, int]:
         prompt = len(self.prompt_ids)

@@ -1,8 +1,8 @@
 """The embedded engine's model side: a Llama-family forward pass over a slot-addressed KV cache, and
 the prefix cache of prompt KV blocks.
 
-Split from :mod:`decider.embedded` (the scheduler, sampling and grammar side), which owns one
-:class:`LlamaRunner` and one :class:`PrefixCache` per engine; nothing here knows about requests.
+The engine's scheduler (:mod:`decider.engine_scheduler`) owns one :class:`LlamaRunner` and one
+:class:`PrefixCache` per engine; nothing here knows about requests.
 """
 
 from __future__ import annotations
@@ -141,10 +141,6 @@ class LlamaRunner:
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self._clean_upto = [0] * num_slots
-
-    @property
-    def bytes_per_token(self) -> int:
-        return 2 * len(self.layers) * self.num_kv_heads * self.head_dim * self.k.element_size()
 
     def _ensure_clean(self, slot: int, upto: int) -> None:
         start = self._clean_upto[slot]

@@ -36,6 +36,8 @@ from decider.errors import (
 )
 from decider.protocol import DecideRequest, Decision
 from decider.service import BackendDecider, DecisionPlan, get_default_decider
+from toolrail.context import REQUEST_ID_HEADER
+from toolrail.settings import get_settings
 from tools.check import check_tool_calls
 from tools.errors import SchemaRejectedError
 from tools.evidence import ConversationValues
@@ -151,8 +153,6 @@ def error_response(status: int, kind: str, message: str, request_id: str, *, par
     """OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}`` (the SDK raises the matching
     ``APIStatusError`` subclass); ``type`` is the class (``invalid_request_error``, ``server_error``), ``code``
     the kind; anything more is in ``details``."""
-    from toolrail.context import REQUEST_ID_HEADER  # noqa: PLC0415 - light; kept beside its one use
-
     error_type = "invalid_request_error" if status < 500 else "server_error"
     body = {"message": message, "type": error_type, "param": param, "code": code or kind, "details": details}
     return JSONResponse(status_code=status, headers={REQUEST_ID_HEADER: request_id}, content={"error": body})
@@ -237,8 +237,6 @@ def check_tool_answers(messages: Sequence[Mapping[str, Any]], *, param: Callable
 
 def default_decider() -> BackendDecider:
     """The process's decider (:func:`decider.service.get_default_decider` with the process settings)."""
-    from toolrail.settings import get_settings  # noqa: PLC0415 - read when first asked, not at import
-
     return get_default_decider(get_settings())
 
 

@@ -17,6 +17,11 @@ A stored response keeps the conversation it ended (input and output as chat mess
 :class:`ResponseStore`, per tenant: the job API stores each response as a job (``executor.api.responses``),
 the standalone app in memory. A request naming ``previous_response_id`` continues that conversation (its
 ``instructions`` are not carried over, as OpenAI's are not).
+
+toolrail's own tools run server-side where the request says so: an ``mcp`` tool with ``server_label:
+"toolrail"`` (the Agents SDK's ``HostedMCPTool``). The job API's run loop then decides and runs them (sandboxed,
+checked, approvals held for a person) and the response carries OpenAI's ``mcp_call`` and
+``mcp_approval_request`` items (:class:`HostedRuns`; the standalone app has none and refuses such a request).
 """
 
 from __future__ import annotations
@@ -41,7 +46,10 @@ from decider.service import BackendDecider
 from toolrail.context import REQUEST_ID_HEADER, request_scope, sanitize_request_id
 from tools.spec import ToolSpec
 
-__all__ = ["MemoryResponseStore", "ResponseRequest", "ResponseStore", "create_router"]
+__all__ = ["HOSTED_LABEL", "HostedRuns", "MemoryResponseStore", "ResponseRequest", "ResponseStore", "create_router"]
+
+#: The ``server_label`` of the ``mcp`` tool that asks for toolrail's own tools, run server-side.
+HOSTED_LABEL = "toolrail"
 
 
 class ResponseStore(Protocol):
@@ -53,6 +61,17 @@ class ResponseStore(Protocol):
 
     def load(self, tenant: str, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """The response and its conversation; None when absent or another tenant's."""
+        ...
+
+
+class HostedRuns(Protocol):
+    """Runs a response whose tools are toolrail's own (``executor.api.responses.HostedTools``)."""
+
+    async def respond(self, tenant: str, response: dict[str, Any], messages: list[dict[str, Any]],
+                      hosted: dict[str, Any], function_tools: list[ToolSpec],
+                      approvals: list[dict[str, Any]], *, request_id: str) -> dict[str, Any]:
+        """The finished ``response`` (or ``in_progress`` past the wait); ``approvals``: the input's
+        ``mcp_approval_response`` items, which continue the run that asked for them."""
         ...
 
 
@@ -138,8 +157,14 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                              "content": output if isinstance(output, str) else _text_of(output, f"input[{i}].output")})
-        elif kind == "reasoning":
-            continue  # nothing of a reasoning item reaches a model that does not reason
+        elif kind == "mcp_call":  # a hosted tool's call sent back as history: what ran and what it answered
+            messages += [{"role": "assistant", "content": None, "tool_calls": [{
+                              "id": item.get("id"), "type": "function",
+                              "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}]},
+                         {"role": "tool", "tool_call_id": item.get("id"),
+                          "content": str(item.get("output") or item.get("error") or "")}]
+        elif kind in ("reasoning", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response"):
+            continue  # nothing of a reasoning item reaches the model; the mcp items are the hosted run's own
         else:
             raise InvalidRequestError(f"input item type {kind!r} is not supported", param=f"input[{i}].type")
     return messages
@@ -148,9 +173,11 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _tools(body: ResponseRequest) -> list[ToolSpec]:
     specs = []
     for i, tool in enumerate(body.tools or []):
+        if tool.get("type") == "mcp" and tool.get("server_label") == HOSTED_LABEL:
+            continue
         if tool.get("type") != "function":
-            raise InvalidRequestError(f"tool type {tool.get('type')!r} is not supported (function tools only)",
-                                      param=f"tools[{i}].type")
+            raise InvalidRequestError(f"tool type {tool.get('type')!r} is not supported (function tools, and toolrail's "
+                                      f"own as an mcp tool with server_label {HOSTED_LABEL!r})", param=f"tools[{i}].type")
         try:
             specs.append(ToolSpec.from_openai(tool))
         except (ValueError, ValidationError) as exc:
@@ -277,8 +304,14 @@ async def _replayed(response: dict[str, Any]) -> AsyncIterator[str]:
 
 
 def _tools_echo(body: ResponseRequest) -> list[dict[str, Any]]:
-    return [{"type": "function", "name": t.get("name"), "description": t.get("description"),
+    return [{k: t.get(k) for k in ("type", "server_label", "server_url", "allowed_tools", "require_approval")}
+            if t.get("type") == "mcp" else  # never its headers: they may carry a secret
+            {"type": "function", "name": t.get("name"), "description": t.get("description"),
              "parameters": t.get("parameters"), "strict": t.get("strict", True)} for t in body.tools or []]
+
+
+def _hosted(body: ResponseRequest) -> dict[str, Any] | None:
+    return next((t for t in body.tools or [] if t.get("type") == "mcp" and t.get("server_label") == HOSTED_LABEL), None)
 
 
 # ----------------------------------------------------------------- endpoint
@@ -286,7 +319,8 @@ def _tools_echo(body: ResponseRequest) -> list[dict[str, Any]]:
 
 class _Responses:
     def __init__(self, get_decider: Callable[[], BackendDecider], store: ResponseStore, limits: Limits,
-                 models: Sequence[str]) -> None:
+                 models: Sequence[str], hosted: HostedRuns | None = None) -> None:
+        self.hosted = hosted
         self.get_decider = get_decider
         self.store = store
         self.limits = limits
@@ -334,6 +368,8 @@ class _Responses:
                 core.check_model(body.model, self.models)
                 ask, conversation = await asyncio.to_thread(self._ask, body, request_id, tenant)
                 core.check_bound(ask, self.limits.context_tokens)
+                if _hosted(body) is not None:
+                    return await self._hosted_run(body, ask, tenant)
                 await asyncio.to_thread(self.get_decider)  # the first call loads the model: never on the event loop
                 turn = _Turn(body, body.model or self.models[0], request_id, _tools_echo(body))
                 return await core.unless_disconnected(request, self._respond(turn, ask, conversation, tenant),
@@ -343,6 +379,22 @@ class _Responses:
                 return exc.response(request_id)
             except DeciderError as exc:
                 return core.error_for(exc, request_id)
+
+    async def _hosted_run(self, body: ResponseRequest, ask: core.Ask, tenant: str) -> Any:
+        """toolrail's own tools, run server-side by the job API's loop: the response is that run."""
+        if self.hosted is None:
+            raise InvalidRequestError(f"toolrail's own tools (an mcp tool with server_label {HOSTED_LABEL!r}) run "
+                                      "server-side only on the job API (toolrail serve)", param="tools")
+        turn = _Turn(body, body.model or self.models[0], ask.request_id, _tools_echo(body))
+        approvals = [i for i in body.input if isinstance(i, dict) and i.get("type") == "mcp_approval_response"] \
+            if isinstance(body.input, list) else []
+        response = await self.hosted.respond(tenant, turn.object, ask.messages, _hosted(body) or {}, ask.tools,
+                                             approvals, request_id=ask.request_id)
+        headers = {REQUEST_ID_HEADER: ask.request_id}
+        if not body.stream:
+            return JSONResponse(response, headers=headers)
+        return StreamingResponse(_replayed(response), media_type="text/event-stream",
+                                 headers={**headers, "Cache-Control": "no-cache"})
 
     def _save(self, tenant: str, turn: _Turn, conversation: list[dict[str, Any]]) -> None:
         if turn.body.store is not False:
@@ -479,13 +531,14 @@ def _default_tenant() -> str:
 
 def create_router(get_decider: Callable[[], BackendDecider] | None = None, *, store: ResponseStore | None = None,
                   tenant_of: Callable[..., str] | None = None, limits: Limits | None = None,
-                  models: Sequence[str] = (DEFAULT_MODEL_NAME,)) -> APIRouter:
+                  models: Sequence[str] = (DEFAULT_MODEL_NAME,), hosted: HostedRuns | None = None) -> APIRouter:
     """A router with ``POST /responses`` and ``GET /responses/{id}`` (mount it under ``/v1``).
 
     ``store`` keeps responses (default: in memory); ``tenant_of`` is a FastAPI dependency naming the caller's
     tenant (the job API's authentication and rate limit), default one tenant for everyone.
     """
-    endpoint = _Responses(get_decider or core.default_decider, store or MemoryResponseStore(), limits or Limits(), models)
+    endpoint = _Responses(get_decider or core.default_decider, store or MemoryResponseStore(), limits or Limits(), models,
+                          hosted)
     tenant_dependency = Depends(tenant_of or _default_tenant)
 
     async def create_response(request: Request, tenant: str = tenant_dependency) -> Any:

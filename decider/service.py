@@ -40,7 +40,9 @@ from decider.errors import (
     OutputValidationError,
     StreamInterruptedError,
 )
+from decider.embedded import EmbeddedEngine
 from decider.grammar import GrammarCache
+from decider.model import resolve_model
 from decider.parser import OnCall, ParsedOutput, ToolCallDelta, ToolCallStreamParser
 from decider.planning import (
     DEFAULT_CALL_BIAS,
@@ -53,6 +55,7 @@ from decider.planning import (
 from decider.prompt import reask_messages
 from decider.protocol import DecideRequest, Decision
 from decider.tool_formats import NativeCallParser
+from decider.triton import TritonBackend
 from tools.check import call_key
 from tools.cleaning import canonical_value
 
@@ -388,12 +391,6 @@ class BackendDecider(Planner):
             future.cancel()
             raise
 
-    def decide_checked(self, request: DecideRequest, **options: Any) -> Any:
-        """:func:`decider.checked.decide_checked` with this decider (decide → check → re-ask → review)."""
-        from decider.checked import decide_checked  # noqa: PLC0415 - the loop sits above the decider
-
-        return decide_checked(self, request, **options)
-
     async def adecide(self, request: DecideRequest, *, min_calls: int | None = None) -> Decision:
         """Decide from async code (any event loop)."""
         plan = await asyncio.to_thread(self.plan, request, min_calls=min_calls)
@@ -486,8 +483,6 @@ class EmbeddedDecider(BackendDecider):
     @classmethod
     def load(cls, model_path: str | None = None, *, config: DeciderConfig | None = None, **engine_options: Any) -> "EmbeddedDecider":
         """Load the embedded engine (default model unless ``model_path``) and wrap it."""
-        from decider.embedded import EmbeddedEngine
-
         engine = EmbeddedEngine.load(model_path, **engine_options)
         return cls.from_engine(engine, config=config)
 
@@ -516,8 +511,6 @@ _DEFAULT: dict[tuple[str, str | None], BackendDecider] = {}
 
 def get_default_decider(settings: Settings) -> BackendDecider:
     """The process-wide decider for ``settings.decider`` (``embedded`` or ``triton``), built once."""
-    from decider.model import resolve_model
-
     key = (settings.decider, settings.model)
     with _DEFAULT_LOCK:
         if key in _DEFAULT:
@@ -537,9 +530,6 @@ def get_default_decider(settings: Settings) -> BackendDecider:
 def _triton_decider(settings: Settings) -> BackendDecider:
     """A decider over the Triton backend; the prompt is rendered here with the model's tokenizer."""
     from transformers import AutoTokenizer
-
-    from decider.model import resolve_model
-    from decider.triton import TritonBackend
 
     backend = TritonBackend.from_settings(settings)
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(settings)), local_files_only=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from decider.errors import InvalidRequestError
-from decider.parser import OnCall, ParsedOutput, ToolCallDelta
+from decider.parser import OnCall, ParsedOutput, ToolCallDelta, parse_output
 from decider.prompt import template_messages
 from tools.calls import ToolCall, call_id
 
@@ -119,7 +119,7 @@ class ToolFormat:
         another. Written in the syntax the xgrammar of TensorRT-LLM 1.0 (0.1.21) parses too, which takes a
         ``TagDispatch`` only as the root rule and no ``{n, -1}``: what the newer xgrammar prints from the tag
         itself is refused there."""
-        from decider.grammar import schema_rules  # noqa: PLC0415 - grammar imports xgrammar; formats stay light
+        from decider.grammar import schema_rules  # lazy: grammar loads xgrammar (torch); engine_build reads the formats without it
 
         triggers, tags = self.tags(tools, max_calls=max_calls, calls_schema=calls_schema)
         rules, whole, rest = [], [], {trigger: [] for trigger in triggers}
@@ -210,8 +210,6 @@ class JsonArrayFormat(ToolFormat):
         return True
 
     def scan(self, text: str) -> Scan:
-        from decider.parser import parse_output
-
         parsed = parse_output(text, request_id="scan")
         calls = [ScannedCall(call.name, call.raw_arguments, end) for call, end in zip(parsed.tool_calls, parsed.call_ends)]
         return Scan(calls=calls, content=parsed.content, problem=parsed.problem)

@@ -24,7 +24,7 @@ from executor.calls.breaker import CircuitBreaker
 from executor.calls.concurrency import ConcurrencyLimitedError, ConcurrencyLimiter
 from executor.calls.pipeline import Pipeline
 from executor.sandbox.boundary import CallRun, Sandbox, SandboxResult
-from executor.sandbox.child import MAX_RESULT_BYTES
+from executor.sandbox.answer import MAX_RESULT_BYTES
 from executor.sandbox.launcher import LAUNCHER as _LAUNCHER
 from executor.store.idempotency import IdempotencyStore
 from executor.store.records import CallRecord, JobRecord, RedisJobStore

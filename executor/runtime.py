@@ -46,7 +46,7 @@ def load_decider(settings: Settings) -> Decider | None:
         return None
     if settings.decider == "custom":
         return _custom_decider(settings)
-    from decider.service import get_default_decider  # noqa: PLC0415 - heavy (torch), only when deciding
+    from decider.service import get_default_decider  # lazy: torch and the engine load only in a process that decides
 
     return get_default_decider(settings)
 

@@ -19,18 +19,23 @@ from pathlib import Path
 import httpx
 import redis
 
-from toolrail.lifeline import dies_with_parent
+from executor.api.app import create_app
+from executor.api.context import JobDesk
+from executor.api.readiness import mark_worker_down
+from executor.ports import Jobs
+from executor.runtime import Runtime
+from executor.store.worker_tools import published
+from executor.worker import liveness
+from executor.worker.config import DECIDER_WARM_KEY, TOOL_CHECK_EXIT, celery_config, worker_queues
 from toolrail.extensions import TOOL_SOURCES_GROUP, installed
+from toolrail.lifeline import dies_with_parent
 from toolrail.logging import get_logger
 from toolrail.redis_embed import EmbeddedRedis, ensure_redis, free_port
-from executor.worker.config import DECIDER_WARM_KEY, TOOL_CHECK_EXIT, worker_queues
-from tools.registry import default_registry
-from executor.store.records import TERMINAL_JOB
-from executor.api.readiness import mark_worker_down
-from toolrail.settings import DEFAULT_CACHE_DIR, display_url, get_settings
-from executor.runtime import Runtime
+from toolrail.redis_embed import redis_url as required_redis_url
+from toolrail.settings import DEFAULT_CACHE_DIR, Settings, display_url, get_settings
+from tools.registry import Registry, default_registry, load_registry
 
-__all__ = ["LocalStack", "SupervisedWorker", "deployment_queues", "serve_in_thread", "start_worker", "wait_for_job",
+__all__ = ["LocalStack", "SupervisedWorker", "deployment_jobs", "deployment_queues", "serve_in_thread", "start_worker",
            "wait_for_workers", "wait_http_ok"]
 
 log = get_logger("toolrail.stack")
@@ -48,6 +53,39 @@ def deployment_queues(redis_url: str | None = None, *, extra: tuple[str, ...] | 
         except redis.RedisError:
             pass
     return worker_queues(default_registry(), extra=[*extra, *sourced])
+
+
+def deployment_jobs(settings: Settings) -> Jobs:
+    """The running deployment's jobs, for a process of its own beside it (``toolrail mcp stdio``): over its Redis
+    (``REDIS_URL``, never a guessed default port: unset is one line, ``RedisNotConfiguredError``) and its Celery
+    queues, with the tools its workers load (as they published them at start). A Redis that does not answer raises
+    here, before anyone waits on it."""
+    from executor.worker.tasks import QUEUES  # lazy: the Celery app reads REDIS_URL at import; the caller sets it first
+
+    runtime = Runtime.from_settings(settings, redis_url=required_redis_url(settings), queues=QUEUES)
+    runtime.redis.ping()
+    runtime.registry = _workers_registry(runtime.redis)
+    return JobDesk(runtime, QUEUES.decide, QUEUES.dispatch)
+
+
+def _workers_registry(client: redis.Redis) -> Registry:
+    """The registry the workers load (their demo tools and tool modules, as they published them at start), loaded
+    here; a tool they serve that this process cannot load stops the command with one line naming it and why."""
+    workers = published(client)
+    if not workers:
+        raise SystemExit("toolrail mcp stdio: no worker has published its tools on this Redis (each does at its "
+                         "start): start the workers first (toolrail serve)")
+    modules = list(dict.fromkeys(module for worker in workers for module in worker.modules))
+    registry = load_registry(modules=modules, demo_tools={name for worker in workers for name in worker.demo_tools})
+    served = {name: worker.worker for worker in reversed(workers) for name in worker.tools}
+    missing = sorted(set(served) - set(registry.names()))
+    if missing:
+        why = "; ".join(problem.message() for problem in registry.problems) or \
+            f"its modules ({', '.join(modules) or 'none'}) did not register them here"
+        raise SystemExit(f"toolrail mcp stdio: the workers serve {', '.join(missing)} (worker "
+                         f"{served[missing[0]]}), which this process cannot load: {why}. Run it in the workers' "
+                         "Python environment")
+    return registry
 
 
 def start_worker(redis_url: str, *, queues: list[str] | None = None, concurrency: int = 2,
@@ -110,22 +148,6 @@ def serve_in_thread(app: object, *, host: str = "127.0.0.1", port: int = 0,
     base_url = f"http://{host}:{port}"
     wait_http_ok(base_url, timeout_s=timeout_s)
     return server, thread, base_url
-
-
-def wait_for_job(client: object, job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.1,
-                 headers: dict[str, str] | None = None, until: set[str] | frozenset[str] = frozenset()) -> dict:
-    """Wait until the job is terminal (or in a status of ``until``) with ``GET /v1/jobs/{id}?wait=``: the API answers
-    the moment the job settles, no polling. At the deadline, the last record seen. ``poll_s``: the pause before
-    asking again while the job waits for approval and ``until`` does not name it (the API answers such a wait at once)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        wait_s = round(max(0.0, min(deadline - time.monotonic(), 20.0)), 3)
-        job = client.get(f"/v1/jobs/{job_id}", params={"wait": wait_s}, headers=headers,  # type: ignore[attr-defined]
-                         timeout=wait_s + 30).json()
-        if job.get("status") in TERMINAL_JOB or job.get("status") in until or time.monotonic() > deadline:
-            return job
-        if job.get("status") == "awaiting_approval":
-            time.sleep(poll_s)
 
 
 def stop_process(proc: subprocess.Popen | None, *, grace_s: float = 10.0) -> None:
@@ -228,8 +250,6 @@ class SupervisedWorker:
     def _restore(self, client: redis.Redis, pid: int) -> None:
         from kombu import Connection  # noqa: PLC0415
 
-        from executor.worker import liveness  # noqa: PLC0415
-        from executor.worker.config import celery_config  # noqa: PLC0415
 
         transport = celery_config(self.redis_url)["broker_transport"]
         try:
@@ -317,8 +337,6 @@ class LocalStack:
         return self
 
     def _start_api(self) -> None:
-        from executor.api.app import create_app  # noqa: PLC0415
-
         settings = get_settings()
         app = create_app(settings, Runtime.from_settings(settings, redis_url=self.redis_url))
         self._server, self._thread, base_url = serve_in_thread(app, host=self.host, port=self.port,

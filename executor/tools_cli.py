@@ -1,70 +1,34 @@
-"""``toolrail tools list | show NAME | check``: the tools a worker would load, and whether they can run.
+"""``toolrail tools list | show NAME | check`` and ``toolrail repair``: the tools a worker would load, and whether they can run.
 
 ``list`` and ``show`` read the registry exactly as a worker builds it (built-ins,
 ``TOOLRAIL_TOOL_MODULES``, the ``toolrail.tools`` entry points); ``list --tenant T`` adds the
 tools a tenant's job may call beyond it, from the runtime's tool sources (its registered MCP
 servers, read from Redis: ``--redis-url`` or ``REDIS_URL``). ``check`` runs the worker's
 start-up check (every tool module imported inside a real sandbox child) and a schema
-self-test; it exits 0 when every tool passes, 1 otherwise. Errors are one line on stderr.
+self-test; it exits 0 when every tool passes, 1 otherwise. Errors are one line on stderr. ``repair`` cleans and
+validates one tool's raw arguments from stdin (``tools.check``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
-__all__ = ["register"]
+from executor.runtime import Runtime
+from executor.sandbox.toolcheck import check_tools
+from toolrail.logging import configure_logging
+from toolrail.settings import get_settings
+from tools.check import check_arguments
+from tools.errors import UnknownToolError
+from tools.registry import default_registry
 
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    tools = subparsers.add_parser("tools", help="list, show and check the registered tools",
-                                  description="The tools a worker loads: built-ins, modules in TOOLRAIL_TOOL_MODULES and "
-                                              "packages declaring a 'toolrail.tools' entry point.")
-    commands = tools.add_subparsers(dest="tools_command", metavar="SUBCOMMAND")
-    tools.set_defaults(handler=lambda args: _usage(tools))
-
-    listing = commands.add_parser("list", help="one line per tool: name, source, flags",
-                                  description="List every tool a worker would run with where it came from: built-ins, "
-                                              "modules, entry points and, with --tenant, the tenant's MCP servers.")
-    listing.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
-    listing.add_argument("--tenant", default=None, metavar="TENANT",
-                         help="also list this tenant's tools from other sources (its MCP servers), read from Redis")
-    listing.add_argument("--redis-url", default=None, metavar="URL",
-                         help="the deployment's Redis, for --tenant (default: REDIS_URL)")
-    listing.set_defaults(handler=_list)
-
-    show = commands.add_parser("show", help="a tool's spec: schema, limits, entrypoint, source",
-                               description="Print one tool's full spec as JSON.")
-    show.add_argument("name", help="registered tool name")
-    show.set_defaults(handler=_show)
-
-    check = commands.add_parser("check", help="import every tool module in a sandbox child and self-test the schemas",
-                                description="Run the worker's start-up check: every tool module is imported inside a "
-                                            "real, confined sandbox child; then each parameter schema is checked. "
-                                            "Exit 0 when all pass, 1 otherwise.")
-    check.add_argument("--no-sandbox", action="store_true", help="skip the sandbox import (schemas and registration only)")
-    check.add_argument("--json", action="store_true", help="print the findings as JSON")
-    check.set_defaults(handler=_check)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
-
-
-def _registry() -> Any:
-    from tools.registry import default_registry  # noqa: PLC0415
-
-    return default_registry()
+__all__ = ["check", "list_tools", "repair", "show_tool"]
 
 
 def _quiet() -> None:
-    import os  # noqa: PLC0415
-
-    from toolrail.logging import configure_logging  # noqa: PLC0415
-
     os.environ.setdefault("TOOLRAIL_LOG_LEVEL", "CRITICAL")
     configure_logging(level=os.environ["TOOLRAIL_LOG_LEVEL"], force=True)
 
@@ -77,9 +41,6 @@ def _row(registry: Any, spec: Any) -> dict[str, Any]:
 
 def _tenant_rows(registry: Any, tenant: str, redis_url: str | None) -> list[dict[str, Any]]:
     """The tenant's tools beyond the registry, from the runtime's tool sources (``Runtime.tenant_specs``)."""
-    from executor.runtime import Runtime  # noqa: PLC0415 - Redis and the tool sources only when asked
-    from toolrail.settings import get_settings  # noqa: PLC0415
-
     runtime = Runtime.from_settings(get_settings(), redis_url=redis_url)
     runtime.registry = registry
     rows = []
@@ -91,9 +52,9 @@ def _tenant_rows(registry: Any, tenant: str, redis_url: str | None) -> list[dict
     return rows
 
 
-def _list(args: argparse.Namespace) -> int:
+def list_tools(args: argparse.Namespace) -> int:
     _quiet()
-    registry = _registry()
+    registry = default_registry()
     rows = [_row(registry, spec) for spec in registry.specs()]
     if args.tenant is not None:
         try:
@@ -114,11 +75,9 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(args: argparse.Namespace) -> int:
-    from tools.errors import UnknownToolError  # noqa: PLC0415
-
+def show_tool(args: argparse.Namespace) -> int:
     _quiet()
-    registry = _registry()
+    registry = default_registry()
     try:
         spec = registry.get(args.name)
     except UnknownToolError:
@@ -129,11 +88,9 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> int:
-    from executor.sandbox.toolcheck import check_tools  # noqa: PLC0415
-
+def check(args: argparse.Namespace) -> int:
     _quiet()
-    registry = _registry()
+    registry = default_registry()
     try:
         report = check_tools(registry, sandbox=not args.no_sandbox)
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback
@@ -152,3 +109,29 @@ def _check(args: argparse.Namespace) -> int:
     print(f"{len(report.checked) - len(failed)} of {len(report.checked)} tool(s) pass"
           + (f"; {len(report.findings)} problem(s)" if report.findings else ""))
     return 0 if report.ok else 1
+
+
+def repair(args: argparse.Namespace) -> int:
+    try:
+        spec = default_registry().get(args.tool)
+    except UnknownToolError as exc:
+        print(json.dumps({"error": exc.to_dict()}, ensure_ascii=False), file=sys.stderr)
+        return 2
+    raw = sys.stdin.read()
+    unwrapped: Any = raw
+    try:
+        value = json.loads(raw)
+        if isinstance(value, dict) and value.get("name") == args.tool and "arguments" in value:
+            unwrapped = value["arguments"]
+    except json.JSONDecodeError:
+        pass
+    check = check_arguments(spec, unwrapped)
+    if args.notes and check.repairs:
+        for note in check.repairs:
+            print(f"repaired: {note}", file=sys.stderr)
+    if check.ok:
+        print(json.dumps(check.arguments, ensure_ascii=False))
+        return 0
+    print(json.dumps({"error": {"type": "invalid_arguments", "message": f"arguments for {args.tool} are invalid",
+                                "details": {"errors": check.errors}}}, ensure_ascii=False), file=sys.stderr)
+    return 2

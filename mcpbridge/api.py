@@ -39,6 +39,7 @@ from executor.ports import ApiContext
 from mcpbridge import providers
 from mcpbridge.errors import McpServerRejectedError, McpTooLargeError, McpUrlNotAllowedError
 from mcpbridge.server import McpEndpoint, McpService, build_server
+from mcpbridge.settings import McpSettings, allows_stdio, mcp_settings
 from mcpbridge.spec import SERVER_NAME
 from toolrail.logging import get_logger
 
@@ -124,15 +125,15 @@ class McpServerCreate(BaseModel):
 class McpBridge:
     """What ``mount`` built: the ``/mcp`` endpoint and the periodic refresh."""
 
-    def __init__(self, endpoint: McpEndpoint, runtime: Any, settings: Any) -> None:
-        self.endpoint, self.runtime, self.settings = endpoint, runtime, settings
+    def __init__(self, endpoint: McpEndpoint, runtime: Any, settings: Any, mcp: McpSettings) -> None:
+        self.endpoint, self.runtime, self.settings, self.mcp = endpoint, runtime, settings, mcp
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """The SDK's session manager and the refresh loop, for the app's lifespan."""
         async with self.endpoint.running():
             task = None
-            interval = float(self.settings.mcp_refresh_interval_s)
+            interval = float(self.mcp.refresh_interval_s)
             if interval > 0:
                 task = asyncio.create_task(self._refresh_loop(interval))
             try:
@@ -145,26 +146,28 @@ class McpBridge:
         while True:
             await asyncio.sleep(interval)
             try:
-                await providers.refresh_all(self.runtime, settings=self.settings)
+                await providers.refresh_all(self.runtime, settings=self.settings, mcp=self.mcp)
             except Exception as exc:  # noqa: BLE001 - the loop outlives one bad round
                 log.warning("mcp.refresh_round_failed", error=str(exc))
 
 
-def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | None = None) -> McpBridge:
+def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | None = None,
+          mcp: McpSettings | None = None) -> McpBridge:
     """Add ``/mcp`` and ``/v1/mcp-servers`` to ``app`` over the job API's context ``api`` (``executor.ports``); enter
     the returned bridge's ``running()`` in the lifespan. ``subscribe(queue)`` asks the workers to consume a new
-    server's queue (the runtime's queues by default)."""
+    server's queue (the runtime's queues by default); ``mcp``: the extension's settings (default: this process's)."""
     settings, runtime, tenant_dep = api.settings, api.jobs.runtime, api.tenant
+    mcp = mcp or mcp_settings()
     refuse = api.error  # the API's typed error, raised
     if subscribe is None:
         subscribe = lambda queue: providers.subscribe_workers(runtime, queue)  # noqa: E731
     tenants = settings.tenants_by_key()
-    service = McpService(api.jobs, settings)
+    service = McpService(api.jobs, settings, mcp)
     endpoint = McpEndpoint(build_server(service), tenants=tenants, rate_limiter=api.rate_limiter,
                            loopback_names=api.loopback_names, allowed_hosts=settings.allowed_hosts,
                            allowed_origins=settings.allowed_origins)
     app.router.routes.append(Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
-    allow_stdio = providers.allows_stdio(settings)
+    allow_stdio = allows_stdio(settings, mcp)
     router = APIRouter(prefix="/v1/mcp-servers", tags=["mcp"])
     fetching: Counter[str] = Counter()  # registrations and refreshes in flight per tenant (this process's event loop)
 
@@ -179,7 +182,7 @@ def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | No
     async def fetched(tenant: str, fetch: Callable[[], Awaitable[Any]]) -> Any:
         """``fetch()`` (a server's tools, fetched and checked): on this event loop, no thread held while the server
         takes its time, at most N per tenant at once; its errors as the API's."""
-        limit = settings.mcp_max_concurrent_per_tenant
+        limit = mcp.max_concurrent_per_tenant
         if fetching[tenant] >= limit:
             raise refuse(429, "mcp_registrations_busy", f"{limit} registrations or refreshes of this tenant are "
                            "in flight (TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT); retry when one ends", limit=limit)
@@ -201,8 +204,8 @@ def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | No
             raise refuse(403, "mcp_stdio_not_allowed", "stdio MCP servers run a command on the workers; this "
                            "deployment does not allow tenants to register them (TOOLRAIL_MCP_ALLOW_STDIO)")
         try:
-            config = providers.ServerConfig.build(tenant, **body.model_dump(), max_timeout_s=settings.mcp_max_timeout_s,
-                                                  read_roots=settings.mcp_stdio_read_roots)
+            config = providers.ServerConfig.build(tenant, **body.model_dump(), max_timeout_s=mcp.max_timeout_s,
+                                                  read_roots=mcp.stdio_read_roots)
         except McpServerRejectedError as exc:
             raise refuse(422, exc.type, str(exc), **exc.details) from None
         existed = await asyncio.to_thread(providers.get_server, runtime.redis, tenant, body.name) is not None
@@ -210,7 +213,7 @@ def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | No
         async def fetch() -> dict[str, Any]:
             taken = await asyncio.to_thread(providers.taken_names, runtime.redis, tenant, body.name)
             return await providers.fetch_and_check(dict(config), registry=runtime.registry, settings=settings,
-                                                   taken=taken)
+                                                   mcp=mcp, taken=taken)
 
         record = await fetched(tenant, fetch)
         await asyncio.to_thread(providers.save_server, runtime.redis, record)
@@ -236,7 +239,8 @@ def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | No
     @router.post("/{name}/refresh")
     async def refresh(name: str, tenant: str = tenant_dep) -> dict[str, Any]:
         await asyncio.to_thread(_one, tenant, name)
-        fresh = await fetched(tenant, lambda: providers.refresh_server(runtime, tenant, name, settings=settings))
+        fresh = await fetched(tenant, lambda: providers.refresh_server(runtime, tenant, name, settings=settings,
+                                                                                    mcp=mcp))
         if fresh is None:  # deleted while it was fetched
             raise refuse(404, "not_found", f"no MCP server {name[:40]!r} is registered", server=name[:40])
         return public(fresh)
@@ -248,6 +252,6 @@ def mount(app: FastAPI, api: ApiContext, *, subscribe: Callable[[str], int] | No
         return {"name": name, "deleted": True}
 
     app.include_router(router)
-    bridge = McpBridge(endpoint, runtime, settings)
+    bridge = McpBridge(endpoint, runtime, settings, mcp)
     app.state.lifespans.append(bridge.running)
     return bridge

@@ -26,7 +26,16 @@ DEFAULT_API = "http://127.0.0.1:8000"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    tools = subparsers.choices.get("tools")  # executor.tools_cli's group: add the MCP subcommands to it
+    mcp = subparsers.add_parser("mcp", help="serve toolrail's tools over MCP (stdio)",
+                                description="toolrail as an MCP server. Over HTTP the API serves /mcp; this command "
+                                            "serves the same tools on stdin/stdout for a local MCP host.")
+    commands = mcp.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND")
+    stdio = commands.add_parser("stdio", help="MCP over stdin/stdout (tenant 'default'; needs Redis and workers)")
+    stdio.add_argument("--redis-url", default=None, metavar="URL", help="default: REDIS_URL")
+    stdio.set_defaults(handler="mcpbridge.stdio:serve")
+    mcp.set_defaults(handler=lambda args: (mcp.print_help(), 2)[1])
+
+    tools = subparsers.choices.get("tools")  # executor.cli's group: add the MCP subcommands to it
     if tools is None:
         return
     group = next(a for a in tools._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001

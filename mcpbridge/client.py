@@ -4,8 +4,8 @@ The run loop's MCP tool source (:mod:`mcpbridge.source`) sends a call of an MCP 
 process's open session to the server (:mod:`mcpbridge.pool`; one MCP exchange is
 :mod:`mcpbridge.session`'s), under:
 
-- the operator's ceiling on timeouts (``mcp_max_timeout_s``: a stored ``timeout_s`` above it is clamped);
-- a per-tenant limit on MCP calls in flight across all workers (``mcp_max_concurrent_per_tenant``,
+- the operator's ceiling on timeouts (``TOOLRAIL_MCP_MAX_TIMEOUT_S``: a stored ``timeout_s`` above it is clamped);
+- a per-tenant limit on MCP calls in flight across all workers (``TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT``,
   leases in Redis: ``tr:mcp:tenant:<tenant>:inflight``). The worker pool is shared, so without it one
   tenant's hanging server would hold every worker process; a call that finds no slot goes back
   to its queue at once and holds nothing (``McpTenantLimitError``, retried by the task a few times, then the
@@ -32,6 +32,7 @@ from mcpbridge import providers
 from mcpbridge.errors import McpTenantLimitError
 from mcpbridge.pool import pool
 from mcpbridge.session import META_PREFIX, Endpoint, Trouble, call_error, checked_result, invoke
+from mcpbridge.settings import allows_private_urls, mcp_settings
 from toolrail.logging import get_logger
 
 __all__ = ["run_call", "tenant_slot", "tenant_slots"]
@@ -44,17 +45,17 @@ SLOT_WAIT_S = 0.0
 
 
 def tenant_slots(rt: Runtime) -> ConcurrencyLimiter:
-    """The per-tenant limiter of MCP calls in flight (a fixed limit: ``mcp_max_concurrent_per_tenant``)."""
-    limit = int(rt.settings.mcp_max_concurrent_per_tenant)
+    """The per-tenant limiter of MCP calls in flight (a fixed limit: ``TOOLRAIL_MCP_MAX_CONCURRENT_PER_TENANT``)."""
+    limit = int(mcp_settings().max_concurrent_per_tenant)
     return ConcurrencyLimiter(rt.redis, initial=limit, minimum=limit, maximum=limit, prefix="tr:mcp:tenant")
 
 
 def _timeouts(rt: Runtime, spec: Any) -> tuple[float, float, float]:
     """(timeout, idle timeout, connect timeout) of a call of ``spec``, under the operator's ceiling."""
-    settings = rt.settings
+    mcp = mcp_settings()
     timeout_s, idle_timeout_s = providers.timeouts({"timeout_s": spec.timeout_s, "idle_timeout_s": spec.idle_timeout_s},
-                                                   settings)
-    return timeout_s, idle_timeout_s, min(timeout_s, float(settings.mcp_connect_timeout_s))
+                                                   mcp)
+    return timeout_s, idle_timeout_s, min(timeout_s, float(mcp.connect_timeout_s))
 
 
 @contextmanager
@@ -94,7 +95,7 @@ def _run(rt: Runtime, spec: Any, call: CallRun, *, timeout_s: float, idle_timeou
         meta[f"{META_PREFIX}idempotency_key"] = call.idempotency_key
     # a stdio server lives as long as its pooled session (mcpbridge.pool.MAX_AGE_S): CPU seconds for that long
     endpoint = Endpoint.of(spec.server, spec.endpoint, memory_mb=spec.memory_mb, cpu_s=max(int(timeout_s) + 30, 900),
-                           allow_private=providers.allows_private_urls(rt.settings))
+                           allow_private=allows_private_urls(rt.settings, mcp_settings()))
     started = time.monotonic()
     report = getattr(call, "on_progress", None)
     names = {"server": spec.server, "tool": spec.remote_name, "tool_name": spec.name}
@@ -123,7 +124,7 @@ def _run(rt: Runtime, spec: Any, call: CallRun, *, timeout_s: float, idle_timeou
     if changed:
         try:
             pool.wait(providers.refresh_server(rt, spec.tenant, spec.server),
-                      timeout_s=float(rt.settings.mcp_connect_timeout_s) * 2 + 10)
+                      timeout_s=float(mcp_settings().connect_timeout_s) * 2 + 10)
         except Exception as exc:  # noqa: BLE001 - the call succeeded; a failed refresh is retried later
             log.warning("mcp.refresh_failed", server=spec.server, error=str(exc))
     return SandboxResult(result=value, duration_s=round(time.monotonic() - started, 6), pid=os.getpid(),

@@ -14,8 +14,8 @@ and periodically from the API process); a server that cannot be reached keeps it
 Fetching is async and holds no thread while a server takes its time (registration runs on the API's
 event loop, not its thread pool).
 
-The operator's policy, read from ``Settings`` here only: :func:`allows_stdio`,
-:func:`allows_private_urls`, the ceiling on a server's timeouts (``mcp_max_timeout_s``: a registration
+The operator's policy (``mcpbridge.settings``): whether stdio servers and private URLs are allowed,
+the ceiling on a server's timeouts (``TOOLRAIL_MCP_MAX_TIMEOUT_S``: a registration
 above it is refused, a stored value above it is clamped at call time).
 """
 
@@ -32,6 +32,7 @@ import redis
 from executor.ports import Runtime
 from mcpbridge.errors import McpServerRejectedError, McpToolRejectedError
 from mcpbridge.session import Endpoint, list_tools
+from mcpbridge.settings import McpSettings, allows_private_urls, mcp_settings
 from mcpbridge.spec import SERVER_NAME, McpToolSpec, check_listed_tool
 from toolrail.logging import get_logger
 from tools.errors import UnknownToolError
@@ -39,8 +40,6 @@ from tools.errors import UnknownToolError
 __all__ = [
     "QUEUES_KEY",
     "ServerConfig",
-    "allows_private_urls",
-    "allows_stdio",
     "delete_server",
     "fetch_and_check",
     "get_server",
@@ -65,20 +64,9 @@ def _servers_key(tenant: str) -> str:
     return f"tr:mcp:servers:{tenant}"
 
 
-def allows_stdio(settings: Any) -> bool:
-    """Whether tenants may register stdio servers: ``mcp_allow_stdio``, else only without API keys."""
-    return settings.mcp_allow_stdio if settings.mcp_allow_stdio is not None else not settings.tenants_by_key()
-
-
-def allows_private_urls(settings: Any) -> bool:
-    """Whether a server URL may resolve to a non-public address: ``mcp_allow_private_urls``, else only without keys."""
-    allowed = settings.mcp_allow_private_urls
-    return allowed if allowed is not None else not settings.tenants_by_key()
-
-
-def timeouts(record: dict[str, Any], settings: Any) -> tuple[float, float]:
-    """A server's (hard, idle) call timeouts under the operator's ceiling ``mcp_max_timeout_s``."""
-    ceiling = float(settings.mcp_max_timeout_s)
+def timeouts(record: dict[str, Any], mcp: McpSettings) -> tuple[float, float]:
+    """A server's (hard, idle) call timeouts under the operator's ceiling ``TOOLRAIL_MCP_MAX_TIMEOUT_S``."""
+    ceiling = float(mcp.max_timeout_s)
     return min(float(record["timeout_s"]), ceiling), min(float(record["idle_timeout_s"]), ceiling)
 
 
@@ -140,22 +128,23 @@ class ServerConfig(dict):
                            cpu_s=int(self.get("timeout_s", 30)) + 30, allow_private=allow_private)
 
 
-async def fetch_and_check(config: dict[str, Any], *, registry: Any, settings: Any,
+async def fetch_and_check(config: dict[str, Any], *, registry: Any, settings: Any, mcp: McpSettings | None = None,
                           taken: dict[str, str] | None = None) -> dict[str, Any]:
     """``tools/list`` of the server, every tool checked: the full record (``tools`` and ``refused``).
 
     ``taken``: tool name → the other server of the tenant that provides it (such a tool is refused).
     """
-    endpoint = ServerConfig(config).endpoint(allow_private=allows_private_urls(settings))
-    listed = await list_tools(endpoint, timeout_s=float(settings.mcp_connect_timeout_s))
+    mcp = mcp or mcp_settings()
+    endpoint = ServerConfig(config).endpoint(allow_private=allows_private_urls(settings, mcp))
+    listed = await list_tools(endpoint, timeout_s=float(mcp.connect_timeout_s))
     return await anyio.to_thread.run_sync(lambda: _checked_record(config, listed, registry=registry, settings=settings,
-                                                                  taken=taken or {}))
+                                                                  mcp=mcp, taken=taken or {}))
 
 
 def _checked_record(config: dict[str, Any], listed: list[dict[str, Any]], *, registry: Any, settings: Any,
-                    taken: dict[str, str]) -> dict[str, Any]:
+                    mcp: McpSettings, taken: dict[str, str]) -> dict[str, Any]:
     server = config["name"]
-    limit = int(settings.mcp_max_tools_per_server)
+    limit = int(mcp.max_tools_per_server)
     tools, refused, seen = [], [], set()
     for index, raw in enumerate(listed):
         if index >= limit:
@@ -167,7 +156,7 @@ def _checked_record(config: dict[str, Any], listed: list[dict[str, Any]], *, reg
             tool = check_listed_tool(server, index, raw, registry=registry, side_effects=set(config["side_effects"]),
                                      read_only=set(config.get("read_only") or ()),
                                      approval=set(config["requires_approval"]),
-                                     max_description_chars=int(settings.mcp_max_description_chars),
+                                     max_description_chars=int(mcp.max_description_chars),
                                      max_schema_bytes=int(settings.max_schema_bytes),
                                      max_schema_depth=int(settings.max_schema_depth))
             if tool["name"] in seen:
@@ -257,16 +246,18 @@ def specs_for(client: redis.Redis, tenant: str, names: list[str] | None = None) 
     return specs
 
 
-async def refresh_server(rt: Any, tenant: str, name: str, *, settings: Any = None) -> dict[str, Any] | None:
+async def refresh_server(rt: Any, tenant: str, name: str, *, settings: Any = None,
+                         mcp: McpSettings | None = None) -> dict[str, Any] | None:
     """Re-fetch and re-check one server's tools; the record as stored (None if the server is gone).
 
-    ``settings``: the policy to fetch under (the API's own), else the runtime's."""
+    ``settings``, ``mcp``: the policy to fetch under (the API's own), else the runtime's and the process's."""
     record = await anyio.to_thread.run_sync(get_server, rt.redis, tenant, name)
     if record is None:
         return None
     config = {k: v for k, v in record.items() if k not in {"tools", "refused", "fetched_at"}}
     taken = await anyio.to_thread.run_sync(taken_names, rt.redis, tenant, name)
-    fresh = await fetch_and_check(config, registry=rt.registry, settings=settings or rt.settings, taken=taken)
+    fresh = await fetch_and_check(config, registry=rt.registry, settings=settings or rt.settings,
+                                  mcp=mcp, taken=taken)
     if await anyio.to_thread.run_sync(get_server, rt.redis, tenant, name) is None:  # deleted while fetching
         return None
     await anyio.to_thread.run_sync(save_server, rt.redis, fresh)
@@ -276,7 +267,7 @@ async def refresh_server(rt: Any, tenant: str, name: str, *, settings: Any = Non
     return fresh
 
 
-async def refresh_all(rt: Any, *, settings: Any = None) -> int:
+async def refresh_all(rt: Any, *, settings: Any = None, mcp: McpSettings | None = None) -> int:
     """Refresh every tenant's servers (the API's periodic refresh); a server that fails keeps its last list."""
     done = 0
 
@@ -289,7 +280,7 @@ async def refresh_all(rt: Any, *, settings: Any = None) -> int:
 
     for tenant, name in await anyio.to_thread.run_sync(servers):
         try:
-            await refresh_server(rt, tenant, name, settings=settings)
+            await refresh_server(rt, tenant, name, settings=settings, mcp=mcp)
             done += 1
         except Exception as exc:  # noqa: BLE001 - one server down must not stop the others' refresh
             log.warning("mcp.refresh_failed", tenant=tenant, server=name, error=str(exc))

@@ -41,13 +41,14 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 
 from executor.ports import JobRecord, Jobs
+from mcpbridge.providers import specs_for
 from mcpbridge.session import META_PREFIX
+from mcpbridge.settings import McpSettings, mcp_settings
 from toolrail import tracing
 from toolrail.context import new_request_id, sanitize_request_id
 from toolrail.logging import get_logger
 from toolrail.trace_sinks import TraceClaims
 from tools.errors import UnknownToolError
-from mcpbridge.providers import specs_for
 
 __all__ = ["McpEndpoint", "McpService", "TENANT_SCOPE_KEY", "build_server", "serve_stdio"]
 
@@ -61,8 +62,8 @@ REQUEST_ID_SCOPE_KEY = "toolrail.request_id"
 class McpService:
     """The MCP face of one API process: tool listing and calls for a tenant, over the job store and queue."""
 
-    def __init__(self, jobs: Jobs, settings: Any) -> None:
-        self.jobs, self.runtime, self.settings = jobs, jobs.runtime, settings
+    def __init__(self, jobs: Jobs, settings: Any, mcp: McpSettings | None = None) -> None:
+        self.jobs, self.runtime, self.settings, self.mcp = jobs, jobs.runtime, settings, mcp or mcp_settings()
         #: Whose a client's trace id is (as ``POST /v1/jobs`` asks): a foreign one starts a new trace, linked to it.
         self._trace_claims = TraceClaims(self.runtime.redis, ttl_s=int(getattr(settings, "trace_store_ttl_s", 86400)))
 
@@ -108,7 +109,7 @@ class McpService:
         rpc_key = self._rpc_key(tenant, rpc_id)
         if rpc_key is not None:
             await self.jobs.async_redis().sadd(rpc_key, job.job_id)
-            await self.jobs.async_redis().expire(rpc_key, int(self.settings.mcp_call_timeout_s) + 60)
+            await self.jobs.async_redis().expire(rpc_key, int(self.mcp.call_timeout_s) + 60)
         try:
             status = await self._wait(job.job_id, report=report)
         except anyio.get_cancelled_exc_class():  # the client went away or gave up: so does its job
@@ -122,7 +123,7 @@ class McpService:
         record = await asyncio.to_thread(store.get, job.job_id)
         if status is None:
             return _error_result({"type": "timeout", "message": f"the call did not finish within "
-                                  f"{self.settings.mcp_call_timeout_s:g} s; it goes on as job {job.job_id}",
+                                  f"{self.mcp.call_timeout_s:g} s; it goes on as job {job.job_id}",
                                   "details": {"status": record.status}}, job_id=job.job_id, request_id=request_id)
         return _result_of(record, request_id=request_id)
 
@@ -163,7 +164,7 @@ class McpService:
                 except Exception:  # noqa: BLE001 - a client gone away does not stop the job
                     report = None
 
-        return await self.jobs.settled(job_id, wait_s=float(self.settings.mcp_call_timeout_s), on_event=progress)
+        return await self.jobs.settled(job_id, wait_s=float(self.mcp.call_timeout_s), on_event=progress)
 
 
 def _meta(job_id: str | None, request_id: str) -> dict[str, Any]:
@@ -199,8 +200,9 @@ def _result_of(job: JobRecord, *, request_id: str) -> types.CallToolResult:
         return _error_result({"type": "awaiting_approval", "message": "the call waits for a person's approval; "
                               f"follow job {job.job_id}", "details": {}}, job_id=job.job_id, request_id=request_id)
     if call is not None and call.error:
-        return _error_result(call.error, job_id=job.job_id, request_id=request_id)
-    error = job.error or {"type": job.status, "message": f"the job ended {job.status}", "details": {}}
+        return _error_result(call.error.model_dump(), job_id=job.job_id, request_id=request_id)
+    error = job.error.model_dump() if job.error else {"type": job.status, "message": f"the job ended {job.status}",
+                                                      "details": {}}
     return _error_result(error, job_id=job.job_id, request_id=request_id)
 
 

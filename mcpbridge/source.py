@@ -15,33 +15,36 @@ from executor.ports import CallRun, Runtime, SandboxResult
 __all__ = ["MCP_TOOLS", "McpToolSource"]
 
 
+def _bridge() -> tuple[Any, Any]:
+    """``mcpbridge.providers`` and ``mcpbridge.client``, loaded at the first MCP tool asked for."""
+    from mcpbridge import client, providers  # lazy: the MCP SDK loads only in a process asked for MCP tools
+
+    return providers, client
+
+
 class McpToolSource:
     """Tools that a tenant's registered MCP servers provide."""
 
     def specs(self, rt: Runtime, tenant: str, names: list[str] | None = None) -> dict[str, Any]:
-        from mcpbridge.providers import specs_for  # noqa: PLC0415 - the MCP SDK only where MCP tools are asked for
-
-        return specs_for(rt.redis, tenant, names)
+        providers, _ = _bridge()
+        return providers.specs_for(rt.redis, tenant, names)
 
     def queues(self, client: Any) -> list[str]:
         """Every registered server's queue (each server's calls run on a queue of its own)."""
-        from mcpbridge.providers import known_queues  # noqa: PLC0415 - the MCP SDK only where MCP tools are asked for
-
-        return known_queues(client)
+        providers, _ = _bridge()
+        return providers.known_queues(client)
 
     def owns(self, spec: Any) -> bool:
         return getattr(spec, "server", None) is not None
 
     def admit(self, rt: Runtime, spec: Any) -> AbstractContextManager[None]:
         """One of the tenant's MCP call slots, held from before the call's idempotency lock to its end."""
-        from mcpbridge.client import tenant_slot  # noqa: PLC0415
-
-        return tenant_slot(rt, spec)
+        _, client = _bridge()
+        return client.tenant_slot(rt, spec)
 
     def run(self, rt: Runtime, spec: Any, call: CallRun) -> SandboxResult:
-        from mcpbridge.client import run_call  # noqa: PLC0415
-
-        return run_call(rt, spec, call)
+        _, client = _bridge()
+        return client.run_call(rt, spec, call)
 
 
 MCP_TOOLS = McpToolSource()

@@ -30,6 +30,8 @@ class ToolrailError(Exception):
     retryable = False
     #: Whether the message alone tells a user what to fix: a command prints it as one line, no traceback.
     one_line = False
+    #: Seconds a client should wait before retrying a ``retryable`` error (the API's ``Retry-After``; None: 1 s).
+    retry_after_s: float | None = None
 
     def __init__(self, message: str = "", /, **details: Any) -> None:
         super().__init__(message)

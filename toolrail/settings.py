@@ -20,8 +20,10 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from toolrail.extensions import SETTINGS_GROUP, installed
+
 __all__ = ["DEFAULT_CACHE_DIR", "OTHER_VARIABLES", "REDIS_SCHEMES", "RedisUrlError", "Settings", "check_redis_url", "display_url",
-           "env_names", "get_settings", "unknown_variables"]
+           "env_names", "extension_settings", "get_settings", "unknown_variables"]
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "toolrail"
 
@@ -277,39 +279,6 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = Field(default=600.0, gt=0)
     """Webhook retries: the longest wait between two attempts (kept below the broker's visibility timeout)."""
 
-    # ------------------------------------------------------------------ MCP (docs/mcp.md)
-    mcp_call_timeout_s: float = Field(default=60.0, gt=0, le=3600)
-    """How long a `tools/call` on `/mcp` waits for its job; past it the result is `isError` naming the job,
-    which goes on (`GET /v1/jobs/{id}`)."""
-    mcp_connect_timeout_s: float = Field(default=10.0, gt=0, le=120)
-    """Seconds to connect to an MCP server and finish the handshake (a stdio server: to start it), and to
-    fetch its `tools/list`."""
-    mcp_max_tools_per_server: int = Field(default=128, ge=1, le=4096)
-    """Tools kept of one MCP server's `tools/list`; the rest are refused."""
-    mcp_max_description_chars: int = Field(default=1024, ge=64, le=65536)
-    """Characters kept of an MCP tool's description (untrusted text; always shown behind a marker naming
-    its server)."""
-    mcp_allow_stdio: bool | None = None
-    """Whether tenants may register stdio MCP servers (a command run, confined, on the workers). Unset:
-    allowed only when no API keys are configured (a one-user install)."""
-    mcp_stdio_read_roots: str = ""
-    """Comma-separated folders a stdio MCP server's registration may name in `read_paths` (each at or below one of
-    them) for the server to read. Empty: none; a stdio server then reads only its executable, its install prefix's
-    libraries and the system's. Nothing is ever inferred from the command's arguments."""
-    mcp_allow_private_urls: bool | None = None
-    """Whether an MCP server URL may resolve to a loopback, private or link-local address. Unset: allowed
-    only when no API keys are configured."""
-    mcp_max_timeout_s: float = Field(default=120.0, gt=0, le=600)
-    """Ceiling on an MCP server's `timeout_s` and `idle_timeout_s` (tenant-chosen, on workers every tenant
-    shares): a registration above it is refused (422 `timeout_above_ceiling`); a stored value above it
-    (registered before the ceiling was lowered) is clamped at every call."""
-    mcp_max_concurrent_per_tenant: int = Field(default=4, ge=1, le=1024)
-    """MCP calls one tenant may have in flight across all workers (a call past it goes back to its queue
-    and holds no worker), and MCP registrations and refreshes in flight per API process (429 past it)."""
-    mcp_refresh_interval_s: float = Field(default=300.0, ge=0)
-    """Seconds between refreshes of every registered MCP server's tools by each API process; 0: off
-    (`notifications/tools/list_changed` and `POST /v1/mcp-servers/{name}/refresh` still refresh)."""
-
     # ------------------------------------------------------------------ logs
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto", validation_alias=AliasChoices("TOOLRAIL_LOG_FORMAT", "TOOLRAIL_LOG_JSON"))
@@ -364,22 +333,29 @@ class Settings(BaseSettings):
         return pairs
 
 
-def env_names(name: str) -> list[str]:
-    """The environment variable names of one ``Settings`` field, preferred name first."""
-    field = Settings.model_fields[name]
+def env_names(name: str, settings_class: type[BaseSettings] | None = None) -> list[str]:
+    """The environment variable names of one field of ``settings_class`` (default ``Settings``), preferred first."""
+    owner = settings_class or Settings
+    field = owner.model_fields[name]
     alias = field.validation_alias
     if isinstance(alias, AliasChoices):
         return [str(choice) for choice in alias.choices]
     if isinstance(alias, str):
         return [alias]
-    return [f"{Settings.model_config.get('env_prefix', '')}{name}".upper()]
+    return [f"{owner.model_config.get('env_prefix', '')}{name}".upper()]
+
+
+def extension_settings() -> tuple[type[BaseSettings], ...]:
+    """The installed extensions' own settings classes (entry point group ``toolrail.settings``)."""
+    return installed(SETTINGS_GROUP)
 
 
 def unknown_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
     """``TOOLRAIL_*`` names in ``environ`` (default: this process's) that no setting or other variable has,
     each with the nearest real name (or None when nothing is near). ``TOOLRAIL_TEST_*`` are a test suite's own."""
     environ = os.environ if environ is None else environ
-    known = {alias for field in Settings.model_fields for alias in env_names(field)} | set(OTHER_VARIABLES)
+    known = {alias for owner in (Settings, *extension_settings()) for field in owner.model_fields
+             for alias in env_names(field, owner)} | set(OTHER_VARIABLES)
     by_stem = {name.removeprefix("TOOLRAIL_"): name for name in known}  # the shared prefix would make all look near
     stems = {name: name.removeprefix("TOOLRAIL_") for name in environ if name.startswith("TOOLRAIL_") and name not in known}
     nearest = {name: difflib.get_close_matches(stem, by_stem, n=1) for name, stem in sorted(stems.items())

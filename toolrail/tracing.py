@@ -368,11 +368,11 @@ def end_job(job: Any, *, status: str | None = None) -> None:
     parent_hex = job.trace_context.get(PARENT_KEY)
     parent = SpanContext(span_ctx.trace_id, int(parent_hex, 16), is_remote=True) if parent_hex else None
     status = status or str(getattr(job, "status", ""))
-    error = getattr(job, "error", None) or {}
+    error_type = getattr(getattr(job, "error", None), "type", None)  # the job's RecordedError, if any
     attributes: dict[str, Any] = {"toolrail.job.id": job.job_id, "toolrail.request_id": job.request_id,
                                   "toolrail.job.status": status, "toolrail.tenant": getattr(job, "tenant", "")}
-    if status not in ("succeeded",) and error.get("type"):
-        attributes["error.type"] = str(error["type"])
+    if status not in ("succeeded",) and error_type:
+        attributes["error.type"] = str(error_type)
     links = []
     linked = str(job.trace_context.get(LINKED_KEY) or "").split("-")
     if len(linked) == 2 and len(linked[0]) == 32 and len(linked[1]) == 16:

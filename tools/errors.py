@@ -17,7 +17,7 @@ A tool's own subclass keeps its ``type``, message and details in the call's erro
 level deep (``{"type": "order_not_found", "message": ..., "details": {...}}``). The type must
 be snake_case of at most 64 characters and name no outcome of the platform's own (``tool_*``,
 ``sandbox_*``, ``mcp_*``, ``timeout``, ``circuit_open``, ...: see
-``executor.sandbox.child.tool_error_type``); a refused one is recorded as ``tool_error`` with
+``executor.sandbox.answer.tool_error_type``); a refused one is recorded as ``tool_error`` with
 ``details.refused_type``. Details must be JSON (what is not becomes a string).
 """
 

@@ -173,7 +173,7 @@ def _string(value: str, fld: Field, evidence: ConversationValues, call: Mapping[
     if not spans:
         if fld.leaf.get("format") in ("date", "date-time", "time") and date_supported(value, evidence):
             return STATED
-        if _currency_field(fld) and any(value.upper() in amount.currencies for amount in evidence.amounts):
+        if currency_field(fld) and any(value.upper() in amount.currencies for amount in evidence.amounts):
             return STATED
         return Support("absent")
     role, declared = field_role(fld.name, fld.leaf)
@@ -192,7 +192,7 @@ def _string(value: str, fld: Field, evidence: ConversationValues, call: Mapping[
     return STATED
 
 
-def _currency_field(fld: Field) -> bool:
+def currency_field(fld: Field) -> bool:
     if fld.name in ("currency", "currency_code"):
         return True
     return any(isinstance(s, Mapping) and isinstance(s.get("x-unit"), Mapping)

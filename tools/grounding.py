@@ -26,18 +26,21 @@ loop then holds the call for a person, showing them this record.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tools.amounts import unit_errors
-from tools.evidence import PLATFORM, ConversationValues, Source
-from tools.field_support import ROLES, Field, judge
+import regex
+
+from tools.evidence import PLATFORM, ConversationValues, Source, normalize_text
+from tools.field_support import ROLES, Field, currency_field, judge
 from tools.schema_walk import declared_types, pointer, subschemas
 
 __all__ = ["Finding", "check_grounding", "covered_fields", "declaration_errors", "grounded_paths", "provenance",
            "untrusted"]
 
 Finding = dict[str, Any]
+_TOKEN_EDGES = ".,;:!?()[]{}\"'«»“”‘’"
 
 
 def _resolve(node: Any, root: Mapping[str, Any]) -> Any:
@@ -137,9 +140,36 @@ def _values_at(value: Any, parts: list[str], path: str = "", parent: Any = None)
         yield from _values_at(value[head], rest, f"{path}/{head}", value)
 
 
-def _needs_no_evidence(value: Any, leaf: Mapping[str, Any]) -> bool:
-    """The tool's own schema supports it: the field's default, or ``false`` (a flag not set)."""
-    return ("default" in leaf and leaf["default"] == value) or value is False
+def _needs_no_evidence(value: Any, fld: Field, evidence: Iterable[ConversationValues], call: Mapping[str, Any]) -> bool:
+    """The tool's own schema supports it: ``false`` (a flag not set), or the field's default when no ``evidence``
+    states another value for that field (a default never overrides what the user said: "in euros" against USD)."""
+    if value is False:
+        return True
+    return "default" in fld.leaf and fld.leaf["default"] == value and not any(
+        _other_value_stated(value, fld, values, call) for values in evidence)
+
+
+def _other_value_stated(value: Any, fld: Field, evidence: ConversationValues, call: Mapping[str, Any]) -> bool:
+    """``evidence`` states a value other than ``value`` that ``fld`` could take: another member of its enum, an
+    amount in another currency (a currency field), another token matching its ``pattern``."""
+    leaf = fld.leaf
+    members = leaf.get("enum") if isinstance(leaf.get("enum"), list) else []
+    if any(m != value and not isinstance(m, (Mapping, list)) and m is not None
+           and judge(m, fld, evidence, call).state == "stated" for m in members):
+        return True
+    if isinstance(value, str) and currency_field(fld) and any(value.upper() not in a.currencies
+                                                               for a in evidence.amounts):
+        return True
+    pattern = leaf.get("pattern")
+    if isinstance(value, str) and isinstance(pattern, str):
+        try:
+            shape = regex.compile(pattern, regex.IGNORECASE)
+        except regex.error:
+            return False
+        own = normalize_text(value)
+        return any(token != own and shape.fullmatch(token)
+                   for token in (raw.strip(_TOKEN_EDGES) for raw in evidence.text.split()))
+    return False
 
 
 def _covered_values(parameters: Mapping[str, Any], arguments: Mapping[str, Any], *,
@@ -161,7 +191,7 @@ def check_grounding(parameters: Mapping[str, Any], arguments: Mapping[str, Any],
     """
     findings = []
     for path, value, fld, parent in _covered_values(parameters, arguments, side_effects=side_effects):
-        if not fld.grounded or _needs_no_evidence(value, fld.leaf):
+        if not fld.grounded or _needs_no_evidence(value, fld, [evidence], parent):
             continue
         support = judge(value, fld, evidence, parent)
         if support.state == "absent":
@@ -181,7 +211,8 @@ def provenance(parameters: Mapping[str, Any], arguments: Mapping[str, Any],
     trusted). A value no source states has ``sources: []``."""
     entries = []
     for path, value, fld, parent in _covered_values(parameters, arguments, side_effects=side_effects):
-        found = [PLATFORM] if _needs_no_evidence(value, fld.leaf) else []
+        trusted = [values for source, values in sources if source.trusted]
+        found = [PLATFORM] if _needs_no_evidence(value, fld, trusted, parent) else []
         unclear = []
         for source, values in sources:
             support = judge(value, fld, values, parent)

@@ -286,7 +286,7 @@ def default_registry() -> Registry:
     """The enabled demo tools plus the modules in ``TOOLRAIL_TOOL_MODULES`` and the ``toolrail.tools`` entry points."""
     registry = load_registry(modules=tool_modules_from_env())
     if registry.problems:
-        from toolrail.logging import get_logger  # noqa: PLC0415 - tools/ stays free of logging at import
+        from toolrail.logging import get_logger  # lazy: tools/ stays free of logging (structlog) at import
 
         log = get_logger("toolrail.tools")
         for problem in registry.problems:

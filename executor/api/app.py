@@ -28,6 +28,7 @@ import gc
 import hashlib
 import hmac
 import inspect
+import math
 import os
 import time
 import uuid
@@ -146,7 +147,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     (the runtime's queues by default, Celery's where it has none; with ``enqueue`` given and no ``rerun``, approvals
     and the reconciler are off). Webhooks go out on the runtime's queues."""
     if runtime.queues is None:  # the deployment's Celery queues, unless the runtime brings its own
-        from executor.worker.tasks import QUEUES  # noqa: PLC0415 - the Celery app reads REDIS_URL at import
+        from executor.worker.tasks import QUEUES  # lazy: the Celery app reads REDIS_URL at import; not when queues are given
 
         runtime.queues = QUEUES
     if enqueue is None:
@@ -211,8 +212,9 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     @app.exception_handler(ToolrailError)  # the one mapping of the platform's errors: status, retryability on the class
     async def _typed_error(_: Request, exc: ToolrailError) -> JSONResponse:
         error = exc.http_error()
+        retry_after = max(1, math.ceil(exc.retry_after_s or 1))
         return JSONResponse(_error_body(error["type"], error["message"], error["details"]), status_code=exc.status,
-                            headers={"Retry-After": "1"} if exc.retryable else None)
+                            headers={"Retry-After": str(retry_after)} if exc.retryable else None)
 
     app.state.tenants = tenants
     trace_claims = TraceClaims(runtime.redis, ttl_s=settings.trace_store_ttl_s)  # a client's trace id: whose it is
@@ -269,7 +271,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         job, created = await run_in_threadpool(_create_job, body, request.state.request_id, tenant, idempotency_key)
         return await waiter.submitted(job, created=created, prefer=prefer)
 
-    def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None) -> tuple[JobRecord, bool]:
+    def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None, *,
+                    job_id: str | None = None, response: dict[str, Any] | None = None) -> tuple[JobRecord, bool]:
         app.state.rate_limiter.check(tenant)
         names, inline = _resolve_tools(runtime, body, settings, tenant=tenant)
         if not body.messages and body.tool_calls is None and body.raw_output is None:
@@ -296,8 +299,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         max_reasks = settings.default_max_reasks if body.max_reasks is None else body.max_reasks
         if max_reasks > settings.max_reasks_limit:
             raise ApiError(422, "validation_error", f"max_reasks may be at most {settings.max_reasks_limit}")
-        job = JobRecord(job_id=f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
-                        messages=messages, tools=names,
+        job = JobRecord(job_id=job_id or f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
+                        messages=messages, tools=names, response=response,
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
                         max_reasks=max_reasks, client_output=client_output,
@@ -397,19 +400,14 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         mount_openai = settings.decider in {"embedded", "triton"}
     if mount_openai:
         try:
-            from decider.embedded import DEFAULT_MAX_SEQ_LEN  # noqa: PLC0415 - heavy (torch); the model loads on first use
-            from decider.openai_api import ChatLimits, create_router  # noqa: PLC0415
-            from decider.responses_api import create_router as responses_router  # noqa: PLC0415
-            from executor.api.responses import JobResponses  # noqa: PLC0415 - only with the decider's modules
+            from executor.api.responses import add_openai_endpoints  # lazy: torch, only where this API decides
 
-            limits = ChatLimits(max_tokens=settings.max_tokens_cap, max_schema_bytes=settings.max_schema_bytes,
-                                max_schema_depth=settings.max_schema_depth,
-                                context_tokens=None if settings.decider == "triton" else DEFAULT_MAX_SEQ_LEN)
-            models = [m["id"] for m in _served_models(settings, created=started_at)]
-            app.include_router(create_router(limits=limits, models=models,
-                                             dependencies=[Depends(rate_limited(tenant_of))]), prefix="/v1")
-            app.include_router(responses_router(store=JobResponses(runtime.store), tenant_of=rate_limited(tenant_of),
-                                                limits=limits, models=models), prefix="/v1")
+            add_openai_endpoints(
+                app, settings, runtime.store, tenant=rate_limited(tenant_of),
+                models=[m["id"] for m in _served_models(settings, created=started_at)], waiter=waiter,
+                create=lambda body, request_id, tenant, job_id, response: _create_job(
+                    body, request_id, tenant, None, job_id=job_id, response=response)[0],
+                resolve=lambda job_id, call_id, tenant, decision: _resolve(job_id, call_id, tenant, decision))
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     app.state.lifespans = []  # an extension's background work, run for as long as the app serves
@@ -482,7 +480,7 @@ def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
 
 def _celery_ping() -> tuple[int, set[str]]:
     """How many workers answer, and the queues they consume (one broadcast, as a ping)."""
-    from executor.worker.celery import app as celery_app  # noqa: PLC0415
+    from executor.worker.celery import app as celery_app  # lazy: the Celery app reads REDIS_URL at import
 
     replies = celery_app.control.inspect(timeout=0.5).active_queues() or {}
     return len(replies), {queue["name"] for queues in replies.values() for queue in queues or []}

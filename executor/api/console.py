@@ -62,11 +62,11 @@ def _static_files() -> dict[str, tuple[bytes, str]]:
 
 def job_summary(job: JobRecord) -> dict[str, Any]:
     """One line of the jobs list: what a person scans for."""
-    waiting = [c.name for c in job.calls if (c.approval or {}).get("state") == "pending"]
+    waiting = [c.name for c in job.calls if c.approval_state() == "pending"]
     return {"job_id": job.job_id, "request_id": job.request_id, "tenant": job.tenant, "status": job.status,
             "tools": [*job.tools, *(t["function"]["name"] for t in job.inline_tools if "function" in t)],
             "created_at": job.created_at, "updated_at": job.updated_at, "step": job.step,
-            "calls": len(job.calls), "awaiting": waiting, "error": (job.error or {}).get("type")}
+            "calls": len(job.calls), "awaiting": waiting, "error": job.error and job.error.type}
 
 
 def console_router(runtime: Any, settings: Any, tenant: Any, *, stream_slots: Any) -> APIRouter:

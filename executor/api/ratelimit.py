@@ -18,7 +18,6 @@ from typing import Any
 
 import redis
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter
 from executor.calls.breaker import BreakerCollector
 from executor.calls.concurrency import ConcurrencyCollector
@@ -60,20 +59,23 @@ class RateLimitedError(ToolrailError):
 
     type = "rate_limited"
     status = 429
+    retryable = True
 
     def __init__(self, tenant: str, decision: Decision, *, rate_per_s: float, burst: int) -> None:
         super().__init__(f"rate limit of {rate_per_s:g} requests/s (burst {burst}) exceeded; retry in "
                          f"{decision.retry_after_s:.2f} s")
-        self.tenant, self.decision = tenant, decision
+        self.tenant, self.decision, self.retry_after_s = tenant, decision, decision.retry_after_s
         self.details = {"limit_per_s": rate_per_s, "burst": burst, "retry_after_s": round(decision.retry_after_s, 3)}
 
 
 class RateLimiter:
-    """Token buckets keyed by tenant; ``rate_per_s <= 0`` lets everything through."""
+    """Token buckets keyed by tenant; ``rate_per_s <= 0`` lets everything through. ``rejected``: the 429s counted by
+    tenant, when given."""
 
-    def __init__(self, client: redis.Redis, *, rate_per_s: float, burst: int, prefix: str = "tr:rl") -> None:
+    def __init__(self, client: redis.Redis, *, rate_per_s: float, burst: int, prefix: str = "tr:rl",
+                 rejected: Counter | None = None) -> None:
         self.rate_per_s, self.burst = float(rate_per_s), max(1, int(burst))
-        self._prefix = prefix
+        self._prefix, self._rejected = prefix, rejected
         self._script = client.register_script(_BUCKET)
 
     @property
@@ -91,6 +93,8 @@ class RateLimiter:
         """Raise ``RateLimitedError`` when the tenant is over its limit."""
         decision = self.acquire(tenant)
         if not decision.allowed:
+            if self._rejected is not None:
+                self._rejected.labels(tenant).inc()
             raise RateLimitedError(tenant, decision, rate_per_s=self.rate_per_s, burst=self.burst)
 
 
@@ -108,20 +112,14 @@ def rate_limited(tenant_dependency: Callable[..., str]) -> Callable[..., str]:
 
 def install_load_control(app: FastAPI, *, settings: Any, runtime: Any, metrics: CollectorRegistry,
                          counters: CollectorRegistry | None) -> RateLimiter:
-    """Rate limiter on ``app.state``, its 429 handler, and the load-control metrics (the 429 counter in
-    ``counters``: ``None`` when several API processes share their counters through prometheus_client's files)."""
-    limiter = RateLimiter(runtime.redis, rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst)
-    app.state.rate_limiter = limiter
+    """Rate limiter on ``app.state`` and the load-control metrics (the 429 counter in ``counters``: ``None`` when
+    several API processes share their counters through prometheus_client's files). Its 429 is the API's one mapping
+    of ``ToolrailError`` (``Retry-After`` from ``retry_after_s``)."""
     rejected = Counter("toolrail_rate_limited_total", "Requests answered 429 by the per-tenant rate limit", ["tenant"],
                        registry=counters)
+    limiter = RateLimiter(runtime.redis, rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst,
+                          rejected=rejected)
+    app.state.rate_limiter = limiter
     metrics.register(BreakerCollector(runtime))
     metrics.register(ConcurrencyCollector(runtime))
-
-    @app.exception_handler(RateLimitedError)
-    async def _rate_limited(_: Request, exc: RateLimitedError) -> JSONResponse:
-        rejected.labels(exc.tenant).inc()
-        retry_after = max(1, math.ceil(exc.decision.retry_after_s))
-        return JSONResponse({"error": {"type": exc.type, "message": str(exc), "details": exc.details}}, status_code=429,
-                            headers={"Retry-After": str(retry_after)})
-
     return limiter

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from executor.errors import SandboxError
 from executor.sandbox.boundary import CallRun, SandboxResult
-from executor.store.records import CallRecord
+from executor.store.models import CallRecord, RecordedError
 from tools.spec import ToolSpec
 
 __all__ = ["Invocation", "Next", "Outcome", "Pipeline", "Runner", "Stage"]
@@ -48,8 +48,8 @@ class Outcome:
 
     ok: bool
     result: Any = None
-    #: ``{type, message, details}`` of a failed call.
-    error: dict[str, Any] | None = None
+    #: The typed error of a failed call.
+    error: RecordedError | None = None
     duration_s: float | None = None
     replayed: bool = False
     #: The failure as raised, for the stages that judge it (the breaker); None when replayed from a record.
@@ -63,20 +63,21 @@ class Outcome:
 
     @classmethod
     def failed(cls, failure: SandboxError) -> Outcome:
-        return cls(ok=False, error=failure.to_dict(), failure=failure)
+        return cls(ok=False, error=RecordedError.of(failure), failure=failure)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Outcome:
         """An outcome stored by the idempotency stage, replayed."""
-        return cls(ok=bool(record.get("ok")), result=record.get("result"), error=record.get("error"),
-                   duration_s=record.get("duration_s"), replayed=True)
+        error = record.get("error")
+        return cls(ok=bool(record.get("ok")), result=record.get("result"), duration_s=record.get("duration_s"),
+                   error=RecordedError.model_validate(error) if error else None, replayed=True)
 
     def record(self) -> dict[str, Any]:
         """The outcome as the idempotency record stores it (``{"ok", "result"|"error", "duration_s"}``)."""
         if self.ok:
             return {"ok": True, "result": self.result, "duration_s": self.duration_s}
-        record: dict[str, Any] = {"ok": False, "error": self.error}
-        if self.error and self.error.get("type") == "call_cancelled":
+        record: dict[str, Any] = {"ok": False, "error": self.error.model_dump() if self.error else None}
+        if self.error and self.error.type == "call_cancelled":
             record["cancelled"] = True  # stopped mid-run: whatever it changed before the kill may stand
         return record
 

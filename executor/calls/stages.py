@@ -146,7 +146,7 @@ class Span:
                 tracing.record_tool(span, status="succeeded", result=outcome.result)
                 span.set_attribute("toolrail.tool.duration_s", round(float(outcome.duration_s or 0.0), 6))
             else:
-                tracing.record_tool(span, status="failed", error=outcome.error)
+                tracing.record_tool(span, status="failed", error=outcome.error.model_dump() if outcome.error else None)
             return outcome
 
 

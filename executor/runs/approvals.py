@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from executor.errors import ApprovalConflictError, InvalidApprovalError, JobNotFoundError
 from executor.runs.policy import close_step
-from executor.store.records import TERMINAL_CALL, CallRecord, JobRecord
+from executor.store.models import TERMINAL_CALL, ApprovalAnswer, CallRecord, JobRecord, RecordedError, StepRecord
 from toolrail.logging import get_logger
 from tools.errors import UnknownToolError
 from tools.validator import validate
@@ -64,8 +64,8 @@ def _expire(rt: Runtime, job_id: str) -> JobRecord:
 
     try:
         job = set_status(rt, job_id, "expired", mutate=mutate,
-                         error={"type": "approval_expired", "message": "no one approved or rejected the waiting calls "
-                                "before the approval deadline", "details": {}})
+                         error=RecordedError(type="approval_expired", message="no one approved or rejected the waiting "
+                                             "calls before the approval deadline"))
     except _NotWaiting:
         job = rt.store.get(job_id)
     rt.store.forget_waiting(job_id)
@@ -114,8 +114,8 @@ def resolve(rt: Runtime, job_id: str, call_id: str, *, tenant: str, decision: Li
     if call.approval is None:
         raise ApprovalConflictError(f"call {call_id} does not need approval", job_id=job_id, call_id=call_id,
                                     reason="not_awaiting_approval")
-    state = "approved" if decision == "approve" else "rejected"
-    record = {**call.approval, "state": state, "at": time.time()}
+    state: Literal["approved", "rejected"] = "approved" if decision == "approve" else "rejected"
+    record = call.approval.model_copy(update={"state": state, "at": time.time()})
     if decision == "approve":
         spec = _still_offered(rt, job, call, job_specs)
     if decision == "approve" and arguments is not None:
@@ -123,44 +123,43 @@ def resolve(rt: Runtime, job_id: str, call_id: str, *, tenant: str, decision: Li
         if errors:
             raise InvalidApprovalError(f"the edited arguments of {call.name!r} do not match its schema",
                                        job_id=job_id, call_id=call_id, errors=errors)
-        record.update(edited=True, original_arguments=call.arguments)
+        record.edited, record.original_arguments = True, call.arguments
     if decision == "reject":
-        record["reason"] = (reason or "rejected by a reviewer")[:MAX_REASON_CHARS]
-    final = arguments if record.get("edited") else call.arguments
-    won, entry = _claim(rt, job_id, call, state, record=record, arguments=final)
-    if not won and arguments is not None and entry["arguments"] != arguments:  # another edit of it won
+        record.reason = (reason or "rejected by a reviewer")[:MAX_REASON_CHARS]
+    final = arguments if record.edited else call.arguments
+    won, entry = _claim(rt, job_id, call, ApprovalAnswer(state=state, record=record, arguments=final))
+    if not won and arguments is not None and entry.arguments != arguments:  # another edit of it won
         raise ApprovalConflictError(f"call {call_id} was already approved with other arguments", job_id=job_id,
                                     call_id=call_id, reason="already_decided", approval=state,
-                                    arguments=entry["arguments"])
+                                    arguments=entry.arguments)
     if not won:  # the same answer again: idempotent; its first sender writes the call and resumes the run
         call = rt.store.get_call(job_id, call_id)
-        if (call.approval or {}).get("state") != "pending" or time.time() - entry["record"].get("at", 0) < ORPHAN_AFTER_S:
+        if call.approval_state() != "pending" or time.time() - (entry.record.at or 0) < ORPHAN_AFTER_S:
             return Resolution(job, call, resumed=False, repeated=True)
         # the first sender died between its journal entry and the call's record: finish its write, from its entry
-    call.approval, call.arguments = entry["record"], entry["arguments"]
+    call.approval, call.arguments = entry.record, entry.arguments
     call.status = "awaiting_approval"
     rt.store.put_call(job_id, call)
-    log.info("approval.decided", job_id=job_id, call_id=call_id, state=state, edited=bool(record.get("edited")),
+    log.info("approval.decided", job_id=job_id, call_id=call_id, state=state, edited=bool(record.edited),
              repeated=not won)
     outcome = _maybe_resume(rt, job_id, call, dispatch=dispatch, next_step=next_step, advance=advance)
     return outcome if won else Resolution(outcome.job, outcome.call, resumed=outcome.resumed, repeated=True)
 
 
-def _claim(rt: Runtime, job_id: str, call: CallRecord, state: str, *, record: dict[str, Any],
-           arguments: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
-    """Record the answer (``state``, the call's approval ``record`` and final ``arguments``) in its step's journal,
-    in the store's compare-and-set of the job record. Returns ``(won, entry)``: whether this answer landed now,
-    and the entry that stands (this one, or the same answer given before). Raises ``ApprovalConflictError``
-    (nothing written) when the other answer won or the job no longer waits."""
-    read = call.approval.get("state") if call.approval else None
-    standing: dict[str, Any] = {}
+def _claim(rt: Runtime, job_id: str, call: CallRecord, answer: ApprovalAnswer) -> tuple[bool, ApprovalAnswer]:
+    """Record the answer (its state, the call's approval record and final arguments) in its step's journal, in
+    the store's compare-and-set of the job record. Returns ``(won, entry)``: whether this answer landed now, and
+    the entry that stands (this one, or the same answer given before). Raises ``ApprovalConflictError`` (nothing
+    written) when the other answer won or the job no longer waits."""
+    read, state = call.approval_state(), answer.state
+    standing: list[ApprovalAnswer] = []
 
     def mutate(job: JobRecord) -> dict[str, Any]:
-        decided = _decisions(job, call.step)
-        entry = decided.get(call.id)
-        current = entry["state"] if entry else read if read != "pending" else None
+        journal = _journal(job, call.step)
+        entry = journal.approvals.get(call.id)
+        current = entry.state if entry else read if read != "pending" else None
         if current == state:
-            standing.update(entry or {"state": state, "record": call.approval, "arguments": call.arguments})
+            standing.append(entry or ApprovalAnswer(state=state, record=call.approval, arguments=call.arguments))
             raise _AlreadyThere
         if current is not None:
             raise ApprovalConflictError(f"call {call.id} was already {current}", job_id=job_id, call_id=call.id,
@@ -168,27 +167,27 @@ def _claim(rt: Runtime, job_id: str, call: CallRecord, state: str, *, record: di
         if job.status != "awaiting_approval":
             raise ApprovalConflictError(f"job {job_id} is {job.status}; its calls can no longer be approved",
                                         job_id=job_id, call_id=call.id, reason="job_not_waiting", job_status=job.status)
-        decided[call.id] = {"state": state, "record": record, "arguments": arguments}
+        journal.approvals = {**journal.approvals, call.id: answer}  # assigned: a journal entry writes what was set
         return {"type": "approval", "step": call.step, "call_id": call.id, "status": state, "request_id": job.request_id}
 
     try:
         rt.store.update(job_id, mutate)
     except _AlreadyThere:
-        return False, standing
-    return True, {"state": state, "record": record, "arguments": arguments}
+        return False, standing[0]
+    return True, answer
 
 
 class _AlreadyThere(Exception):
     pass
 
 
-def _decisions(job: JobRecord, step: int) -> dict[str, Any]:
-    """The answers recorded for the calls of ``step`` (its journal entry's ``approvals``), created when missing."""
-    for entry in job.steps:
-        if entry.get("index") == step:
-            return entry.setdefault("approvals", {})
-    job.steps.append({"index": step, "approvals": {}})
-    return job.steps[-1]["approvals"]
+def _journal(job: JobRecord, step: int) -> StepRecord:
+    """The journal entry of ``step``, whose ``approvals`` hold its calls' answers (created when missing)."""
+    entry = job.journal(step)
+    if entry is None:
+        entry = StepRecord(index=step)
+        job.steps.append(entry)
+    return entry
 
 
 def _maybe_resume(rt: Runtime, job_id: str, call: CallRecord, *, dispatch: Callable[[JobRecord, CallRecord], None],
@@ -196,7 +195,7 @@ def _maybe_resume(rt: Runtime, job_id: str, call: CallRecord, *, dispatch: Calla
     """When no call of the step waits any more, move the job to running (once) and start its calls."""
     job = rt.store.get(job_id)
     calls = job.step_calls()
-    if any((c.approval or {}).get("state") == "pending" for c in calls):
+    if any(c.approval_state() == "pending" for c in calls):
         return Resolution(job, call, resumed=False, repeated=False)
     moved: dict[str, bool] = {}
 
@@ -216,11 +215,9 @@ def _maybe_resume(rt: Runtime, job_id: str, call: CallRecord, *, dispatch: Calla
     for item in calls:
         if item.status in TERMINAL_CALL:
             continue
-        state = (item.approval or {}).get("state")
-        if state == "rejected":
+        if item.approval is not None and item.approval.state == "rejected":
             item.status, item.finished_at = "rejected", now
-            item.error = {"type": "rejected", "message": item.approval.get("reason", "rejected by a reviewer"),
-                          "details": {}}
+            item.error = RecordedError(type="rejected", message=item.approval.reason or "rejected by a reviewer")
             rt.store.finish_call(job_id, item)
         elif item.status in {"awaiting_approval", "pending"}:
             item.status, item.dispatched_at = "pending", now

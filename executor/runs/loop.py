@@ -25,6 +25,7 @@ from executor.runs.progress_events import progress_recorder
 from executor.ports import Runtime
 from executor.calls.pipeline import Invocation
 from executor.sandbox.boundary import CallRun
+from executor.store.models import Approval, Attempt, EarlyDispatch, ProposedCall, RecordedError, StepRecord
 from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord, StoredJob
 from toolrail import tracing
 from toolrail.logging import get_logger
@@ -126,8 +127,8 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
     # the client's own output is final (decider.checked): the decider is asked for only when it decides
     decider = rt.decider if job.messages and first is None else None
     if first is None and (decider is None or decider() is None):
-        return set_status(rt, job_id, "failed", error={"type": "decider_unavailable", "message":
-                          "no decider is configured and the job brought no tool calls", "details": {}})
+        return set_status(rt, job_id, "failed", error=RecordedError(type="decider_unavailable", message=
+                          "no decider is configured and the job brought no tool calls"))
     tool_choice = runs.step_tool_choice(job)
     calls = job.calls
     job = set_status(rt, job_id, "validating" if first is not None else "deciding",
@@ -144,19 +145,20 @@ def decide_job(rt: Runtime, job_id: str, dispatch: Dispatch, *, next_step: NextS
     except DeciderPermanentError as exc:
         early.ended = time.time()
         early.settle([])
-        return _end_step(rt, job, "failed", error={"type": type(exc).__name__, "message": str(exc), "details": {}})
+        return _end_step(rt, job, "failed", error=RecordedError(type=type(exc).__name__, message=str(exc)))
     early.ended = time.time()
     if decision.status != "calls":
         early.settle([])  # review, failure or a text answer: whatever was queued early is no step's call
-    attempts = [a.to_dict() for a in decision.attempts]
+    attempts = _attempts(decision)
+    error = RecordedError.model_validate(decision.error) if decision.error is not None else None
     if decision.status == "needs_review":
-        error = dict(decision.error or {})
-        if runs.ends_on_results(job, error):  # the model only repeats what already ran: the results are the outcome
-            return _end_step(rt, job, "succeeded", attempts=attempts, journal={"ended_by": error["type"]})
-        log.warning("job.needs_review", job_id=job_id, step=job.step, attempts=len(attempts), error_type=error.get("type"))
+        if error is not None and runs.ends_on_results(job, error):  # the model only repeats what already ran
+            return _end_step(rt, job, "succeeded", attempts=attempts, ended_by=error.type)
+        log.warning("job.needs_review", job_id=job_id, step=job.step, attempts=len(attempts),
+                    error_type=error.type if error else None)
         return _end_step(rt, job, "needs_review", attempts=attempts, error=error)
     if decision.status == "failed":
-        return _end_step(rt, job, "failed", attempts=attempts, error=decision.error)
+        return _end_step(rt, job, "failed", attempts=attempts, error=error)
     return _start_calls(rt, job, specs, decision, attempts, dispatch, next_step, early=early)
 
 
@@ -176,8 +178,8 @@ class _EarlyDispatch:
         #: Early calls by id, as stored (dispatched_at set); ``ended``: when the decision ended.
         self.sent: dict[str, CallRecord] = {}
         self.ended: float | None = None
-        #: What :meth:`settle` journals on the step (decision end, each early call's lead).
-        self.journal: dict[str, Any] = {}
+        #: What :meth:`settle` journals on the step: each early call's lead on the decision's end.
+        self.early: list[EarlyDispatch] = []
 
     def __call__(self, attempt: int, checked: CallCheck) -> None:
         spec = self.specs.get(checked.name)
@@ -222,21 +224,24 @@ class _EarlyDispatch:
     def settle(self, calls: list[CallRecord], *, record: bool = True) -> int | None:
         """Store the step's decided ``calls`` with what was queued early; None when nothing was (plain path).
 
-        ``record=False``: the caller writes :attr:`journal` into the step in its own update (one write less)."""
+        ``record=False``: the caller writes it into the step (:meth:`journal`) in its own update (one write less)."""
         if not self.sent:
             return None
         kept = {c.id for c in calls} & set(self.sent)
         specs = self.specs
         pending = self.rt.store.settle_calls(self.job.job_id, calls, step=self.job.step, discard=set(self.sent) - kept,
                                              keep_stale=lambda c: c.name in specs and not specs[c.name].side_effects)
-        ended = self.ended or time.time()
-        self.journal = journal = {"decision_ended_at": ended, "early_dispatch": [
-            {"id": cid, "name": c.name, "dispatched_before_end_s": round(ended - (c.dispatched_at or ended), 6),
-             "kept": cid in kept} for cid, c in self.sent.items()]}
+        self.ended = ended = self.ended or time.time()
+        self.early = [EarlyDispatch(id=cid, name=c.name, dispatched_before_end_s=round(ended - (c.dispatched_at or ended), 6),
+                                    kept=cid in kept) for cid, c in self.sent.items()]
         if record:
-            self.rt.store.update(self.job.job_id,
-                                 lambda j: runs.open_step(j).update(journal))
+            self.rt.store.update(self.job.job_id, lambda j: self.journal(runs.open_step(j)))
         return pending
+
+    def journal(self, step: StepRecord) -> None:
+        """Write what was queued early, and when the decision ended, into the step's journal entry."""
+        if self.early:
+            step.decision_ended_at, step.early_dispatch = self.ended, self.early
 
 
 def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
@@ -262,8 +267,9 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
                             now=job.created_at, time_zone=job.time_zone)
     decision = decide_checked(None, request, first_output=first, max_reasks=job.max_reasks)
     ended = time.time()
-    attempts = [a.to_dict() for a in decision.attempts]
-    status, error, calls = decision.status, decision.error, []
+    attempts = _attempts(decision)
+    status, calls = decision.status, []
+    error = RecordedError.model_validate(decision.error) if decision.error is not None else None
     if decision.status == "calls":
         trip = runs.guard_new_calls(job, [(c.name, c.arguments) for c in decision.calls], rt.settings)
         if trip is not None:
@@ -277,10 +283,10 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
             call.dispatched_at = ended if call.status == "pending" and not waiting else None  # queued once stored
     elif decision.status == "text":  # a text answer ends the run
         status = "succeeded"
-    job.status, job.attempts, job.error = status, attempts, error  # type: ignore[assignment]
+    job.status, job.attempts, job.error = status, attempts, error  # type: ignore[assignment] - a checked status
     job.content = decision.content if decision.status == "calls" else (decision.content or "") if status == "succeeded" else None
     _record_decision(job, attempts, job.content, status)
-    runs.open_step(job, tool_choice=tool_choice)["decision_ended_at"] = ended
+    runs.open_step(job, tool_choice=tool_choice).decision_ended_at = ended
     if status in TERMINAL_JOB:
         runs.close_step(job, status=status)
     job.decision_started_at, job.updated_at = started, time.time()
@@ -311,11 +317,12 @@ def _call_records(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decis
         spec = specs[checked.name]
         runnable = spec.entrypoint is not None
         reason = runs.needs_approval(spec, job, rt.settings) if runnable else None
-        shown: dict[str, Any] = {}
+        shown: dict[str, Any] = {}  # the evidence a person is shown: provenance, and the untrusted paths in it
         if runnable and spec.side_effects and job.messages:  # tool output is untrusted input (tools.grounding)
             sources = _evidence_sources(rt, job, specs) if sources is None else sources
-            shown["provenance"] = provenance(spec.parameters, checked.arguments or {}, sources, side_effects=True)
-            held = untrusted(shown["provenance"])  # stated only by tool results, or unclearly: a person decides
+            found = provenance(spec.parameters, checked.arguments or {}, sources, side_effects=True)
+            held = untrusted(found)  # stated only by tool results, or unclearly: a person decides
+            shown = {"provenance": found}
             if held:
                 why = "unclear" if all("unclear" in entry for entry in held) else "provenance"
                 reason, shown["untrusted"] = reason or why, [entry["path"] for entry in held]
@@ -323,7 +330,7 @@ def _call_records(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decis
         calls.append(CallRecord(id=call_id(job.request_id, checked.index, attempt=decision.attempt, step=job.step),
                                 index=checked.index, step=job.step, name=checked.name, arguments=checked.arguments,
                                 repairs=list(checked.repairs), status=status, queue=spec.queue_name if runnable else None,
-                                approval={"state": "pending", "required_by": reason, **shown} if reason else None))
+                                approval=Approval(state="pending", required_by=reason, **shown) if reason else None))
     return calls
 
 
@@ -342,20 +349,24 @@ def _evidence_sources(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec]) -
                           today=reference_day(job.created_at, job.time_zone))
 
 
-def _record_decision(job: JobRecord, attempts: list[dict[str, Any]], content: str | None, status: str) -> None:
+def _attempts(decision: CheckedDecision) -> list[Attempt]:
+    return [Attempt.model_validate(attempt.to_dict()) for attempt in decision.attempts]
+
+
+def _record_decision(job: JobRecord, attempts: list[Attempt], content: str | None, status: str) -> None:
     record = runs.open_step(job)
-    record.update(attempts=attempts, content=content, decided_at=time.time(), status=status)
+    record.attempts, record.content, record.decided_at, record.status = attempts, content, time.time(), status
 
 
-def _end_step(rt: Runtime, job: JobRecord, status: str, *, attempts: list[dict[str, Any]] | None = None,
-              error: dict[str, Any] | None = None, content: str | None = None,
-              journal: dict[str, Any] | None = None) -> JobRecord:
-    """End the run at the current step's decision (an answer, review, or a failure); ``journal``: more for the step."""
+def _end_step(rt: Runtime, job: JobRecord, status: str, *, attempts: list[Attempt] | None = None,
+              error: RecordedError | None = None, content: str | None = None, ended_by: str | None = None) -> JobRecord:
+    """End the run at the current step's decision (an answer, review, or a failure); ``ended_by``: what ended it
+    instead of review, journaled on the step."""
     def mutate(j: JobRecord) -> None:
         if attempts is not None:
             _record_decision(j, attempts, content, status)
-        if journal:
-            runs.open_step(j).update(journal)
+        if ended_by is not None:
+            runs.open_step(j).ended_by = ended_by
         runs.close_step(j, status=status)
 
     fields: dict[str, Any] = {"error": error}
@@ -376,7 +387,7 @@ def _stop(rt: Runtime, job: JobRecord, trip: runs.GuardTrip) -> JobRecord:
 
 
 def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decision: CheckedDecision,
-                 attempts: list[dict[str, Any]], dispatch: Dispatch, next_step: NextStep | None, *,
+                 attempts: list[Attempt], dispatch: Dispatch, next_step: NextStep | None, *,
                  early: _EarlyDispatch | None = None) -> JobRecord:
     if not decision.calls:  # the model answered in text: the run is done
         return _end_step(rt, job, "succeeded", attempts=attempts, content=decision.content or "")
@@ -386,8 +397,7 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
             early.settle([])
         def record(j: JobRecord) -> None:
             _record_decision(j, attempts, decision.content, "failed")
-            runs.open_step(j)["calls_not_run"] = [
-                {"name": c.name, "arguments": c.arguments} for c in decision.calls]
+            runs.open_step(j).calls_not_run = [ProposedCall(name=c.name, arguments=c.arguments) for c in decision.calls]
         rt.store.update(job.job_id, record)
         return _stop(rt, job, trip)
     calls = _call_records(rt, job, specs, decision)
@@ -407,9 +417,9 @@ def _start_calls(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decisi
     def mutate(j: JobRecord) -> None:
         _record_decision(j, attempts, decision.content, status)
         if ended is not None:
-            runs.open_step(j)["decision_ended_at"] = ended
-        if early is not None and early.journal:
-            runs.open_step(j).update(early.journal)
+            runs.open_step(j).decision_ended_at = ended
+        if early is not None:
+            early.journal(runs.open_step(j))
         if status == "succeeded":
             runs.close_step(j, status=status)
 
@@ -453,9 +463,9 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
                                   queue=call.queue or spec.queue_name))
     if outcome.replayed:  # answered from its idempotency record: this delivery is one more attempt all the same
         call.attempts, call.started_at = call.attempts + 1, time.time()
-    elif not outcome.ok:
-        error = outcome.error or {}
-        log.warning("call.failed", job_id=job_id, call_id=call.id, error_type=error.get("type"), message=error.get("message"))
+    elif outcome.error is not None:
+        log.warning("call.failed", job_id=job_id, call_id=call.id, error_type=outcome.error.type,
+                    message=outcome.error.message)
     for line in outcome.ran.logs if outcome.ran is not None else ():
         log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
                  tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))
@@ -529,8 +539,9 @@ def finalize_job(rt: Runtime, job_id: str, *, job: JobRecord | None = None, read
     calls = job.step_calls()
     failed = [c for c in calls if c.status in {"failed", "rejected"}]
     if failed:
-        error = {"type": "tool_failed", "message": f"{len(failed)} of {len(calls)} call(s) failed",
-                 "details": {"calls": [{"id": c.id, "name": c.name, "error": c.error} for c in failed]}}
+        error = RecordedError(type="tool_failed", message=f"{len(failed)} of {len(calls)} call(s) failed",
+                              details={"calls": [{"id": c.id, "name": c.name, "error": c.error and c.error.model_dump()}
+                                                 for c in failed]})
         job = set_status(rt, job_id, "failed", error=error, mutate=lambda j: runs.close_step(j, status="failed"),
                          read=read)
     else:

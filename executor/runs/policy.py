@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from decider.checked import REPEATED_ANSWERED_CALLS
-from executor.store.records import TERMINAL_CALL, CallRecord, JobRecord
+from executor.store.models import TERMINAL_CALL, CallRecord, JobRecord, RecordedError, StepRecord
 from toolrail.settings import Settings
 from tools.check import call_key
 from tools.spec import ToolSpec
@@ -37,8 +37,8 @@ class GuardTrip:
     message: str
     details: dict[str, Any]
 
-    def error(self) -> dict[str, Any]:
-        return {"type": self.type, "message": self.message, "details": {"guard": self.guard, **self.details}}
+    def error(self) -> RecordedError:
+        return RecordedError(type=self.type, message=self.message, details={"guard": self.guard, **self.details})
 
 
 def _short(value: Any, limit: int) -> str:
@@ -51,9 +51,8 @@ def tool_message(call: CallRecord, *, max_chars: int) -> dict[str, Any]:
     if call.status == "succeeded":
         content = _short(call.result, max_chars)
     else:
-        error = call.error or {"type": call.status, "message": f"the call ended as {call.status}"}
-        content = _short({"error": {"type": error.get("type"), "message": _short(error.get("message", ""), 300)}},
-                         max_chars)
+        error = call.error or RecordedError(type=call.status, message=f"the call ended as {call.status}")
+        content = _short({"error": {"type": error.type, "message": _short(error.message, 300)}}, max_chars)
     return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
 
 
@@ -72,13 +71,12 @@ def conversation(job: JobRecord, *, max_chars: int) -> list[dict[str, Any]]:
     """
     messages = list(job.messages)
     for record in job.steps:
-        index = record.get("index")
-        if index is None or index >= job.step:
+        if record.index >= job.step:
             continue
-        calls = [c for c in job.step_calls(index) if c.status in TERMINAL_CALL and c.status != "validated"]
+        calls = [c for c in job.step_calls(record.index) if c.status in TERMINAL_CALL and c.status != "validated"]
         if not calls:
             continue
-        messages.append(_assistant_message(record.get("content"), calls))
+        messages.append(_assistant_message(record.content, calls))
         messages.extend(tool_message(c, max_chars=max_chars) for c in calls)
     return messages
 
@@ -92,16 +90,16 @@ def step_tool_choice(job: JobRecord) -> str | dict[str, Any]:
     return job.tool_choice if job.step == 0 else "auto"
 
 
-def open_step(job: JobRecord, *, tool_choice: str | dict[str, Any] | None = None) -> dict[str, Any]:
+def open_step(job: JobRecord, *, tool_choice: str | dict[str, Any] | None = None) -> StepRecord:
     """The journal entry of the current step (created once; a redone decision reuses it). ``tool_choice``
     defaults to the step's own (:func:`step_tool_choice`)."""
-    for record in job.steps:
-        if record.get("index") == job.step:
-            return record
+    record = job.journal(job.step)
+    if record is not None:
+        return record
     if tool_choice is None:
         tool_choice = step_tool_choice(job)
-    record = {"index": job.step, "status": "deciding", "tool_choice": tool_choice, "started_at": time.time(),
-              "decided_at": None, "finished_at": None, "attempts": [], "content": None}
+    record = StepRecord(index=job.step, status="deciding", tool_choice=tool_choice, started_at=time.time(),
+                        decided_at=None, finished_at=None, attempts=[], content=None)
     job.steps.append(record)
     return record
 
@@ -109,8 +107,8 @@ def open_step(job: JobRecord, *, tool_choice: str | dict[str, Any] | None = None
 def close_step(job: JobRecord, *, status: str) -> None:
     """Mark the current step's journal entry finished."""
     for record in job.steps:
-        if record.get("index") == job.step and record.get("finished_at") is None:
-            record["status"], record["finished_at"] = status, time.time()
+        if record.index == job.step and record.finished_at is None:
+            record.status, record.finished_at = status, time.time()
 
 
 def needs_approval(spec: ToolSpec, job: JobRecord, settings: Settings) -> str | None:
@@ -171,11 +169,11 @@ def continue_after_calls(job: JobRecord, *, decider_configured: bool, now: float
     return None
 
 
-def ends_on_results(job: JobRecord, error: dict[str, Any] | None) -> bool:
+def ends_on_results(job: JobRecord, error: RecordedError | None) -> bool:
     """Whether a step whose decision went to review ends the run on its calls' results instead (``succeeded``, as a
     one-step job ends): after a step whose calls all succeeded, the model only repeated calls whose results the
     conversation holds (also when offered the answer only) — nothing new to run, nothing for a person to decide."""
-    if job.step == 0 or (error or {}).get("type") != REPEATED_ANSWERED_CALLS:
+    if job.step == 0 or error is None or error.type != REPEATED_ANSWERED_CALLS:
         return False
     earlier = job.step_calls(job.step - 1)
     return bool(earlier) and all(c.status == "succeeded" for c in earlier)

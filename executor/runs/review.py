@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from executor.errors import ApprovalConflictError, InvalidApprovalError
 from executor.runs import policy
-from executor.store.records import CallRecord, JobRecord
+from executor.store.models import Approval, CallRecord, JobRecord, Review
 from toolrail import tracing
 from toolrail.logging import get_logger
 from tools.calls import call_id
@@ -60,14 +60,14 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
                                    job_id=job_id, reason="no_decider")
     records = _reviewed_calls(rt, job, calls, job_specs(rt, job)) if calls is not None else []
     now = time.time()
-    entry: dict[str, Any] = {"by": "reviewer", "at": now}
+    outcome: Literal["answer", "reject", "calls"] = "answer" if answer is not None else "reject" if reject is not None \
+        else "calls"
 
     def mutate(j: JobRecord) -> dict[str, Any]:
         if j.status != "needs_review":
             raise _NotInReview(j.status)
-        policy.open_step(j)["review"] = {**entry, "at": time.time(),  # when it landed: a cancel sent before loses
-                                         "outcome": "answer" if answer is not None else
-                                         "reject" if reject is not None else "calls"}
+        # at: when it landed (a cancel sent before it loses)
+        policy.open_step(j).review = Review(by="reviewer", at=time.time(), outcome=outcome)
         j.error = None
         if answer is not None:
             j.status, j.content = "succeeded", answer
@@ -80,7 +80,7 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
         if reject is not None:
             j.status = "queued"
             return {"type": "review", "step": j.step, "status": "rejected", "request_id": j.request_id}
-        step.update(decided_by="reviewer", decided_at=now, status="running")
+        step.decided_by, step.decided_at, step.status = "reviewer", now, "running"
         for record in records:
             record.step = j.step
             record.id = call_id(j.request_id, record.index, attempt=0, step=j.step)
@@ -92,8 +92,7 @@ def review(rt: Runtime, job_id: str, *, tenant: str, calls: list[dict[str, Any]]
     except _NotInReview as raced:
         raise ApprovalConflictError(f"job {job_id} is {raced.status}: another answer was taken first", job_id=job_id,
                                     reason="job_not_in_review", job_status=raced.status) from None
-    log.info("job.reviewed", job_id=job_id, outcome="answer" if answer is not None else "reject" if reject is not None
-             else "calls", step=job.step, status=job.status)
+    log.info("job.reviewed", job_id=job_id, outcome=outcome, step=job.step, status=job.status)
     notify(rt, job)
     try:
         if records:
@@ -138,5 +137,5 @@ def _reviewed_calls(rt: Runtime, job: JobRecord, calls: list[dict[str, Any]], sp
         records.append(CallRecord(id="", index=index, step=job.step + 1, name=name, arguments=arguments,
                                   status="pending" if runnable else "validated",
                                   queue=spec.queue_name if runnable else None,
-                                  approval={"state": "approved", "by": "reviewer", "at": now}))
+                                  approval=Approval(state="approved", by="reviewer", at=now)))
     return records

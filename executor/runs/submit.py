@@ -16,15 +16,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from executor.errors import ApprovalConflictError, RetryableError, StoreUnavailableError
+from executor.errors import RetryableError, StoreUnavailableError
 from executor.runs import policy
 from executor.runs.webhooks import finish_delivery
 from executor.runs.loop import Dispatch, NextStep, advance, check_client_output, set_status, start_checked
 from executor.ports import Runtime
-from executor.store.records import TERMINAL_CALL, TERMINAL_JOB, JobRecord
+from executor.store.models import TERMINAL_CALL, TERMINAL_JOB, JobRecord, RecordedError
 from toolrail.logging import get_logger
 
-__all__ = ["cancel", "end_call", "end_stranded", "enqueue_failed", "internal_error", "submit"]
+__all__ = ["cancel", "end_call", "end_stranded", "enqueue_failed", "submit"]
 
 log = get_logger("toolrail.submit")
 
@@ -56,8 +56,8 @@ def enqueue_failed(rt: Runtime, job: JobRecord, exc: BaseException) -> StoreUnav
     a job the broker refused never stays queued or running with nothing to run it."""
     log.error("job.enqueue_failed", job_id=job.job_id, request_id=job.request_id, error=type(exc).__name__)
     set_status(rt, job.job_id, "failed", mutate=lambda j: policy.close_step(j, status="failed"),
-               error={"type": "enqueue_failed", "message": f"could not queue the job: {type(exc).__name__}",
-                      "details": {"request_id": job.request_id}})
+               error=RecordedError(type="enqueue_failed", message=f"could not queue the job: {type(exc).__name__}",
+                                   details={"request_id": job.request_id}))
     return StoreUnavailableError(f"could not queue the job: {exc}", job_id=job.job_id)
 
 
@@ -72,23 +72,11 @@ def cancel(rt: Runtime, job_id: str, message: str) -> tuple[JobRecord, bool]:
     came last. Returns ``(job, cancelled)``: False when it had already ended (``job.status`` says how)."""
     before: list[str] = []
     job = set_status(rt, job_id, "cancelled", mutate=lambda j: before.append(j.status),
-                     leaving=frozenset({"needs_review"}), error={"type": "cancelled", "message": message, "details": {}})
+                     leaving=frozenset({"needs_review"}), error=RecordedError(type="cancelled", message=message))
     cancelled = bool(before) and job.status == "cancelled"
     if cancelled:
         rt.store.end_unstarted(job_id)
     return job, cancelled
-
-
-def internal_error(message: str, *, request_id: str, **details: Any) -> dict[str, Any]:
-    """The typed error of work the platform ended (a bug, exhausted retries, work lost again and again): what
-    happened and the request id the logs have it under, never a trace."""
-    return {"type": "internal_error", "message": f"{message}; the logs have it under request_id {request_id}",
-            "details": {"request_id": request_id, **details}}
-
-
-def _raised(exc: BaseException, *, request_id: str, where: str) -> dict[str, Any]:
-    return internal_error(f"{where} failed ({type(exc).__name__})", request_id=request_id,
-                          exception=type(exc).__name__)
 
 
 def end_stranded(rt: Runtime, task: str, args: list[Any], exc: BaseException, *,
@@ -111,7 +99,7 @@ def _end_job(rt: Runtime, job_id: str, exc: BaseException) -> None:
         return
     log.error("job.internal_error", job_id=job_id, request_id=job.request_id, error=f"{type(exc).__name__}: {exc}")
     set_status(rt, job_id, "failed", mutate=lambda j: policy.close_step(j, status="failed"),
-               error=_raised(exc, request_id=job.request_id, where="the decide step"))
+               error=RecordedError.of(exc, request_id=job.request_id, where="the decide step"))
 
 
 def end_call(rt: Runtime, job_id: str, call_id: str, exc: RetryableError, *, next_step: NextStep | None = None) -> None:
@@ -126,13 +114,12 @@ def _end_call(rt: Runtime, job_id: str, call_id: str, exc: BaseException, next_s
     if job.status in TERMINAL_JOB or call is None or call.status in TERMINAL_CALL:
         return
     call.status, call.finished_at = "failed", time.time()
-    if isinstance(exc, RetryableError) and exc.max_retries is not None:  # typed: what the platform waited for
-        log.warning("call.gave_up", job_id=job_id, call_id=call_id, error_type=exc.type)
-        call.error = {**exc.to_dict(), "details": {**exc.details, "request_id": job.request_id}}
-    else:
+    call.error = RecordedError.of(exc, request_id=job.request_id, where=f"call {call.name}")
+    if call.error.type == "internal_error":
         log.error("call.internal_error", job_id=job_id, call_id=call_id, request_id=job.request_id,
                   error=f"{type(exc).__name__}: {exc}")
-        call.error = _raised(exc, request_id=job.request_id, where=f"call {call.name}")
+    else:  # typed: its own class ended it (a bounded wait that ran out, a permanent error)
+        log.warning("call.gave_up", job_id=job_id, call_id=call_id, error_type=call.error.type)
     remaining, read = rt.store.finish_call_and_read(job_id, call)
     if remaining == 0:
         advance(rt, job_id, next_step, read=read)

@@ -1,10 +1,10 @@
-"""The sandboxed side of a tool run: the tool process, what it may read, its answer and the error types it may report.
+"""The sandboxed side of a tool run: the tool process, what it may read, and how its failures are classified.
 
 The Linux primitives it is confined with (namespaces, Landlock, seccomp, capabilities, rlimits,
 prctl, leftovers) are in ``executor.sandbox.linux``; this module decides which to apply, in order.
 
-``python -m executor.sandbox.parent --forkserver FD`` runs the fork server
-(``executor.sandbox.parent.serve_forks``); without it, one spawned call parent serves one call
+``python -m executor.sandbox.serve --forkserver FD`` runs the fork server
+(``executor.sandbox.serve.serve_forks``); without it, one spawned call parent serves one call
 (its stdio the call's pipes, the result pipe fd 3, ``RESULT_FD``). Either way the call's
 parent, which never runs tool code and alone holds the result pipe, forks the **tool
 process** (``tool_process``, here), which
@@ -43,37 +43,18 @@ import inspect
 import json
 import linecache
 import os
-import re
 import resource
 import sys
 import time
 import traceback
 from typing import Any
 
-from executor.sandbox.linux import (
-    LIMITS,
-    host_pid,
-    children,  # noqa: F401 - re-exported: tests and benchmarks count a process's children through here
-    confine,
-    die_with_parent,
-    drop_network,
-    enter_user_namespace,
-    hide_other_calls,
-    make_reachable,
-    name_process,
-    own_ipc,
-    private_mounts,
-    remember_parent,
-)
-from executor.sandbox.prepared import (
-    empty_network_fd,
-    enter_empty_network,
-    landlock_abi_prepared,
-    prepared_fds,
-    prepared_rules,
-    release_prepared,
-    require_no_sockets,
-)
+from executor.sandbox.answer import encode_result, error_frame, tool_error_type
+from executor.sandbox.linux import (LIMITS, confine, die_with_parent, drop_network, enter_user_namespace, hide_other_calls,
+                                    host_pid, make_reachable, name_process, own_ipc, private_mounts, remember_parent)
+from executor.sandbox.prepared import (empty_network_fd, enter_empty_network, landlock_abi_prepared, prepared_fds,
+                                       prepared_rules, release_prepared, require_no_sockets)
+from tools.context import CallContext, flush_progress, set_current_call
 
 #: The descriptor a spawned call parent writes its one result frame to; the tool process never holds it.
 RESULT_FD = 3
@@ -82,10 +63,6 @@ SANDBOX_UID_BASE = 1_000_000
 #: The call's progress pipe: the tool process writes ``report_progress`` lines to it (``tools.context``), the
 #: worker reads them as they come (``executor.sandbox.progress``), as untrusted as anything the tool writes.
 PROGRESS_FD = 4
-MAX_RESULT_BYTES = 1_000_000
-#: Nesting depth a result may have (objects and arrays); deeper is ``tool_output_invalid``.
-MAX_RESULT_DEPTH = 64
-
 
 #: Non-secret system files a Python tool may need (loader cache, time zone, resolver, CA certs).
 SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/localtime",
@@ -93,52 +70,6 @@ SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/
                      "/etc/services", "/etc/protocols", "/etc/ssl", "/etc/ca-certificates", "/etc/pki")
 #: Packages of this platform a tool imports through ``tools.context`` and friends.
 PLATFORM_PACKAGES = ("toolrail", "tools", "executor")
-#: A tool's own error type (``tools.errors.ToolError.type``): snake_case, a letter first, at most 64 characters.
-TOOL_ERROR_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
-#: The platform's types a tool raises on purpose (``tools.errors``): a tool may report them as they are.
-TOOL_RAISABLE_TYPES = frozenset({"tool_error", "tool_input_error", "insufficient_funds", "pattern_budget_exceeded"})
-#: What the sandbox's own code in the tool process reports (``classify``, ``encode_result``, a failed set-up).
-SANDBOX_REPORTED_TYPES = frozenset({"tool_memory_limit", "tool_output_invalid", "sandbox_denied", "tool_process_limit",
-                                    "sandbox_error"})
-#: Prefixes of the platform's own outcomes (limits, crashes, the sandbox, MCP servers): never a tool's own type.
-RESERVED_TYPE_PREFIXES = ("tool_", "sandbox_", "mcp_", "toolrail_", "executor_")
-#: The platform's other error types (the job API's, the run loop's, the check path's): never a tool's own type.
-RESERVED_TYPES = frozenset({
-    "ambiguous_output", "approval_conflict", "approval_expired", "call_as_text", "call_cancelled", "call_in_progress",
-    "circuit_open", "concurrency_limited", "decider_unavailable", "generation_bound", "idempotency_conflict",
-    "invalid_arguments", "invalid_output", "invalid_tool_calls", "not_found", "permanent", "rate_limited", "rejected",
-    "repeated_call", "repeated_side_effect", "retryable", "schema_rejected", "store_unavailable", "timeout",
-    "ungrounded_values", "unknown_tool", "unsupported_pattern", "validation_error", "webhook_url_not_allowed"})
-
-
-def tool_error_type(claimed: Any, *, from_sandbox: bool = False) -> str | None:
-    """``claimed`` when a tool may report it as its error's type, else None (the error is then ``tool_error``).
-
-    A tool's own type (``order_not_found``) is kept; one that is not snake_case of at most 64
-    characters, or that names an outcome of the platform's own (``tool_timeout``,
-    ``sandbox_denied``, ``circuit_open``, ...), is refused, so a tool cannot pass its failure off
-    as the platform's. ``from_sandbox``: the answer of a tool process, whose sandbox code also
-    reports the failures it classifies itself (``SANDBOX_REPORTED_TYPES``).
-    """
-    if not isinstance(claimed, str) or not TOOL_ERROR_TYPE.fullmatch(claimed):
-        return None
-    if claimed in TOOL_RAISABLE_TYPES or (from_sandbox and claimed in SANDBOX_REPORTED_TYPES):
-        return claimed
-    if claimed in RESERVED_TYPES or claimed.startswith(RESERVED_TYPE_PREFIXES):
-        return None
-    return claimed
-
-
-
-class OutputError(ValueError):
-    """A tool's answer that is not a bounded JSON object (the call parent's typed refusal)."""
-
-
-def _package_dirs(modules: list[str]) -> list[str]:
-    out: list[str] = []
-    for name in modules:
-        out.extend(_package_dir(name.split(".", 1)[0]))
-    return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -186,7 +117,7 @@ def _read_paths(modules: tuple[str, ...], exclude: tuple[str, ...], search_path:
             paths.add(os.path.abspath(entry))
         elif entry and os.path.isfile(entry) and entry.endswith(".zip"):
             paths.add(os.path.abspath(entry))
-    paths.update(_package_dirs([*PLATFORM_PACKAGES, *modules]))
+    paths.update(found for name in (*PLATFORM_PACKAGES, *modules) for found in _package_dir(name.split(".", 1)[0]))
     paths.update(SYSTEM_READ_PATHS)
     fenced = [os.path.realpath(p) for p in exclude if p]
 
@@ -198,84 +129,7 @@ def _read_paths(modules: tuple[str, ...], exclude: tuple[str, ...], search_path:
     return tuple(sorted(p for p in paths if allowed(p)))
 
 
-# ----------------------------------------------------------------- results
-
-
-def json_depth(value: Any) -> int:
-    """Nesting depth of a decoded JSON value, without recursion (a hostile value cannot blow the stack)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            deepest = max(deepest, depth)
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            deepest = max(deepest, depth)
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
-
-
-def decode_object(data: bytes, *, what: str, max_bytes: int = MAX_RESULT_BYTES, max_depth: int = MAX_RESULT_DEPTH) -> dict:
-    """``data`` as a JSON object of bounded size and depth, or ``OutputError`` saying why not."""
-    if len(data) > max_bytes:
-        raise OutputError(f"{what} of more than {max_bytes} bytes")
-    try:
-        value = json.loads(data)
-    except RecursionError:
-        raise OutputError(f"{what} nests deeper than the JSON decoder allows") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OutputError(f"{what} is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise OutputError(f"{what} is a JSON {type(value).__name__}, not an object")
-    if json_depth(value) > max_depth:
-        raise OutputError(f"{what} nests deeper than {max_depth} levels")
-    return value
-
-
-def error_frame(kind: str, message: str, **details: Any) -> dict:
-    return {"ok": False, "error": {"type": kind, "message": message, "details": details}}
-
-
-def checked_answer(payload: dict) -> dict:
-    """The tool process's answer reduced to ``{ok, result}`` or ``{ok: false, error}`` of known shape."""
-    if payload.get("ok") is True:
-        if not isinstance(payload.get("result"), dict):
-            return error_frame("tool_output_invalid", "the tool's result is not a JSON object")
-        return {"ok": True, "result": payload["result"]}
-    error = payload.get("error")
-    if payload.get("ok") is not False or not isinstance(error, dict):
-        return error_frame("tool_output_invalid", "the tool's answer has neither a result nor an error")
-    claimed = error.get("type")
-    kind = tool_error_type(claimed, from_sandbox=True) or "tool_error"
-    details = error.get("details") if isinstance(error.get("details"), dict) else {}
-    if claimed is not None and kind != claimed:  # the tool claimed a type it may not: say so, do not believe it
-        details = {**details, "refused_type": str(claimed)[:80]}
-    return {"ok": False, "error": {"type": kind, "message": str(error.get("message", "tool failed"))[:2000],
-                                   "details": details}}
-
-
-def encode_result(payload: dict) -> bytes:
-    """The tool process's answer as JSON; a value that cannot be one becomes a typed error."""
-    try:
-        result = payload.get("result")
-        if payload.get("ok") and hasattr(result, "model_dump"):
-            payload = {**payload, "result": result.model_dump(mode="json")}
-        if payload.get("ok") and not isinstance(payload.get("result"), dict):
-            kind = type(payload.get("result")).__name__
-            payload = error_frame("tool_output_invalid", f"the tool returned a {kind}; a tool returns a JSON object (a dict)")
-        return json.dumps(payload, ensure_ascii=False, default=str).encode()
-    except RecursionError:
-        return json.dumps(error_frame("tool_output_invalid", "the tool's result nests too deeply to encode")).encode()
-    except (TypeError, ValueError) as exc:
-        return json.dumps(error_frame("tool_output_invalid", f"the tool's result is not JSON: {exc}")).encode()
-
-
 # ----------------------------------------------------------------- the tool process
-
-
-def _load(entrypoint: str):
-    module_name, _, func_name = entrypoint.partition(":")
-    return getattr(importlib.import_module(module_name), func_name)
 
 
 def _call(func, arguments: dict):
@@ -379,7 +233,7 @@ def tool_traceback(exc: BaseException, module_name: str) -> str:
         + summary[:1000]
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -486,14 +340,14 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     die_with_parent()
-    from tools.context import CallContext, flush_progress, set_current_call  # noqa: PLC0415
 
     ids = {"request_id": request["request_id"], "job_id": request["job_id"], "call_id": request["call_id"],
            "tool": request["tool"]}
     isolation: dict[str, str] = {}
     try:
         request, isolation = tool_namespaces(request)
-        func = _load(request["entrypoint"])
+        module_name, _, func_name = request["entrypoint"].partition(":")
+        func = getattr(importlib.import_module(module_name), func_name)
         _bind_tool_logging(ids)
         if request.get("confine", True):
             read = read_paths([*modules, request["entrypoint"].partition(":")[0]],
@@ -506,11 +360,11 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
         os.environ.update({**request.get("env", {}), "TMPDIR": request["scratch_dir"], "HOME": request["scratch_dir"]})
         os.chdir(request["scratch_dir"])
     except Exception as exc:  # noqa: BLE001 - a sandbox that cannot be set up must not run the tool
-        _write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")
-        _write_all(answer_fd, json.dumps(error_frame("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}",
+        write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")
+        write_all(answer_fd, json.dumps(error_frame("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}",
                                                 exception=type(exc).__name__)).encode())
         os._exit(0)
-    _write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")  # the last line the sandbox writes
+    write_all(answer_fd, json.dumps({"isolation": isolation}).encode() + b"\n")  # the last line the sandbox writes
     _emit("tool.start", ids, pid=host_pid(), **{f"isolation_{k}": v for k, v in isolation.items()})
     set_current_call(CallContext(request_id=request["request_id"], job_id=request["job_id"], call_id=request["call_id"],
                                  idempotency_key=request["idempotency_key"], scratch_dir=request["scratch_dir"],
@@ -531,7 +385,7 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     flush_progress()  # the report the rate limit held back goes before the answer
     _emit("tool.end", ids, ok=payload["ok"])
     try:
-        _write_all(answer_fd, encode_result(payload))
+        write_all(answer_fd, encode_result(payload))
     except OSError:
         pass
     sys.stdout.flush()
@@ -539,30 +393,10 @@ def tool_process(request: dict, answer_fd: int, modules: list[str]) -> None:
     os._exit(0)  # interpreter teardown would only delay the call parent
 
 
-#: Whether this process entered a user namespace of its own (a non-root call parent needs one for PID namespaces).
-_own_userns = False
-
-
 def mark_progress_pipe(present: bool) -> None:
     """This tool process holds the call's progress pipe at ``PROGRESS_FD`` (a fork server's call: set by its parent)."""
     global _progress_pipe
     _progress_pipe = present
-
-
-def close_all(fds: Any) -> None:
-    """Close each descriptor; one already closed is no error."""
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def in_own_user_namespace() -> bool:
-    return _own_userns
-
-
-def mark_own_user_namespace() -> None:
-    global _own_userns
-    _own_userns = True
 
 
 #: Whether this process was given a progress pipe (at ``PROGRESS_FD``): only then may the tool process write there.
@@ -613,7 +447,7 @@ def check_entrypoints(entrypoints: list[str]) -> dict[str, Any]:
 _reachable_done = False
 
 
-def _reachable_for_own_uid(modules: list[str]) -> None:
+def reachable_for_own_uid(modules: list[str]) -> None:
     """As root with per-call uids: once per process (inherited by forks), ``make_reachable`` what tools read."""
     global _reachable_done
     if _reachable_done or os.geteuid() != 0 or os.environ.get("TOOLRAIL_SANDBOX_OWN_UID") != "1":

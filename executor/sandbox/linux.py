@@ -3,8 +3,8 @@
 Plain functions over the kernel's interfaces (``unshare``, ``mount``, ``landlock_*``, ``prctl``,
 ``capset``, ``/proc``), each returning how it applied a layer or ``unavailable (...)`` — the
 policy of which to apply, to what, and in which order lives in ``executor.sandbox.child`` (the
-tool process) and ``executor.sandbox.parent`` (the call's parent). Imports run one way: child
-and parent import this module, never the reverse; nothing here imports the platform.
+tool process) and ``executor.sandbox.parent`` (the call's parent). Imports run one way: child,
+parent and serve import this module, never the reverse; nothing here imports the platform.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import signal
 import stat
 import struct
 import time
+from collections.abc import Iterable
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -449,6 +450,13 @@ def remember_parent() -> None:
     """Call first thing after a fork: the parent ``die_with_parent`` guards."""
     global _parent_pid
     _parent_pid = os.getppid()
+
+
+def close_all(fds: Iterable[int]) -> None:
+    """Close each descriptor; one already closed is no error."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def host_pid() -> int:

@@ -9,13 +9,13 @@ The **call parent** (``run_call``) never runs tool code: it starts both, reads t
 answer from a pipe of its own with a cap, sees the tool's exit on a pidfd, counts and kills
 what is left, and builds the one result frame the worker reads. It is either
 
-- the **fork server** itself (``serve_forks``): one per worker process, serving one call at a
+- the **fork server** itself (``executor.sandbox.serve.serve_forks``): one per worker process, serving one call at a
   time, so a call costs one fork of the pre-imported interpreter (the tool process) and a
   ``posix_spawn`` (the init). To give every call a PID namespace of its own it re-enters its own
   PID namespace for its children after each call (``setns``); a non-root fork server first makes
   itself PID 1 of a user and PID namespace of its own so that it may. Where that is not possible
   it forks a call parent per call, as a spawned one is;
-- or a spawned ``python -m executor.sandbox.parent`` (the fallback without a fork server): one
+- or a spawned ``python -m executor.sandbox.serve`` (the fallback without a fork server): one
   call, its stdio the call's.
 """
 
@@ -29,25 +29,17 @@ import os
 import select
 import signal
 import socket
-import stat
-import sys
 import time
 from typing import Any
 
 from executor.sandbox import child, linux, prepared
-from executor.sandbox.child import MAX_RESULT_BYTES, OutputError, checked_answer, error_frame, close_all, decode_object
-from executor.sandbox.linux import (
-    CLONE_NEWPID,
-    host_pid,
-    libc,
-    live_pids,
-    reap_children,
-    children,
-    kill_leftovers,
-    new_pid_namespace,
-)
+from executor.sandbox.answer import (MAX_FRAME_BYTES, MAX_RESULT_BYTES, OutputError, checked_answer, decode_object,
+                                     error_frame)
+from executor.sandbox.linux import (CLONE_NEWPID, children, close_all, host_pid, kill_leftovers, libc, live_pids,
+                                    new_pid_namespace)
+from toolrail.trace_sinks import ChildRecorder  # a traced call's span, as plain data: no tracer provider, no thread
 
-__all__ = ["run_call", "serve_forks", "start_init", "traced_run_call"]
+__all__ = ["own_pid_namespace_for_children", "run_call", "start_init", "traced_run_call"]
 
 #: The program that holds a call's PID namespace open as its PID 1 (it only waits: the call parent ends it).
 INIT_PROGRAM = ("sleep", "/bin/sleep", "/usr/bin/sleep")
@@ -55,6 +47,8 @@ INIT_PROGRAM = ("sleep", "/bin/sleep", "/usr/bin/sleep")
 _own_pid_ns: int | None = None
 #: Whether that namespace is the server's own (its pids differ from the host's, which ``/proc`` shows).
 _private_pid_ns = False
+#: Whether this process entered a user namespace of its own (a non-root call parent needs one for PID namespaces).
+_own_userns = False
 _exit_statuses: dict[int, int] = {}
 
 
@@ -74,7 +68,7 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
     Returns the frame, the tool's wait status and its host pid.
     """
     isolation: dict[str, str] = {}
-    if os.geteuid() != 0 and not child.in_own_user_namespace():
+    if os.geteuid() != 0 and not _own_userns:
         isolation["parent_userns"] = linux.enter_user_namespace()
     isolation["pid"] = new_pid_namespace()
     pid_namespace = isolation["pid"] == "pidns"
@@ -104,7 +98,7 @@ def run_call(request: dict, modules: list[str], *, stdio: tuple[int, int, int | 
             tool_pid = _host_pid_of(tool, tool_fd)
             if on_tool is not None:
                 on_tool(tool_pid)
-            data, too_big = _read_answer(answer_r, tool, tool_fd, limit=MAX_RESULT_BYTES + 65536, control=control,
+            data, too_big = _read_answer(answer_r, tool, tool_fd, limit=MAX_FRAME_BYTES, control=control,
                                          kill=lambda: _kill_call(tool, init, session=session))
         finally:
             if tool_fd is not None:
@@ -165,8 +159,6 @@ def traced_run_call(request: dict, modules: list[str], **kwargs: Any) -> tuple[d
     if not request.get("trace_context"):
         return run_call(request, modules, **kwargs)
     try:
-        from toolrail.tracing import ChildRecorder  # noqa: PLC0415 - preloaded by the fork server
-
         recorder = ChildRecorder(request["trace_context"])
     except Exception:  # noqa: BLE001 - tracing never stops a call
         return run_call(request, modules, **kwargs)
@@ -235,13 +227,6 @@ def _host_pid_of(pid: int, pidfd: int | None) -> int:
 # ----------------------------------------------------------------- the call's init
 
 
-def _init_program() -> str | None:
-    for path in INIT_PROGRAM[1:]:
-        if os.access(path, os.X_OK):
-            return path
-    return None
-
-
 def start_init(lifetime_s: int) -> int:
     """PID 1 of the call's PID namespace: a process that only waits, holding the namespace open.
 
@@ -255,7 +240,7 @@ def start_init(lifetime_s: int) -> int:
     """
     if _private_pid_ns and (waiter := prepared.clone_waiter()) is not None:
         return waiter
-    program = _init_program()
+    program = next((path for path in INIT_PROGRAM[1:] if os.access(path, os.X_OK)), None)
     if program is not None:
         actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0), (os.POSIX_SPAWN_DUP2, 0, 1),
                    (os.POSIX_SPAWN_DUP2, 0, 2)]
@@ -381,7 +366,7 @@ def _stdio_to_devnull() -> None:
     os.close(devnull)
 
 
-# ----------------------------------------------------------------- the fork server
+# ----------------------------------------------------------------- the fork server's PID namespace
 
 
 def _leave_call_pid_namespace() -> None:
@@ -399,7 +384,7 @@ def _setns(fd: int) -> None:
         raise OSError(ctypes.get_errno(), "setns(CLONE_NEWPID)")
 
 
-def _own_pid_namespace_for_children(sock: socket.socket) -> bool:
+def own_pid_namespace_for_children(sock: socket.socket) -> bool:
     """Whether this process may give each call a fresh PID namespace and come back to its own after.
 
     The server makes itself PID 1 of a PID namespace of its own (a non-root one inside a user
@@ -408,11 +393,11 @@ def _own_pid_namespace_for_children(sock: socket.socket) -> bool:
     still had, init and leftovers included. Its parent stays behind, waiting, as the worker's
     handle on the server. Where none of that is possible, it forks a call parent per call.
     """
-    global _own_pid_ns, _private_pid_ns
+    global _own_pid_ns, _private_pid_ns, _own_userns
     if os.geteuid() != 0:
         if linux.enter_user_namespace() != "userns":
             return False
-        child.mark_own_user_namespace()
+        _own_userns = True
     if libc.unshare(CLONE_NEWPID) == 0:
         pid = os.fork()
         if pid != 0:  # the worker's handle: waits for the server, holding nothing of its
@@ -435,196 +420,3 @@ def _own_pid_namespace_for_children(sock: socket.socket) -> bool:
         _own_pid_ns = None
         return False
     return True
-
-
-class _Lines:
-    """Lines (and the descriptors sent with them) from the worker's socket."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = b""
-
-    def line(self) -> tuple[str, list[int]]:
-        fds: list[int] = []
-        while b"\n" not in self.buffer:
-            message, got, _flags, _addr = socket.recv_fds(self.sock, 65536, 4)
-            fds.extend(got)
-            if not message:
-                raise EOFError
-            self.buffer += message
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line.decode(errors="replace"), fds
-
-    def exactly(self, size: int) -> bytes:
-        while len(self.buffer) < size:
-            chunk = self.sock.recv(max(65536, size - len(self.buffer)))
-            if not chunk:
-                raise EOFError
-            self.buffer += chunk
-        data, self.buffer = self.buffer[:size], self.buffer[size:]
-        return data
-
-
-def serve_forks(sock_fd: int) -> int:
-    """Fork server ("zygote"): import once, then serve one call at a time for one worker process.
-
-    Protocol on the Unix socket shared with the worker process: ``call <n>`` with four fds (the
-    call's stdout, stderr, result and progress pipes), then the ``n``-byte JSON request; we answer
-    ``pid <pid> <how>`` once the tool process exists (``how``: ``ask`` — send ``kill`` to end the
-    call; ``group`` — kill that process group yourself), write the result frame on the result
-    pipe, and answer ``exit <pid> <status>``. A ``kill`` that arrives once a call is over is ignored.
-
-    As root with per-call uids, the server first makes the interpreter and the tool packages
-    reachable for an unprivileged uid in a mount namespace of its own (``make_reachable``), so
-    that no tool process needs a capability to import.
-    """
-    linux.die_with_parent()
-    linux.name_process(b"tr-forkserver")
-    libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a call parent leaves (its init) is reaped here
-    modules = child.preload_modules()
-    import tools.context  # noqa: F401, PLC0415
-
-    with contextlib.suppress(Exception):  # traced calls record their span here: import it once
-        import toolrail.tracing  # noqa: F401, PLC0415 - never start the SDK here: a thread it leaves makes every fork hang
-    child._reachable_for_own_uid(modules)
-    child.configure_tool_logging()
-    # every call's confinement looks this up: computed here once, inherited by each fork
-    read = child.read_paths(modules, exclude=[os.environ.get("TOOLRAIL_SANDBOX_SCRATCH_ROOT", "")])
-    os.set_inheritable(sock_fd, False)  # no call's process (the init is exec'd) may hold the worker's socket
-    sock = socket.socket(fileno=sock_fd)
-    reuse = os.environ.get("TOOLRAIL_SANDBOX_PARENT_PER_CALL") != "1" and _own_pid_namespace_for_children(sock)
-    # made once here, used by every call's tool process: its Landlock rules' paths, the seccomp program, and the
-    # empty network namespace (in this server's user namespace, where a non-root one has its own)
-    prepared.prepare_confinement(read)
-    prepared.prepare_empty_network()
-    lines = _Lines(sock)
-    while True:
-        try:
-            line, fds = lines.line()
-        except (OSError, EOFError):
-            return 0
-        kind, _, size = line.partition(" ")
-        if kind != "call" or len(fds) != 4:
-            close_all(fds)
-            if kind == "kill":
-                continue  # a timeout that crossed the call's end
-            return 0
-        try:
-            request = json.loads(lines.exactly(int(size)))
-        except (OSError, EOFError, ValueError):
-            close_all(fds)
-            return 0
-        try:
-            _serve_one(sock, request, modules, fds, reuse=reuse)
-        except OSError:
-            return 0
-        reap_children()
-
-
-def _serve_one(sock: socket.socket, request: dict, modules: list[str], fds: list[int], *, reuse: bool) -> None:
-    stdout, stderr, result, progress = fds
-    if reuse:
-        announced: list[int] = []
-
-        def started(host: int) -> None:
-            announced.append(host)
-            with contextlib.suppress(OSError):  # the worker is gone: its socket's EOF ends the call (``_read_answer``)
-                sock.sendall(f"pid {host} ask\n".encode())
-
-        frame, status, pid = _safe_call(request, modules, stdio=(stdout, stderr, progress), session=True, control=sock,
-                                        on_tool=started)
-        if not announced:  # it failed before a tool process existed: the worker still waits for a pid
-            close_all((stdout, stderr, progress))
-            sock.sendall(b"pid 0 ask\n")
-        _write_frame(result, frame)
-        os.close(result)
-        sock.sendall(f"exit {pid} {status}\n".encode())
-        return
-    parent = os.fork()  # no PID namespace of our own to come back to: one call parent per call
-    if parent == 0:
-        code = 1
-        try:
-            sock.close()
-            os.setsid()
-            frame, _status, _pid = _safe_call(request, modules, stdio=(stdout, stderr, progress))
-            _write_frame(result, frame)
-            code = 0
-        finally:
-            os._exit(code)
-    close_all(fds)
-    sock.sendall(f"pid {parent} group\n".encode())
-    _, status = os.waitpid(parent, 0)
-    sock.sendall(f"exit {parent} {status}\n".encode())
-
-
-def _safe_call(request: dict, modules: list[str], **kwargs: Any) -> tuple[dict, int, int]:
-    try:
-        return traced_run_call(request, modules, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the call parent's own failure is a typed sandbox error
-        return error_frame("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}"), 0, 0
-
-
-def _write_frame(fd: int, frame: dict) -> None:
-    with contextlib.suppress(OSError):  # the worker stopped reading (its timeout): nothing to tell
-        child._write_all(fd, json.dumps(frame, ensure_ascii=False).encode())
-
-
-# ----------------------------------------------------------------- a spawned call parent
-
-
-def main(argv: list[str]) -> int:
-    """A spawned call parent (no fork server): fds 0-2 and 4 are the call's, the result pipe is fd 3."""
-    result_fd = int(argv[argv.index("--result-fd") + 1]) if "--result-fd" in argv else child.RESULT_FD
-    progress_fd = int(argv[argv.index("--progress-fd") + 1]) if "--progress-fd" in argv else child.PROGRESS_FD
-    if progress_fd == child.RESULT_FD != result_fd:
-        progress_fd = os.dup(progress_fd)  # out of the way of the result pipe's dup2
-    if result_fd != child.RESULT_FD:
-        os.dup2(result_fd, child.RESULT_FD)
-        os.close(result_fd)
-    if progress_fd != child.PROGRESS_FD:
-        os.dup2(progress_fd, child.PROGRESS_FD)
-        os.close(progress_fd)
-    try:  # checked before this process opens any pipe of its own: a pipe at child.PROGRESS_FD now is the call's
-        child.mark_progress_pipe(stat.S_ISFIFO(os.fstat(child.PROGRESS_FD).st_mode))
-    except OSError:
-        child.mark_progress_pipe(False)
-    linux.name_process(b"tr-call-parent")
-    linux.die_with_parent()
-    libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the tool's orphans come back to us, to be found
-    libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the worker's uid may open our fds via /proc
-    modules = child.preload_modules()
-    child._reachable_for_own_uid(modules)
-    line = sys.stdin.readline()
-    if not line:
-        return 0
-    request = json.loads(line)
-    try:
-        frame = traced_run_call(request, modules)[0]
-    except Exception as exc:  # noqa: BLE001 - the call parent's own failure is a typed sandbox error
-        frame = error_frame("sandbox_error", f"sandbox setup failed: {type(exc).__name__}: {exc}")
-    try:
-        child._write_all(child.RESULT_FD, json.dumps(frame, ensure_ascii=False).encode())
-    except OSError:
-        pass
-    os._exit(0)
-
-
-def _strip_unsafe_path() -> None:
-    """Drop the working directory ``python -m`` put first on ``sys.path`` (Python < 3.11 has no ``-P``)."""
-    cwd = os.getcwd()
-    sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
-
-
-def entry(argv: list[str]) -> int:
-    """``python -m executor.sandbox.parent [--forkserver FD]``: a fork server, or one spawned call parent."""
-    _strip_unsafe_path()
-    if len(argv) > 2 and argv[1] == "--forkserver":
-        return serve_forks(int(argv[2]))
-    return main(argv)
-
-
-if __name__ == "__main__":
-    # run as the package's module, not as ``__main__``: one copy of this module's state
-    from executor.sandbox import parent as _module  # noqa: PLW0406 - the package's module, not this __main__ copy
-
-    sys.exit(_module.entry(sys.argv))

@@ -17,7 +17,7 @@ from typing import Any
 
 from executor.errors import CallCancelledError
 from executor.sandbox.boundary import CallRun
-from executor.sandbox.child import MAX_RESULT_BYTES
+from executor.sandbox.answer import MAX_FRAME_BYTES
 from executor.sandbox.progress import ProgressReader
 from toolrail.logging import get_logger
 from tools.spec import ToolSpec
@@ -58,7 +58,7 @@ class Captured:
             self.data += chunk[:room]
 
 
-_CAPS = {"stdout": MAX_STREAM_BYTES, "stderr": MAX_STREAM_BYTES, "result": MAX_RESULT_BYTES + 65536}
+_CAPS = {"stdout": MAX_STREAM_BYTES, "stderr": MAX_STREAM_BYTES, "result": MAX_FRAME_BYTES}
 
 
 def collect(fds: dict[str, int], request: bytes, *, timeout: float, progress: ProgressReader | None = None,

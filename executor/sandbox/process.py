@@ -16,10 +16,10 @@ sockets to non-networked tools. Where a layer is unavailable the sandbox degrade
 logs ``sandbox.degraded`` once per layer.
 
 Results come back over a pipe of their own, written only by the call's parent
-(``executor.sandbox.parent``: the fork server, or a spawned parent), never by tool code, and
-read with a cap; stdout and stderr are read with a cap too (the rest is discarded and
-counted) and each line becomes a ``tool.output`` log event carrying the call id. A malformed
-result of any kind is a typed ``ToolOutputError``.
+(``executor.sandbox.parent``, in the fork server or a spawned parent: ``executor.sandbox.serve``), never by
+tool code, and read with a cap; stdout and stderr are read with a cap too (the rest is discarded and counted)
+and each line becomes a ``tool.output`` log event carrying the call id. A malformed result of any kind is a
+typed ``ToolOutputError``.
 
 Starting Python and importing the tool modules costs far more than the tool itself, so
 by default a fork server imports them once and is the parent of every call: one fork of it
@@ -30,7 +30,6 @@ the CPU per call by process.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -42,37 +41,24 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from executor.errors import (
-    SandboxError,
-    ToolCpuLimitError,
-    ToolCrashedError,
-    ToolMemoryError,
-    ToolOutputError,
-    ToolRaisedError,
-    ToolTimeoutError,
-)
+from executor.errors import (SandboxError, ToolCpuLimitError, ToolCrashedError, ToolMemoryError, ToolOutputError,
+                             ToolRaisedError, ToolTimeoutError)
+from executor.sandbox.answer import MAX_FRAME_BYTES, MAX_RESULT_DEPTH, OutputError, decode_object
 from executor.sandbox.boundary import CallRun, SandboxResult
+from executor.sandbox.call_process import CallProcess, ForkServer, end_call, kill_group, kill_uid, spawn_call_parent
 from executor.sandbox.pipes import Captured, collect, log_output
 from executor.sandbox.progress import ProgressReader
-from executor.sandbox.child import (
-    MAX_RESULT_BYTES,
-    MAX_RESULT_DEPTH,
-    SANDBOX_UID_BASE,
-    OutputError,
-    close_all,
-    decode_object,
-)
-from toolrail.logging import get_logger
-from tools.spec import ToolSpec
 from tools.registry import default_registry
+from tools.spec import ToolSpec
+from toolrail.logging import get_logger
 from toolrail.settings import get_settings
 from toolrail.tracing import adopt_spans
 
-__all__ = ["SANDBOX_UID_BASE", "ProcessSandbox", "SandboxDeniedError", "ScratchRootError", "ToolLeftProcessError", "ToolProcessLimitError", "default_scratch_root", "module_search_path", "prepare_scratch_root"]
+__all__ = ["ProcessSandbox", "SandboxDeniedError", "ScratchRootError", "ToolLeftProcessError", "ToolProcessLimitError",
+           "default_scratch_root", "module_search_path", "prepare_scratch_root"]
 
 log = get_logger("toolrail.sandbox")
 
@@ -104,17 +90,6 @@ class ScratchRootError(SandboxError):
     """The scratch root is not a directory of the worker's own with mode 0700: the sandbox refuses to start."""
 
     type = "sandbox_scratch_root"
-
-
-_ERRORS: dict[str, type[SandboxError]] = {
-    "tool_memory_limit": ToolMemoryError,
-    "tool_output_invalid": ToolOutputError,
-    "sandbox_denied": SandboxDeniedError,
-    "tool_process_limit": ToolProcessLimitError,
-    "tool_left_process": ToolLeftProcessError,
-    "sandbox_error": SandboxError,
-}
-_degraded_logged: set[str] = set()
 
 
 # ----------------------------------------------------------------- scratch root and module path
@@ -177,125 +152,6 @@ def registry_modules() -> str:
     return ",".join(sorted(modules))
 
 
-# ----------------------------------------------------------------- child processes
-
-
-@dataclass
-class _Warm:
-    proc: Any  # subprocess.Popen, or _ForkedCall from the fork server: same surface
-    started: float
-    #: The parent's ends of the call's pipes: stdin (write), stdout, stderr, result (read).
-    fds: dict[str, int] = field(default_factory=dict)
-
-
-class _ForkedCall:
-    """A call served by the fork server, with the parts of ``Popen`` the sandbox uses.
-
-    ``pid`` is the tool process (the fork server is the call's parent) or, where the server
-    forks a call parent per call, that parent. ``how`` says how a timeout ends the call:
-    ``ask`` the server (it owns the pids: no race with their reuse), or kill the ``group``.
-    """
-
-    def __init__(self, server: _ForkServer, pid: int, how: str) -> None:
-        self._server = server
-        self.pid = pid
-        self.how = how
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.returncode is None:
-            self._server.ask_kill()
-
-    def abandon(self) -> None:
-        """The server never reported this call's end: close it (and what it runs); the next call starts another."""
-        self._server.close()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        if self.returncode is None:
-            self.returncode = self._server.wait_exit(self.pid, timeout=timeout)
-        return self.returncode
-
-
-class _ForkServer:
-    """One pre-imported ``sandbox_child --forkserver`` process per worker process."""
-
-    def __init__(self, python: str, env: dict[str, str]) -> None:
-        import socket  # noqa: PLC0415
-
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock = ours
-        self._buffer = b""
-        self.proc = subprocess.Popen([*_python_argv(python), "executor.sandbox.parent", "--forkserver", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, env=env, cwd="/", start_new_session=True)
-        theirs.close()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def _line(self, timeout: float | None) -> str:
-        self._sock.settimeout(timeout)
-        while b"\n" not in self._buffer:
-            chunk = self._sock.recv(256)
-            if not chunk:
-                raise ConnectionError("the fork server went away")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode()
-
-    def fork(self, request: bytes, *, timeout: float = 30.0) -> _Warm:
-        """Hand the server one call (its pipes and request); returns once the call's process exists."""
-        import socket  # noqa: PLC0415
-
-        pipes = {"stdout": os.pipe(), "stderr": os.pipe(), "result": os.pipe(), "progress": os.pipe()}
-        theirs = [pipes["stdout"][1], pipes["stderr"][1], pipes["result"][1], pipes["progress"][1]]
-        ours = {name: pair[0] for name, pair in pipes.items()}
-        try:
-            self._sock.settimeout(timeout)
-            socket.send_fds(self._sock, [f"call {len(request)}\n".encode()], theirs)
-            self._sock.sendall(request)
-        except OSError:
-            close_all(ours.values())
-            raise
-        finally:
-            close_all(theirs)
-        try:
-            kind, pid, how = self._line(timeout).split()[:3]
-            if kind != "pid":
-                raise ConnectionError(f"unexpected fork server reply {kind!r}")
-        except (OSError, ValueError):
-            close_all(ours.values())
-            raise
-        return _Warm(_ForkedCall(self, int(pid), how), time.monotonic(), ours)
-
-    def ask_kill(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.sendall(b"kill\n")
-
-    def wait_exit(self, pid: int, *, timeout: float | None) -> int | None:
-        try:
-            kind, got, status = self._line(timeout).split()[:3]
-        except (OSError, ValueError):
-            return None
-        if kind != "exit" or int(got) != pid:
-            return None
-        return os.waitstatus_to_exitcode(int(status))
-
-    def close(self) -> None:
-        try:
-            self._sock.close()
-        finally:
-            _kill_group(self.proc)
-
-
-def _python_argv(python: str) -> list[str]:
-    """``python -m``, without the working directory first on ``sys.path`` where Python has ``-P`` (3.11+)."""
-    return [python, "-P", "-m"] if sys.version_info >= (3, 11) else [python, "-m"]
-
-
 # ----------------------------------------------------------------- the sandbox
 
 
@@ -309,12 +165,12 @@ class ProcessSandbox:
         self._warm_target = max(0, warm)
         #: Every tool's failures carry its traceback (``details.traceback``), not only those whose spec asks
         #: (``ToolSpec.error_traceback``); None: ``TOOLRAIL_TOOL_ERROR_TRACEBACKS``.
-        self._error_tracebacks = _tracebacks_setting() if error_tracebacks is None else error_tracebacks
+        self._error_tracebacks = get_settings().tool_error_tracebacks if error_tracebacks is None else error_tracebacks
         #: Fork a call parent per call from the fork server (one more process per call) instead of the
         #: server being every call's parent; what the server does where it cannot own a PID namespace.
         self._parent_per_call = parent_per_call
         self._use_forkserver = forkserver
-        self._forkserver: _ForkServer | None = None
+        self._forkserver: ForkServer | None = None
         self._scratch_root = prepare_scratch_root(scratch_root or default_scratch_root())
         #: A uid of its own per call: only possible (and only needed) as root.
         self._own_uid = os.geteuid() == 0 if own_uid is None else own_uid and os.geteuid() == 0
@@ -326,12 +182,12 @@ class ProcessSandbox:
         self._max_processes = max_processes
         self._python = python
         self._preload = preload if preload is not None else registry_modules()
-        self._pool: deque[_Warm] = deque()
+        self._pool: deque[CallProcess] = deque()
         self._lock = threading.Lock()
         self._closed = False
         if forkserver:
             self._warm_target = 0  # the fork server replaces the pool of pre-started interpreters
-            self._forkserver = _ForkServer(self._python, self._env())
+            self._forkserver = ForkServer(self._python, self._env())
         self._refill()
 
     @property
@@ -349,39 +205,18 @@ class ProcessSandbox:
                     "TOOLRAIL_SANDBOX_PARENT_PER_CALL": "1" if self._parent_per_call else "0"})
         return env
 
-    def _spawn(self) -> _Warm:
-        pipes = {"stdin": os.pipe(), "stdout": os.pipe(), "stderr": os.pipe(), "result": os.pipe(),
-                 "progress": os.pipe()}
-        result_w, progress_w = pipes["result"][1], pipes["progress"][1]
-        theirs = [pipes["stdin"][0], pipes["stdout"][1], pipes["stderr"][1], result_w, progress_w]
-        ours = {"stdin": pipes["stdin"][1], "stdout": pipes["stdout"][0], "stderr": pipes["stderr"][0],
-                "result": pipes["result"][0], "progress": pipes["progress"][0]}
-        try:
-            proc = subprocess.Popen(
-                [*_python_argv(self._python), "executor.sandbox.parent", "--result-fd", str(result_w),
-                 "--progress-fd", str(progress_w)],
-                stdin=theirs[0], stdout=theirs[1], stderr=theirs[2], pass_fds=[result_w, progress_w],
-                env=self._env(), cwd="/", start_new_session=True, close_fds=True,
-            )
-        except OSError:
-            close_all(ours.values())
-            raise
-        finally:
-            close_all(theirs)
-        return _Warm(proc, time.monotonic(), ours)
-
     def _refill(self) -> None:
         with self._lock:
             while not self._closed and len(self._pool) < self._warm_target:
-                self._pool.append(self._spawn())
+                self._pool.append(spawn_call_parent(self._python, self._env()))
 
-    def _fork(self, request: bytes) -> _Warm | None:
+    def _fork(self, request: bytes) -> CallProcess | None:
         """A call started by the fork server (restarted if it died); None if it cannot serve."""
         for _ in range(2):
             if self._forkserver is None or not self._forkserver.alive():
                 if self._forkserver is not None:
                     self._forkserver.close()
-                self._forkserver = _ForkServer(self._python, self._env())
+                self._forkserver = ForkServer(self._python, self._env())
             try:
                 return self._forkserver.fork(request)
             except (OSError, ConnectionError, ValueError) as exc:
@@ -390,7 +225,7 @@ class ProcessSandbox:
                 self._forkserver = None
         return None
 
-    def _take(self, request: bytes) -> tuple[_Warm, bytes]:
+    def _take(self, request: bytes) -> tuple[CallProcess, bytes]:
         """The call's process, and what is still to be written on its stdin (the request, for a spawned one)."""
         if self._use_forkserver:
             forked = self._fork(request)
@@ -401,11 +236,11 @@ class ProcessSandbox:
                 warm = self._pool.popleft()
                 if warm.proc.poll() is None:
                     break
-                _release(warm)
+                warm.release()
             else:
                 warm = None
         if warm is None:
-            warm = self._spawn()
+            warm = spawn_call_parent(self._python, self._env())
         # Refill on this thread: children die with the thread that started them
         # (PR_SET_PDEATHSIG), and a spawn is only fork+exec; the imports run in the child.
         self._refill()
@@ -420,8 +255,8 @@ class ProcessSandbox:
             self._closed = True
             pool, self._pool = list(self._pool), deque()
         for warm in pool:
-            _kill_group(warm.proc)
-            _release(warm)
+            kill_group(warm.proc)
+            warm.release()
 
     # -- one call ------------------------------------------------------------
 
@@ -457,24 +292,24 @@ class ProcessSandbox:
                 streams = collect(warm.fds, pending, timeout=spec.timeout_s, cancelled=call.cancelled,
                                   progress=ProgressReader.for_call(call, tool=spec.name))
             except subprocess.TimeoutExpired:
-                _end_call(proc, kill=True)
+                end_call(proc, kill=True)
                 raise ToolTimeoutError(f"{spec.name} ran past its {spec.timeout_s:g} s limit and was killed",
                                        timeout_s=spec.timeout_s) from None
             except BaseException:
-                _end_call(proc, kill=True)  # nothing the tool started outlives the call
+                end_call(proc, kill=True)  # nothing the tool started outlives the call
                 raise
             else:
-                _end_call(proc)
+                end_call(proc)
             finally:
-                _release(warm)
-            frame = _frame(spec, streams.get("result"))
+                warm.release()
+            frame = _read_frame(spec, streams.get("result"))
             if isinstance(frame, dict) and "spans" in frame:  # the child's spans (it has no network): ours to export
-                _adopt_spans(frame.pop("spans"), call)
+                adopt_spans(frame.pop("spans"), trace_context=call.trace_context)
             isolation = frame.get("isolation") if isinstance(frame, dict) and isinstance(frame.get("isolation"), dict) \
                 else {}
             uid = isolation.get("uid")
             if self._own_uid and str(uid).isdigit() and isolation.get("pid") != "pidns":
-                _kill_uid(int(uid))  # what left the process group (setsid); the end of a PID namespace already killed it
+                kill_uid(int(uid))  # what left the process group (setsid); the end of a PID namespace already killed it
             duration = time.monotonic() - started
             logs = log_output(streams, spec=spec, call=call)
             return self._result(spec, proc, frame, isolation, streams, logs, duration)
@@ -488,6 +323,11 @@ class ProcessSandbox:
                 isolation: dict[str, Any], streams: dict[str, Captured], logs: list[dict[str, Any]],
                 duration: float) -> SandboxResult:
         stderr = bytes(streams["stderr"].data) if "stderr" in streams else b""
+        died = frame is None or (isinstance(frame, dict) and "exit" in frame and not frame.get("error"))
+        if died and self._forkserver is not None and not self._forkserver.alive():
+            # the call's process died with the fork server above it: the sandbox's end, not the tool's
+            raise SandboxError(f"the sandbox's fork server died while {spec.name} ran; the call did not finish",
+                               cause="forkserver_died")
         if frame is None:
             raise _death_error(spec, proc.returncode, stderr)
         if isinstance(frame, ToolOutputError):
@@ -503,13 +343,55 @@ class ProcessSandbox:
         raise _tool_failure(frame.get("error") if isinstance(frame.get("error"), dict) else {})
 
 
+# ----------------------------------------------------------------- limits
+
+
+def _limits(spec: ToolSpec, *, max_processes: int) -> dict[str, tuple[int, int]]:
+    """The rlimits of one call, by name: the tool process sets them on itself before any tool code runs.
+
+    ``nproc`` binds only where the call has a count of its own (its own uid, or a user
+    namespace of its own); the tool process drops it otherwise.
+    """
+    memory = spec.memory_mb * 1024 * 1024
+    cpu = int(spec.cpu_s or max(1, int(spec.timeout_s) + 1))  # a fresh fork: its CPU time starts at zero
+    return {"as": (memory, memory), "cpu": (cpu, cpu + 1), "nofile": (64, 64),
+            "fsize": (16 * 1024 * 1024, 16 * 1024 * 1024), "core": (0, 0), "nproc": (max_processes, max_processes)}
+
+
+# ----------------------------------------------------------------- how a call ended
+
+
+_ERRORS: dict[str, type[SandboxError]] = {
+    "tool_memory_limit": ToolMemoryError,
+    "tool_output_invalid": ToolOutputError,
+    "sandbox_denied": SandboxDeniedError,
+    "tool_process_limit": ToolProcessLimitError,
+    "tool_left_process": ToolLeftProcessError,
+    "sandbox_error": SandboxError,
+}
+_degraded_logged: set[str] = set()
+
+
+def _read_frame(spec: ToolSpec, raw: Captured | None) -> dict[str, Any] | ToolOutputError | None:
+    """The call parent's result frame: None when it wrote none (it died), a ``ToolOutputError`` when malformed."""
+    if raw is None or not raw.data:
+        return None
+    if raw.dropped:
+        return ToolOutputError(f"{spec.name}: the sandbox's result frame exceeds its cap", dropped_bytes=raw.dropped)
+    try:
+        return decode_object(bytes(raw.data), what=f"{spec.name}'s result frame", max_bytes=MAX_FRAME_BYTES,
+                             max_depth=MAX_RESULT_DEPTH + 4)
+    except OutputError as exc:
+        return ToolOutputError(str(exc))
+
+
 def _tool_failure(error: dict[str, Any]) -> SandboxError:
     """The error a failed call ends with: the type, message and details of the call parent's checked frame, one
     level deep (``{type, message, details}``; a traceback, when asked for, is ``details.traceback``).
 
     A sandbox outcome (``sandbox_denied``, ``tool_memory_limit``, ...) is its own class; any other type is
     the tool's own (``order_not_found``), carried by a ``ToolRaisedError`` (the call parent refused the
-    types a tool may not claim: ``executor.sandbox.child.tool_error_type``).
+    types a tool may not claim: ``executor.sandbox.answer.tool_error_type``).
     """
     kind = str(error.get("type") or "tool_error")
     cls = _ERRORS.get(kind, ToolRaisedError)
@@ -518,135 +400,6 @@ def _tool_failure(error: dict[str, Any]) -> SandboxError:
     if cls is ToolRaisedError:
         failure.type = kind
     return failure
-
-
-def _tracebacks_setting() -> bool:
-    """``TOOLRAIL_TOOL_ERROR_TRACEBACKS``, as the process's settings read it."""
-    return get_settings().tool_error_tracebacks
-
-
-def _adopt_spans(spans: Any, call: CallRun) -> None:
-    adopt_spans(spans, trace_context=call.trace_context)
-
-
-def _frame(spec: ToolSpec, raw: Captured | None) -> dict[str, Any] | ToolOutputError | None:
-    """The call parent's result frame: None when it wrote none (it died), a ``ToolOutputError`` when malformed."""
-    if raw is None or not raw.data:
-        return None
-    if raw.dropped:
-        return ToolOutputError(f"{spec.name}: the sandbox's result frame exceeds its cap", dropped_bytes=raw.dropped)
-    try:
-        return decode_object(bytes(raw.data), what=f"{spec.name}'s result frame", max_bytes=MAX_RESULT_BYTES + 65536,
-                             max_depth=MAX_RESULT_DEPTH + 4)
-    except OutputError as exc:
-        return ToolOutputError(str(exc))
-
-
-def _release(warm: _Warm) -> None:
-    """Close the parent's ends of a call's pipes."""
-    close_all(warm.fds.values())
-    warm.fds = {}
-
-
-
-# ----------------------------------------------------------------- limits, kills, errors
-
-
-def _warn_once(what: str, message: str, **details: Any) -> None:
-    if what not in _degraded_logged:
-        _degraded_logged.add(what)
-        log.warning("sandbox.degraded", layer=what, message=message, **details)
-
-
-def _check_isolation(isolation: dict[str, Any], *, confine: bool, own_uid: bool) -> None:
-    """Log (once per layer and process) any isolation layer the child could not apply."""
-    def missing(key: str, good: tuple[str, ...]) -> str | None:
-        value = str(isolation.get(key, ""))
-        return value if value and not value.startswith(good) else None
-
-    if (how := missing("network", ("netns", "userns+netns", "allowed"))) is not None:
-        _warn_once("network", "no network namespace: non-networked tools can reach the network", how=how)
-    if (how := missing("scratch", ("own-mount",))) is not None:
-        _warn_once("scratch", "no mount namespace: other calls' scratch dirs are kept apart by modes and Landlock only",
-                   how=how)
-    if (how := missing("ipc", ("ipcns",))) is not None:
-        _warn_once("ipc", "no IPC namespace: System V IPC and message queues are shared between calls", how=how)
-    if (how := missing("pid", ("pidns",))) is not None:
-        _warn_once("pid", "no PID namespace: leftover processes are found through the subreaper only", how=how)
-    if (how := missing("processes", ("",))) is not None or str(isolation.get("processes", "")).startswith("unlimited"):
-        _warn_once("processes", "no per-call process limit (needs root or a user namespace)",
-                   how=isolation.get("processes"))
-    if not confine:
-        return
-    if (how := missing("filesystem", ("landlock",))) is not None:
-        _warn_once("filesystem", "no Landlock: tools can read what their uid can read", how=how)
-    if (how := missing("sockets", ("seccomp", "allowed"))) is not None:
-        _warn_once("sockets", "no seccomp: non-networked tools can open Unix sockets", how=how)
-    if own_uid and isolation.get("uid") and not str(isolation.get("uid")).isdigit():
-        _warn_once("uid_drop", "the tool process kept the worker's uid", how=isolation.get("uid"))
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process running as ``uid`` (a call's own uid: only its processes)."""
-    for _ in range(5):
-        found = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                if os.stat(f"/proc/{entry}").st_uid != uid:
-                    continue
-                os.kill(int(entry), signal.SIGKILL)
-                found = True
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue
-        if not found:
-            return
-        time.sleep(0.01)
-
-
-def _limits(spec: ToolSpec, *, max_processes: int | None = None) -> dict[str, tuple[int, int]]:
-    """The rlimits of one call, by name: the tool process sets them on itself before any tool code runs.
-
-    ``nproc`` binds only where the call has a count of its own (its own uid, or a user
-    namespace of its own); the tool process drops it otherwise.
-    """
-    memory = spec.memory_mb * 1024 * 1024
-    cpu = int(spec.cpu_s or max(1, int(spec.timeout_s) + 1))  # a fresh fork: its CPU time starts at zero
-    limits = {"as": (memory, memory), "cpu": (cpu, cpu + 1), "nofile": (64, 64),
-              "fsize": (16 * 1024 * 1024, 16 * 1024 * 1024), "core": (0, 0)}
-    if max_processes is not None:
-        limits["nproc"] = (max_processes, max_processes)
-    return limits
-
-
-def _end_call(proc: Any, *, kill: bool = False) -> None:
-    """After a call: wait for its end, ending it first when ``kill`` (a timeout, or a failure reading it).
-
-    A fork server that does not report the call's end within 5 s is out of step with this
-    worker: it is closed (killing what it runs) and the next call starts a fresh one.
-    """
-    if not (isinstance(proc, _ForkedCall) and proc.how == "ask"):
-        _kill_group(proc)
-        return
-    if kill:
-        proc.kill()
-    if proc.wait(timeout=5) is None and not kill:
-        proc.kill()
-        proc.wait(timeout=5)
-    if proc.returncode is None:
-        proc.abandon()
-
-
-def _kill_group(proc: Any) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _death_error(spec: ToolSpec, returncode: int | None, stderr: bytes) -> SandboxError:
@@ -663,3 +416,38 @@ def _death_error(spec: ToolSpec, returncode: int | None, stderr: bytes) -> Sandb
         return ToolMemoryError(f"{spec.name} exceeded its {spec.memory_mb} MB memory limit", stderr_tail=tail)
     return ToolCrashedError(f"{spec.name} exited with status {returncode} without a result", exit_status=returncode,
                             stderr_tail=tail)
+
+
+def _warn_once(what: str, message: str, **details: Any) -> None:
+    if what not in _degraded_logged:
+        _degraded_logged.add(what)
+        log.warning("sandbox.degraded", layer=what, message=message, **details)
+
+
+#: Isolation layers by the values that say the tool process applied them, and what it means when it did not.
+_NAMESPACES = (
+    ("network", ("netns", "userns+netns", "allowed"), "no network namespace: non-networked tools can reach the network"),
+    ("scratch", ("own-mount",), "no mount namespace: other calls' scratch dirs are kept apart by modes and Landlock only"),
+    ("ipc", ("ipcns",), "no IPC namespace: System V IPC and message queues are shared between calls"),
+    ("pid", ("pidns",), "no PID namespace: leftover processes are found through the subreaper only"))
+_CONFINEMENT = (("filesystem", ("landlock",), "no Landlock: tools can read what their uid can read"),
+                ("sockets", ("seccomp", "allowed"), "no seccomp: non-networked tools can open Unix sockets"))
+
+
+def _check_isolation(isolation: dict[str, Any], *, confine: bool, own_uid: bool) -> None:
+    """Log (once per layer and process) any isolation layer the child could not apply."""
+    def warn_missing(layers: tuple[tuple[str, tuple[str, ...], str], ...]) -> None:
+        for layer, applied, message in layers:
+            how = str(isolation.get(layer, ""))
+            if how and not how.startswith(applied):
+                _warn_once(layer, message, how=how)
+
+    warn_missing(_NAMESPACES)
+    if str(isolation.get("processes", "")).startswith("unlimited"):
+        _warn_once("processes", "no per-call process limit (needs root or a user namespace)",
+                  how=isolation.get("processes"))
+    if not confine:
+        return
+    warn_missing(_CONFINEMENT)
+    if own_uid and isolation.get("uid") and not str(isolation.get("uid")).isdigit():
+        _warn_once("uid_drop", "the tool process kept the worker's uid", how=isolation.get("uid"))

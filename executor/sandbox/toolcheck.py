@@ -21,6 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonschema
+
+from decider.schema import prepare_tool
 from executor.errors import PermanentError
 from tools.registry import Refusal, Registry
 from tools.spec import ToolSpec
@@ -91,18 +94,12 @@ def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., A
 
 def check_schema(spec: ToolSpec) -> str | None:
     """Why ``spec``'s parameter schema is unusable (invalid JSON Schema, refused by the decider), or None."""
-    import jsonschema  # noqa: PLC0415
-
     try:
         jsonschema.Draft202012Validator.check_schema(spec.parameters)
     except jsonschema.SchemaError as exc:
         return f"not a valid JSON Schema: {exc.message} at {'/'.join(map(str, exc.path)) or '/'}"
     if spec.parameters.get("type", "object") != "object":
         return "the parameter schema is not an object schema"
-    try:
-        from decider.schema import prepare_tool  # noqa: PLC0415 - the decider's own preparation
-    except ImportError:
-        return None
     try:
         prepare_tool(spec)
     except Exception as exc:  # noqa: BLE001 - whatever the decider refuses, with its reason

@@ -4,7 +4,7 @@ Celery's own result backend answers PENDING for unknown ids; clients need more, 
 every job has its own record, keyed by job id, owned by a tenant, carrying the
 ``request_id``:
 
-    tr:job:<id>            JSON of the job (status, conversation, attempts, error, ...)
+    tr:job:<id>            JSON of the job (status, conversation, attempts, error, ...: ``executor.store.models``)
     tr:job:<id>:calls      hash call_id → JSON of the call
     tr:job:<id>:pending    calls not yet terminal
     tr:job:<id>:events     stream of state changes (Server-Sent Events read it)
@@ -18,106 +18,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import redis
-from pydantic import BaseModel, Field
 
 from executor import metrics
 from executor.errors import IdempotencyConflictError, JobNotFoundError, StoreUnavailableError
+from executor.store.models import DECIDING_JOB, NOT_STARTED, TERMINAL_CALL, TERMINAL_JOB, CallRecord, JobRecord
 
 __all__ = ["CallRecord", "JobRecord", "JobStore", "NOT_STARTED", "RedisJobStore", "StoredJob", "TERMINAL_CALL", "TERMINAL_JOB"]
-
-JobStatus = Literal["queued", "deciding", "validating", "running", "awaiting_approval", "succeeded", "failed",
-                    "needs_review", "cancelled", "expired"]
-CallStatus = Literal["pending", "awaiting_approval", "running", "succeeded", "failed", "validated", "rejected"]
-TERMINAL_JOB = frozenset({"succeeded", "failed", "needs_review", "cancelled", "expired"})
-TERMINAL_CALL = frozenset({"succeeded", "failed", "validated", "rejected"})
-#: What a call a cancel ended before it started says (as the call pipeline's cancellation says it).
-NOT_STARTED = {"type": "call_cancelled", "message": "the job was cancelled before the call started; it did not run",
-               "details": {"stopped_after_s": 0.0}}
-#: Statuses of a job while its output is being decided or checked (what the decision latency measures).
-DECIDING_JOB = frozenset({"validating", "deciding"})
-
-
-class CallRecord(BaseModel):
-    id: str
-    index: int
-    name: str
-    arguments: dict[str, Any] | None = None
-    status: CallStatus = "pending"
-    attempts: int = 0
-    result: Any = None
-    error: dict[str, Any] | None = None
-    repairs: list[str] = Field(default_factory=list)
-    queue: str | None = None
-    #: The run step (0-based) whose decision made this call.
-    step: int = 0
-    #: Set when the call needs a human: ``{state: pending|approved|rejected, reason, edited, original_arguments, at}``.
-    approval: dict[str, Any] | None = None
-    #: When the call was queued on its tool queue (epoch seconds).
-    dispatched_at: float | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
-    duration_s: float | None = None
-
-
-class JobRecord(BaseModel):
-    job_id: str
-    request_id: str
-    tenant: str
-    status: JobStatus = "queued"
-    created_at: float = Field(default_factory=time.time)
-    updated_at: float = Field(default_factory=time.time)
-    messages: list[dict[str, Any]] = Field(default_factory=list)
-    tools: list[str] = Field(default_factory=list)
-    inline_tools: list[dict[str, Any]] = Field(default_factory=list)
-    tool_choice: str | dict[str, Any] = "auto"
-    parallel_tool_calls: bool = True
-    max_reasks: int = 2
-    client_output: dict[str, Any] | None = None
-    attempts: list[dict[str, Any]] = Field(default_factory=list)
-    content: str | None = None
-    error: dict[str, Any] | None = None
-    #: When the job last entered deciding/validating, and how long that took once it left.
-    decision_started_at: float | None = None
-    decision_s: float | None = None
-    calls: list[CallRecord] = Field(default_factory=list)
-    #: Run loop: most decide → run steps, the current step (0-based), and the finished steps' journal.
-    max_steps: int = 1
-    step: int = 0
-    steps: list[dict[str, Any]] = Field(default_factory=list)
-    #: Approval policy of this job: tool names, ``"side_effects"``, or None (tool flags and tenant policy still apply).
-    require_approval: list[str] | str | None = None
-    #: Seconds a step may wait for approval (None: ``TOOLRAIL_APPROVAL_TIMEOUT_S``), and when the wait ends.
-    approval_timeout_s: float | None = None
-    approval_deadline_at: float | None = None
-    #: The user's IANA time zone: relative days ("tomorrow") are read against ``created_at`` there (None: UTC).
-    time_zone: str | None = None
-    #: When the whole run must have ended (epoch seconds); None: no deadline.
-    deadline_at: float | None = None
-    #: Where ``job.*`` events are POSTed (Standard Webhooks); None: the tenant default, if any.
-    webhook_url: str | None = None
-    #: W3C trace context of the job's root span (``traceparent``, ``tracestate``, ``baggage``).
-    trace_context: dict[str, str] = Field(default_factory=dict)
-    #: Calls queued while their step was still being decoded that the final decision did not make (a re-ask,
-    #: review, a changed call): they belong to no step; what came of them is kept here (read from the store).
-    discarded_calls: list[CallRecord] = Field(default_factory=list)
-    #: The OpenAI Responses API object this job answered with (``POST /v1/responses``: a response is a job).
-    response: dict[str, Any] | None = None
-
-    def public(self) -> dict[str, Any]:
-        """What the API returns: the record, every call (by step, then index) and each step with its own calls."""
-        data = self.model_dump(exclude={"client_output", "inline_tools", "trace_context"})
-        calls = [c.model_dump(exclude={"queue"}) for c in sorted(self.calls, key=lambda c: (c.step, c.index))]
-        data["calls"] = calls
-        data["steps"] = [{**step, "calls": [c for c in calls if c["step"] == step.get("index")]} for step in self.steps]
-        return data
-
-    def step_calls(self, step: int | None = None) -> list[CallRecord]:
-        """The calls of one step (default: the current one), in call order."""
-        wanted = self.step if step is None else step
-        return sorted((c for c in self.calls if c.step == wanted), key=lambda c: c.index)
 
 
 class StoredJob(NamedTuple):
@@ -355,7 +264,7 @@ class RedisJobStore:
         for status in statuses:
             event = {"type": "status", "status": status, "request_id": job.request_id}
             if status == job.status and job.error and job.status in TERMINAL_JOB:
-                event["error"] = job.error
+                event["error"] = job.error.model_dump()
             pipe.command("XADD", events, "MAXLEN", "~", 1000, "*", "data", json.dumps(event, ensure_ascii=False, default=str))
         pipe.command("EXPIRE", events, ttl)
         if job.calls:
@@ -418,7 +327,7 @@ class RedisJobStore:
             events = []
             if job.status != before:
                 events.append({"type": "status", "status": job.status, "request_id": job.request_id,
-                               **({"error": job.error} if job.error and job.status in TERMINAL_JOB else {})})
+                               **({"error": job.error.model_dump()} if job.error and job.status in TERMINAL_JOB else {})})
             if event:
                 events.append(event)
             if isinstance(extra, dict):  # an event the mutation itself produced (it only happened once)
@@ -551,7 +460,7 @@ class RedisJobStore:
 
     def _finish_call(self, job_id: str, call: CallRecord, *, read: bool) -> tuple[int, StoredJob | None]:
         event = json.dumps({"type": "call", "call_id": call.id, "index": call.index, "name": call.name,
-                            "status": call.status, **({"error": call.error} if call.error else {})},
+                            "status": call.status, **({"error": call.error.model_dump()} if call.error else {})},
                            ensure_ascii=False, default=str)
         counts = _Commands()  # applied by the script only when this process makes the call final: counted once
         metrics.record_call(counts, self._metrics, tool=call.name if call.queue else metrics.NOT_RUN_TOOL,

@@ -11,11 +11,14 @@ for an hour. Now:
   (:func:`restore_holder`); anywhere else the API's reconciler restores the messages of every holder that has not
   beaten for ``DEAD_AFTER_S`` (:func:`restore_dead_workers`, every ``CHECK_EVERY_S``);
 - restoring is kombu's own ``restore_by_tag`` (one transaction: a tag restored twice is pushed once), and a message
-  redelivered to a task that may run twice is safe (idempotency records; the ledger applies a key once).
+  redelivered to a task that may run twice is safe (idempotency records; the ledger applies a key once);
+- kombu takes a message (``BRPOP``) before it notes it as unacked: a main process killed between the two loses it,
+  held by nobody. So each death is noted in ``DEATHS_KEY``, and ``REQUEUE_AFTER_S`` later the reconciler queues
+  again the *pending* work (calls and decisions not started) of jobs unchanged since the death (:func:`deaths_due`,
+  ``reconcile_once(pending_only=True)``): a needless copy is a no-op task, and nothing running runs twice.
 
 A pool process killed alone needs none of this: its main process rejects the message and requeues it at once
-(``task_reject_on_worker_lost``). The visibility timeout stays as the last resort, for a message popped but never
-recorded as unacked.
+(``task_reject_on_worker_lost``). The visibility timeout stays as the last resort.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import redis
 
 from toolrail.logging import get_logger
 
-__all__ = ["BEATS_KEY", "BEAT_EVERY_S", "CHECK_EVERY_S", "DEAD_AFTER_S", "HELD_PREFIX", "Heartbeat", "current_holder",
-           "dead_holders", "forget_holder", "holder_id", "restore_dead_workers", "restore_holder"]
+__all__ = ["BEATS_KEY", "BEAT_EVERY_S", "CHECK_EVERY_S", "DEAD_AFTER_S", "DEATHS_KEY", "HELD_PREFIX", "REQUEUE_AFTER_S",
+           "Heartbeat", "current_holder", "dead_holders", "deaths_due", "forget_holder", "holder_id",
+           "restore_dead_workers", "restore_holder"]
 
 log = get_logger("toolrail.liveness")
 
@@ -45,6 +49,10 @@ BEAT_EVERY_S = 2.0
 DEAD_AFTER_S = 10.0
 #: How often the reconciler looks for dead holders.
 CHECK_EVERY_S = 2.0
+#: Sorted set: dead holder → when it was found dead, until its pending work is queued again.
+DEATHS_KEY = "tr:workers:deaths"
+#: How long after a death its jobs' pending work is queued again: restored messages and live workers move first.
+REQUEUE_AFTER_S = 5.0
 
 _holder: str | None = None
 
@@ -106,7 +114,8 @@ def dead_holders(client: redis.Redis, *, dead_after_s: float = DEAD_AFTER_S) -> 
 
 
 def restore_holder(connect: Callable[[], Any], client: redis.Redis, holder: str) -> int:
-    """Put every message ``holder`` took and never acked back at the head of its queue; forget the holder.
+    """Put every message ``holder`` took and never acked back at the head of its queue; forget the holder, note its
+    death (:func:`deaths_due`).
 
     ``connect`` opens a kombu connection to the broker (a Celery app's ``connection_for_write``). Returns how many
     messages went back (a tag already acked or restored counts none)."""
@@ -120,7 +129,7 @@ def restore_holder(connect: Callable[[], Any], client: redis.Redis, holder: str)
                 if client.hexists(channel.unacked_key, tag):
                     channel.qos.restore_by_tag(tag, client=channel.client)
                     restored += 1
-    client.pipeline().delete(key).zrem(BEATS_KEY, holder).execute()
+    client.pipeline().delete(key).zrem(BEATS_KEY, holder).zadd(DEATHS_KEY, {holder: time.time()}).execute()
     if restored:
         log.warning("worker.messages_restored", holder=holder, messages=restored)
     return restored
@@ -129,3 +138,10 @@ def restore_holder(connect: Callable[[], Any], client: redis.Redis, holder: str)
 def restore_dead_workers(connect: Callable[[], Any], client: redis.Redis, *, dead_after_s: float = DEAD_AFTER_S) -> int:
     """:func:`restore_holder` for every holder that stopped beating; how many messages went back."""
     return sum(restore_holder(connect, client, holder) for holder in dead_holders(client, dead_after_s=dead_after_s))
+
+
+def deaths_due(client: redis.Redis, *, grace_s: float = REQUEUE_AFTER_S) -> float | None:
+    """When the latest death noted more than ``grace_s`` ago was found (None: none), each death claimed by one caller:
+    the pending work of jobs unchanged since then is to be queued again, by that caller alone."""
+    due = client.zrangebyscore(DEATHS_KEY, "-inf", time.time() - grace_s, withscores=True)
+    return max((at for holder, at in due if client.zrem(DEATHS_KEY, holder)), default=None)

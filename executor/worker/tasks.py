@@ -127,9 +127,11 @@ class CeleryQueues:
         """Ask every running worker to consume ``queue`` (Celery's ``add_consumer`` broadcast); replies counted."""
         return len(app.control.add_consumer(queue, reply=True, timeout=1.0) or [])
 
-    def restore_dead_workers(self) -> int:
-        """The unacked messages of every worker that stopped beating, back in their queues (``worker.liveness``)."""
-        return liveness.restore_dead_workers(app.connection_for_write, self._broker_redis)
+    def restore_dead_workers(self) -> float | None:
+        """The unacked messages of every worker that stopped beating, back in their queues (``worker.liveness``);
+        when the latest death past its grace was found (:func:`liveness.deaths_due`), None if none."""
+        liveness.restore_dead_workers(app.connection_for_write, self._broker_redis)
+        return liveness.deaths_due(self._broker_redis)
 
     @cached_property
     def _broker_redis(self) -> redis.Redis:

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import redis
 
-from executor.sandbox.child import children
+from executor.sandbox.linux import children
 from executor.stack import start_worker, wait_for_workers, wait_http_ok
 from executor.store.records import TERMINAL_JOB
 from toolrail.redis_embed import EmbeddedRedis, free_port

@@ -1,27 +1,36 @@
 """The conformance suite: each surface driven by the official clients, as a user would, asserting the protocol.
 
-The surfaces are served by the real app (``decider.openai_api.create_app``: Chat Completions and the Responses
-API) on loopback, over the embedded engine with a tiny random model that shares SmolLM2's tokenizer (every
-grammar compiles as for the real model; a decode takes milliseconds). Each test is marked
+The surfaces are served by the real apps on loopback: Chat Completions and the Responses API
+(``decider.openai_api.create_app``) over the embedded engine with a tiny random model that shares SmolLM2's
+tokenizer (every grammar compiles as for the real model; a decode takes milliseconds); MCP by the job API's
+``/mcp`` and by ``toolrail mcp stdio``, over the session's Redis and workers. The node clients (openai-node, the
+TypeScript MCP SDK) run from ``node/`` at the versions its ``package-lock.json`` pins. Each test is marked
 ``conformance(surface, client)``; when the whole suite ran, the table of what passed is written to
 ``docs/conformance.md`` (surface × client → pass).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 from collections import defaultdict
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from tests.harness.fixtures import workers_environment
 from tests.harness.serving import api_server
 
-TABLE = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
-#: Pinned in the ``test`` extra; shown in the table.
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = ROOT / "docs" / "conformance.md"
+NODE_DIR = Path(__file__).parent / "node"
+#: The columns and their packages: Python's pinned in pyproject.toml, node's (``npm:``) in node/package-lock.json.
 CLIENTS = {"openai-python": "openai", "OpenAI Agents SDK": "openai-agents", "langchain-openai": "langchain-openai",
-           "openai-node": None}
+           "openai-node": "npm:openai", "MCP Python SDK": "mcp", "MCP TypeScript SDK": "npm:@modelcontextprotocol/sdk"}
 _RESULTS: dict[tuple[str, str], list[str]] = defaultdict(list)
 _COLLECTED: dict[str, int] = {"all": 0, "run": 0}
 
@@ -67,6 +76,66 @@ def aclient(base_url):
     return openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
 
 
+@pytest.fixture(scope="session")
+def mcp_http(request: pytest.FixtureRequest, redis_url: str, worker_env: dict[str, str]) -> dict:
+    """The job API's MCP endpoint over the session's workers, with API keys on: ``{url, headers}`` (its key).
+
+    The workers and this API's runtime are built under the workers' environment, as a deployment's are: the
+    session's ``worker`` consumes the queues of the tools its parent sees when it starts, and the executor's tests
+    that share it later need their test tools' queues."""
+    from executor.api.app import create_app
+    from executor.runtime import Runtime
+    from executor.worker.tasks import QUEUES
+    from toolrail.settings import Settings
+
+    with workers_environment(worker_env):
+        request.getfixturevalue("worker")
+        settings = Settings(api_keys="key-conformance:conformance", mcp_refresh_interval_s=0)
+        app = create_app(settings, Runtime.from_settings(settings, redis_url=redis_url, queues=QUEUES),
+                         mount_openai=False)
+    with api_server(app) as base:
+        yield {"url": f"{base}/mcp", "headers": {"Authorization": "Bearer key-conformance"}}
+
+
+@pytest.fixture(scope="session")
+def mcp_stdio(redis_url: str, mcp_http: dict) -> dict:
+    """How a host launches ``toolrail mcp stdio`` (docs/mcp.md: its config names Redis only); it serves the tools the
+    workers (started with ``mcp_http``) published."""
+    return {"command": sys.executable, "args": ["-m", "toolrail.cli", "mcp", "stdio"], "cwd": str(ROOT),
+            "env": {"REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}}
+
+
+@pytest.fixture(scope="session")
+def node_script():
+    """Run a script of ``node/`` with extra environment; its last stdout line parsed as JSON.
+
+    Skipped when node or npm is missing, or when the clients cannot be installed (no registry). They are installed
+    into ``node/node_modules`` (the npm cache beside it, both ignored by git) by ``npm ci``, at the versions
+    ``package-lock.json`` pins; nothing is written outside the repository."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node / npm not installed")
+    pinned = json.loads((NODE_DIR / "package.json").read_text())["dependencies"]
+    if any(_installed_npm(name) != version for name, version in pinned.items()):
+        installed = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--cache", str(NODE_DIR / ".npm-cache")],
+                                   cwd=NODE_DIR, capture_output=True, text=True, timeout=300)
+        if installed.returncode != 0:
+            pytest.skip(f"the node clients could not be installed: {installed.stderr[-300:]}")
+
+    def run(script: str, env: dict[str, str]) -> dict:
+        done = subprocess.run([node, script], cwd=NODE_DIR, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    return run
+
+
+def _installed_npm(name: str) -> str | None:
+    found = NODE_DIR / "node_modules" / name / "package.json"
+    return json.loads(found.read_text())["version"] if found.is_file() else None
+
+
 def pytest_collection_modifyitems(session, config, items) -> None:  # noqa: ANN001 - pytest hook
     here = Path(__file__).parent
     mine = [i for i in items if Path(str(i.fspath)).parent == here]
@@ -98,11 +167,9 @@ def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ANN001 - pytest 
     TABLE.write_text(render(), encoding="utf-8")
 
 
-def _version(package: str | None) -> str:
-    if package is None:  # openai-node: the version package.json pins
-        import json  # noqa: PLC0415
-
-        return json.loads((Path(__file__).parent / "node" / "package.json").read_text())["dependencies"]["openai"]
+def _version(package: str) -> str:
+    if package.startswith("npm:"):  # the version package.json pins (exact, as the lock file)
+        return json.loads((NODE_DIR / "package.json").read_text())["dependencies"][package[4:]]
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -116,7 +183,8 @@ def render() -> str:
              "Generated by `pytest tests/conformance` (the whole suite; rewritten on every full run). Each cell is",
              "the number of protocol checks that passed for that surface and client; `–` is a pair the suite does not",
              "drive, `skipped` one whose client is not installed here. Each check asserts the protocol as the client",
-             "sees it (openai-python's types, the Agents SDK's run, LangChain's messages), not toolrail's own shapes.",
+             "sees it (openai-python's types, the Agents SDK's run, LangChain's messages, the MCP SDKs' results and",
+             "errors), not toolrail's own shapes.",
              "", "| surface | " + " | ".join(clients) + " |", "| --- |" + " --- |" * len(clients)]
     for surface in surfaces:
         cells = []

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from executor.stack import wait_for_job
+from executor.job_client import wait_for_job
 from tests.console.conftest import KEYS
 from tests.harness.receiver import Receiver, wait_for
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from decider.backend import GenerationRequest
-from decider.embedded import DTYPE_MODES, EmbeddedEngine, _resolve_dtype
+from decider.embedded import EmbeddedEngine
+from decider.engine_loading import DTYPE_MODES, resolve_dtype
 from decider.model import tiny_random_model
 
 CPU = torch.device("cpu")
@@ -28,20 +29,20 @@ def cpu_bf16(monkeypatch):
 @pytest.mark.parametrize("dtype", [None, "auto"])
 def test_auto_keeps_bf16_where_the_cpu_has_it(cpu_bf16, dtype):
     cpu_bf16(True)
-    assert _resolve_dtype(dtype, CPU) == (torch.bfloat16, torch.bfloat16)
+    assert resolve_dtype(dtype, CPU) == (torch.bfloat16, torch.bfloat16)
     cpu_bf16(False, amx=True)
-    assert _resolve_dtype(dtype, CPU) == (torch.bfloat16, torch.bfloat16)
+    assert resolve_dtype(dtype, CPU) == (torch.bfloat16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [None, "auto"])
 def test_auto_is_hybrid_on_cpus_without_native_bf16(cpu_bf16, dtype):
     cpu_bf16(False)
-    assert _resolve_dtype(dtype, CPU) == (torch.float32, torch.bfloat16)
+    assert resolve_dtype(dtype, CPU) == (torch.float32, torch.bfloat16)
 
 
 def test_auto_on_a_gpu_stays_bf16(cpu_bf16):
     cpu_bf16(False)
-    assert _resolve_dtype(None, torch.device("cuda")) == (torch.bfloat16, torch.bfloat16)
+    assert resolve_dtype(None, torch.device("cuda")) == (torch.bfloat16, torch.bfloat16)
 
 
 @pytest.mark.parametrize(("dtype", "expected"), [
@@ -56,12 +57,12 @@ def test_auto_on_a_gpu_stays_bf16(cpu_bf16):
 def test_explicit_dtypes_are_honoured_whatever_the_cpu(cpu_bf16, dtype, expected):
     for native in (False, True):
         cpu_bf16(native)
-        assert _resolve_dtype(dtype, CPU) == expected
+        assert resolve_dtype(dtype, CPU) == expected
 
 
 def test_unknown_dtype_is_refused():
     with pytest.raises(ValueError, match="int4"):
-        _resolve_dtype("int4", CPU)
+        resolve_dtype("int4", CPU)
     assert "hybrid" in DTYPE_MODES
 
 
@@ -73,7 +74,7 @@ def tiny_dir(tmp_path_factory):
 def test_hybrid_engine_keeps_fp32_weights_and_cache_and_decodes_with_a_bf16_copy(tiny_dir):
     torch.set_num_threads(1)
     with EmbeddedEngine.load(tiny_dir, device="cpu", dtype="hybrid", max_batch_size=2, max_seq_len=256) as engine:
-        runner = engine._runner
+        runner = engine.scheduler.runner
         assert (engine.dtype, engine.decode_dtype) == (torch.float32, torch.bfloat16)
         assert runner.k.dtype == runner.v.dtype == torch.float32
         assert runner.full.lm_head.weight.dtype == torch.float32

@@ -155,7 +155,7 @@ async def test_cancellation_frees_slot_and_matcher(engine):
             break
         await asyncio.sleep(0.01)
     assert engine.active_requests == 0
-    assert sorted(engine._free_slots) == list(range(engine.max_batch_size))
+    assert sorted(engine.scheduler.free_slots) == list(range(engine.max_batch_size))
     # The slot is reusable straight away and the same id may be submitted again.
     text, reason, _ = engine.generate_sync(req(engine, "cancel-me", "numbers", max_tokens=5))
     assert reason == "length"
@@ -265,10 +265,10 @@ def test_json_output_never_carries_raw_control_characters(engine):
                          "required": ["memo"]})
     vocab = engine.tokenizer_info.decoded_vocab
     allowed = lambda row, token: (int(row[token >> 5]) >> (token & 31)) & 1  # noqa: E731
-    assert not allowed(engine._json_safe_tokens, vocab.index(b"\x10"))
-    assert allowed(engine._json_safe_tokens, vocab.index(b"\t"))
-    assert not allowed(engine._json_strict_tokens, vocab.index(b"\t"))
-    assert allowed(engine._json_strict_tokens, vocab.index(b"{"))
+    assert not allowed(engine.sampler.json_safe_tokens, vocab.index(b"\x10"))
+    assert allowed(engine.sampler.json_safe_tokens, vocab.index(b"\t"))
+    assert not allowed(engine.sampler.json_strict_tokens, vocab.index(b"\t"))
+    assert allowed(engine.sampler.json_strict_tokens, vocab.index(b"{"))
 
     def one(i):
         return engine.generate_sync(req(engine, f"memo-{i}", f"memo {i} {i * 7919 % 104729}", json_schema=schema,
@@ -283,23 +283,23 @@ def test_json_output_never_carries_raw_control_characters(engine):
 
 
 def test_a_penalty_touches_only_tokens_the_model_chose_that_the_prompt_does_not_hold(engine):
-    from decider.embedded import _allowed_count
+    from decider.engine_sampling import allowed_count
 
     seq = engine._prepare(req(engine, "pen-1", "hello there", repetition_penalty=2.0), lambda item: None)
     copied = seq.prompt_ids[-1]
     chosen = next(t for t in range(100, engine.vocab_size) if t not in seq.prompt_tokens)
     for token in (copied, chosen):
-        engine._accept(seq, token)
+        engine.scheduler.accept(seq, token)
     assert seq.penalizable == [chosen]  # a token copied from the prompt is never penalised
     def logits():
         out = torch.zeros(1, engine.vocab_size)
         out[0, chosen], out[0, copied] = 5.0, 4.0
         return out
 
-    assert engine._pick([seq], logits(), [False]) == [copied]  # 5.0 / 2 < 4.0: only the chosen token paid
+    assert engine.sampler.pick([seq], logits(), [False]) == [copied]  # 5.0 / 2 < 4.0: only the chosen token paid
     plain = engine._prepare(req(engine, "pen-2", "hello there"), lambda item: None)
-    engine._accept(plain, chosen)
-    assert plain.penalizable == [] and engine._pick([plain], logits(), [False]) == [chosen]
+    engine.scheduler.accept(plain, chosen)
+    assert plain.penalizable == [] and engine.sampler.pick([plain], logits(), [False]) == [chosen]
     row = torch.zeros(4, dtype=torch.int32)
     row[1] = 1 << 3
-    assert _allowed_count(row) == 1
+    assert allowed_count(row) == 1

@@ -98,4 +98,4 @@ async def test_interleaved_requests_never_mix(engine):
                 assert value == own if closed else own.startswith(value), text
     assert mixes == 0
     assert engine.active_requests == 0
-    assert sorted(engine._free_slots) == list(range(engine.max_batch_size))
+    assert sorted(engine.scheduler.free_slots) == list(range(engine.max_batch_size))

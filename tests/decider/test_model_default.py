@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from decider import commands
 from decider import model as model_mod
 from decider.model import (
     DEFAULT_MODEL_NAME,
@@ -82,7 +83,7 @@ def test_model_info_cli(tmp_path, capsys):
 
 
 def test_model_pull_cli_prints_the_path(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(model_mod, "pull_model", lambda cache_dir, **kw: Path(cache_dir) / "m")
+    monkeypatch.setattr(commands, "pull_model", lambda cache_dir, **kw: Path(cache_dir) / "m")
     assert main(["model", "pull", "--quiet", "--cache-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "m")
 

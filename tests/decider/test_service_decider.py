@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from decider.checked import decide_checked
 from decider.errors import InvalidRequestError, PromptTooLongError, UnsupportedSchemaError
 from decider.prompt import PromptRenderer, reask_messages
 from decider.protocol import DecideRequest, Decider
@@ -111,11 +112,11 @@ def test_real_model_end_to_end(real_decider):  # noqa: F811
     conversation states its values (they are not stated here).
     """
     weather = [t for t in weather_tools() if t.name == "get_weather"]
-    result = real_decider.decide_checked(req("北京明天天气怎么样", weather, request_id="real-1", max_tokens=64))
+    result = decide_checked(real_decider, req("北京明天天气怎么样", weather, request_id="real-1", max_tokens=64))
     assert result.status == "calls", result.record()
     assert [(c.name, c.arguments) for c in result.calls] == [("get_weather", {"city": "Beijing", "date": "tomorrow"})]
     assert result.tool_calls[0].id.startswith("call_real-1_")
-    both = real_decider.decide_checked(req("北京明天天气怎么样", weather_tools(), request_id="real-2", max_tokens=96))
+    both = decide_checked(real_decider, req("北京明天天气怎么样", weather_tools(), request_id="real-2", max_tokens=96))
     assert all(c.name == "get_weather" for c in both.calls), both.record()
     value, _ = real_decider.generate_json({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
                                            "required": ["city"], "additionalProperties": False},

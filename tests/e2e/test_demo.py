@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.cli import NEXT_STEPS
+from executor.job_client import NEXT_STEPS
 
 pytestmark = pytest.mark.model
 

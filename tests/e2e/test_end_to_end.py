@@ -18,7 +18,8 @@ import pytest
 import redis
 from test_demo import NOISE
 
-from executor.stack import LocalStack, wait_for_job
+from executor.job_client import wait_for_job
+from executor.stack import LocalStack
 from executor.store.records import TERMINAL_JOB
 from executor.worker.config import DECIDER_WARM_KEY
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from executor.stack import stop_process, wait_for_job, wait_http_ok
+from executor.job_client import wait_for_job
+from executor.stack import stop_process, wait_http_ok
 from tests.harness.databases import own_database
 
 ROOT = Path(__file__).resolve().parents[2]

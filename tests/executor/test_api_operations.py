@@ -209,7 +209,7 @@ def test_serve_starts_its_own_redis_unless_one_is_named(redis_url: str, tmp_path
 def test_worker_concurrency_setting_reaches_the_worker_command(monkeypatch) -> None:
     import argparse
 
-    from executor import cli
+    from executor import serving
 
     seen: list[list[str]] = []
     monkeypatch.setattr(os, "execvp", lambda _file, argv: seen.append(argv))
@@ -218,12 +218,12 @@ def test_worker_concurrency_setting_reaches_the_worker_command(monkeypatch) -> N
 
     get_settings.cache_clear()
     try:
-        cli._worker(argparse.Namespace(queues="decide", concurrency=None, loglevel="INFO"))
+        serving.worker(argparse.Namespace(queues="decide", concurrency=None, loglevel="INFO"))
     finally:
         get_settings.cache_clear()
     argv = seen[0]
     assert argv[argv.index("-c") + 1] == "7"
-    cli._worker(argparse.Namespace(queues="decide", concurrency=3, loglevel="INFO"))
+    serving.worker(argparse.Namespace(queues="decide", concurrency=3, loglevel="INFO"))
     assert seen[1][seen[1].index("-c") + 1] == "3"
 
 

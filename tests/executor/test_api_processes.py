@@ -16,8 +16,8 @@ import httpx
 import pytest
 from test_api_operations import _sample
 
-from executor.cli import tcp_listener
-from executor.sandbox.child import children
+from executor.serving import tcp_listener
+from executor.sandbox.linux import children
 from toolrail.redis_embed import free_port
 
 REPO = Path(__file__).resolve().parents[2]

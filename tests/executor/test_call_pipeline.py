@@ -83,18 +83,18 @@ def test_five_cancellations_do_not_open_the_breaker_and_each_call_stops_at_once(
     for _ in range(rt.breaker.failures):
         job_id = _job(rt, "sleepy", {"value": "x", "delay_s": 9}, tenant=tenant)
         call, took = _run_and_cancel(rt, job_id)
-        assert call.status == "failed" and call.error["type"] == "call_cancelled", call.error
-        assert took < 1.5 and call.error["details"]["stopped_after_s"] < SLEEPY.timeout_s  # stopped, not run to its limit
+        assert call.status == "failed" and call.error.type == "call_cancelled", call.error
+        assert took < 1.5 and call.error.details["stopped_after_s"] < SLEEPY.timeout_s  # stopped, not run to its limit
     assert rt.breaker.state("sleepy", tenant) == {"state": "closed", "failures": 0, "opens": 0}
     # the breaker still counts the tool's own ill health: a run to its limit is one failure
     call = _run(rt, _job(rt, "sleepy", {"value": "x", "delay_s": 9}, tenant=tenant))
-    assert call.error["type"] == "tool_timeout" and rt.breaker.state("sleepy", tenant)["failures"] == 1
+    assert call.error.type == "tool_timeout" and rt.breaker.state("sleepy", tenant)["failures"] == 1
 
 
 def test_a_cancelled_side_effect_is_killed_and_its_idempotency_record_says_so(rt: Runtime) -> None:
     job_id = _job(rt, "slow_transfer", {"from_account": "alice", "to": "bob", "amount": 1, "delay_s": 6})
     call, took = _run_and_cancel(rt, job_id, after=1.0)
-    assert took < 1.5 and call.error["type"] == "call_cancelled"
+    assert took < 1.5 and call.error.type == "call_cancelled"
     record = json.loads(rt.redis.get(rt.idempotency.key(job_id, "c0")))
     assert record["state"] == "completed" and record["outcome"]["ok"] is False and record["outcome"]["cancelled"] is True
     assert "may stand" in record["outcome"]["error"]["message"]
@@ -114,7 +114,7 @@ def test_a_call_of_a_job_cancelled_before_it_starts_does_not_run(rt: Runtime) ->
     job_id = _job(rt, "sleepy", {"value": "x", "delay_s": 5})
     rt.store.update(job_id, lambda j: setattr(j, "status", "cancelled"))  # cancelled between the task's read and the run
     outcome = stages.Cancellation(rt.store)(_invocation(rt, job_id), lambda inv: pytest.fail("the call ran"))
-    assert not outcome.ok and outcome.error["type"] == "call_cancelled"
+    assert not outcome.ok and outcome.error.type == "call_cancelled"
 
 
 class QuotaExceededError(SandboxError):
@@ -145,7 +145,7 @@ def test_a_new_stage_is_one_class_and_one_line(rt: Runtime) -> None:
     finally:
         rt.calls = standard
     assert first.status == "succeeded" and first.result["value"] == "a"
-    assert second.status == "failed" and second.error["type"] == "quota_exceeded"
+    assert second.status == "failed" and second.error.type == "quota_exceeded"
     assert quota.seen == ["running", "running"]
     assert [type(s).__name__ for s in rt.calls.with_stage(quota, before=stages.Span).stages] == [
         "Slot", "Admission", "Idempotency", "Running", "Cancellation", "Quota", "Span", "Breaker"]

@@ -26,7 +26,7 @@ from tests.harness.jobs import publishers
 from tests.harness.processes import decider_worker
 from tests.executor.literal_decider import DECISIONS_KEY
 
-from executor.stack import wait_for_job
+from executor.job_client import wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "clientcalls:ledger"

@@ -67,6 +67,6 @@ def test_the_run_loop_holds_a_value_the_users_words_leave_unclear(said, status, 
     (call,) = _call_records(SimpleNamespace(settings=Settings()), job, {"give_credit": CREDIT}, decision)
     assert call.status == status
     if required_by:
-        assert call.approval["required_by"] == required_by and call.approval["untrusted"] == ["/amount"]
-        (held,) = [e for e in call.approval["provenance"] if e["path"] == "/amount"]
+        assert call.approval.required_by == required_by and call.approval.untrusted == ["/amount"]
+        (held,) = [e for e in call.approval.provenance if e["path"] == "/amount"]
         assert "12 EUR" in held["unclear"] and held["sources"] == []

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from executor.api.app import create_app
-from executor.stack import wait_for_job
+from executor.job_client import wait_for_job
 from executor.store.records import TERMINAL_JOB
 from toolrail.settings import Settings
 

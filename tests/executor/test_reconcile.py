@@ -9,6 +9,7 @@ import httpx
 from tests.harness.jobs import wait_terminal
 
 from executor.runs.loop import decide_job
+from executor.runs.policy import open_step
 from executor.runs.reconcile import reconcile_once
 from executor.store.records import JobRecord
 from executor.worker.tasks import dispatch_call, enqueue_decide
@@ -48,3 +49,31 @@ def test_fresh_jobs_are_left_alone(runtime) -> None:
     reconcile_once(runtime, stale_after_s=3600, redecide=lambda j: requeued.append(j.job_id), rerun=lambda j, c: None)
     assert job.job_id not in requeued
     runtime.store.forget_active(job.job_id)
+
+
+def test_after_a_death_only_work_no_worker_began_is_queued_again(runtime) -> None:
+    """``pending_only`` (a worker's death: its messages not yet noted as unacked are lost): a pending call and a
+    decision not begun are queued again; a running call, a decision begun and a step whose calls all ended are not."""
+    calls = [{"name": "get_weather", "arguments": {"city": city, "date": "today"}} for city in ("Beijing", "Kyiv")]
+    running = _job(runtime, client_output={"tool_calls": calls})
+    decide_job(runtime, running.job_id, lambda j, call: None)  # both call messages lost
+    started = runtime.store.get(running.job_id).calls[0]
+    started.status = "running"
+    runtime.store.put_call(running.job_id, started)
+    ended = _job(runtime, client_output={"tool_calls": calls[:1]})
+    decide_job(runtime, ended.job_id, lambda j, call: None)
+    last = runtime.store.get(ended.job_id).calls[0]
+    last.status = "succeeded"
+    runtime.store.put_call(ended.job_id, last)
+    waiting = _job(runtime, client_output={"raw_output": "{}"})  # queued: its decision not begun
+    deciding = _job(runtime, client_output={"raw_output": "{}"})
+    runtime.store.update(deciding.job_id, lambda j: setattr(j, "status", "deciding") or open_step(j) and None)
+    time.sleep(0.2)
+    queued: list[str] = []
+    reconcile_once(runtime, stale_after_s=0.1, redecide=lambda j: queued.append(j.job_id),
+                   rerun=lambda j, c: queued.append(c.id), pending_only=True)
+    ours = {running.job_id, ended.job_id, waiting.job_id, deciding.job_id}
+    ours |= {c.id for job in (running, ended) for c in runtime.store.get(job.job_id).calls}
+    assert [q for q in queued if q in ours] == [runtime.store.get(running.job_id).calls[1].id, waiting.job_id], queued
+    for job in ours:
+        runtime.store.forget_active(job)

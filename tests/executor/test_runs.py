@@ -26,7 +26,7 @@ from tests.harness.jobs import publishers
 from tests.harness.processes import decider_worker, pool_process_of
 from tests.harness.receiver import Receiver, wait_for
 
-from executor.stack import wait_for_job
+from executor.job_client import wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "runs:ledger"
@@ -360,7 +360,7 @@ def test_a_lost_advance_is_found_by_the_reconciler(client: httpx.Client, runtime
     def rewind(record) -> None:
         record.status, record.step, record.content = "running", 0, None
         record.steps = record.steps[:1]
-        record.steps[0].update(status="running", finished_at=None)
+        record.steps[0].status, record.steps[0].finished_at = "running", None
     runtime.store.update(job_id, lambda record: rewind(record) and None)
     queued: list[str] = []
     assert reconcile_once(runtime, stale_after_s=-1, redecide=lambda j: queued.append(j.job_id),

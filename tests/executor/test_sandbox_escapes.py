@@ -20,7 +20,8 @@ from tests.harness.jobs import wait_terminal
 
 from executor.errors import SandboxError
 from executor.sandbox.boundary import CallRun
-from executor.sandbox.process import SANDBOX_UID_BASE, ProcessSandbox
+from executor.sandbox.child import SANDBOX_UID_BASE
+from executor.sandbox.process import ProcessSandbox
 from tests.chaos.hostile_tools import ESCAPE_SPEC
 
 ROOT = os.geteuid() == 0

@@ -28,8 +28,9 @@ import pytest
 from executor.errors import SandboxError
 from executor.sandbox.boundary import CallRun
 from executor.sandbox.process import ProcessSandbox, ScratchRootError, prepare_scratch_root
-from executor.sandbox.child import MAX_RESULT_BYTES, MAX_RESULT_DEPTH
-from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from executor.job_client import wait_for_job
+from executor.sandbox.answer import MAX_RESULT_BYTES, MAX_RESULT_DEPTH
+from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.serving import api_server
 from tests.chaos.hostile_tools import ESCAPE_SPEC
 from tools.registry import load_registry
@@ -323,7 +324,7 @@ NON_ROOT_PROBE = textwrap.dedent('''
 AS_USER = textwrap.dedent('''
     import os, sys
     sys.path.insert(0, {repo!r})
-    from executor.sandbox.child import make_reachable, private_mounts
+    from executor.sandbox.linux import make_reachable, private_mounts
     private_mounts()  # the interpreter may live under /root: reachable in this namespace only
     make_reachable([sys.base_prefix, sys.prefix, {repo!r}, sys.argv[1]])
     os.setgroups([])

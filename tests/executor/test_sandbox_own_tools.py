@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from executor.job_client import wait_for_job
+from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.serving import api_server
 from tools.registry import ENTRY_POINT_GROUP, load_registry
 from executor.worker.config import worker_queues

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from executor.errors import SandboxError
 from executor.sandbox.boundary import CallRun
-from executor.sandbox.child import (
+from executor.sandbox.answer import (
     RESERVED_TYPES,
     SANDBOX_REPORTED_TYPES,
     TOOL_RAISABLE_TYPES,

@@ -287,7 +287,7 @@ def test_one_tenants_crashing_calls_do_not_open_the_breaker_for_others(runtime, 
 
 
 def _finished(app_client: TestClient, created: httpx.Response, headers: dict) -> dict:
-    from executor.stack import wait_for_job
+    from executor.job_client import wait_for_job
     from executor.store.records import TERMINAL_JOB
 
     job = wait_for_job(app_client, created.json()["job_id"], timeout_s=60, headers=headers)

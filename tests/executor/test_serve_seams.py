@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from executor.stack import wait_for_job
+from executor.job_client import wait_for_job
 from tests.harness.receiver import Receiver, wait_for
 from toolrail.redis_embed import EmbeddedRedis, free_port
 

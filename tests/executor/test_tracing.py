@@ -188,7 +188,7 @@ def tclient(traced_api) -> Iterator[httpx.Client]:
 
 
 def _run(client: httpx.Client, body: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
-    from executor.stack import wait_for_job
+    from executor.job_client import wait_for_job
 
     response = client.post("/v1/jobs", json=body, headers=headers or {})
     assert response.status_code == 202, response.text
@@ -326,7 +326,7 @@ def test_a_job_resumed_after_a_worker_sigkill_stays_in_its_trace(tclient: httpx.
     pool = [int(p) for p in os.listdir("/proc") if p.isdigit() and parent_pid(int(p)) == traced_worker.pid]
     assert len(pool) == 1, pool
     os.kill(pool[0], signal.SIGKILL)  # the pool process running the call dies mid-call; the task is redelivered
-    from executor.stack import wait_for_job
+    from executor.job_client import wait_for_job
 
     job = wait_for_job(tclient, job_id, timeout_s=90)
     assert job["status"] == "succeeded", json.dumps(job)[:2000]
@@ -340,7 +340,7 @@ def test_a_job_resumed_after_a_worker_sigkill_stays_in_its_trace(tclient: httpx.
 
 
 def test_a_cancelled_job_has_its_job_span(tclient: httpx.Client) -> None:
-    from executor.stack import wait_for_job
+    from executor.job_client import wait_for_job
 
     response = tclient.post("/v1/jobs", json={"tools": ["slow_echo"], "tool_calls": [
         {"name": "slow_echo", "arguments": {"value": "never mind", "delay_s": 2.0}}]})

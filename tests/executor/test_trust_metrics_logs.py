@@ -22,7 +22,8 @@ from tests.harness.databases import own_database
 from tests.harness.jobs import publishers
 from tests.harness.receiver import Receiver, wait_for
 
-from executor.stack import stop_process, wait_for_job, wait_for_workers
+from executor.job_client import wait_for_job
+from executor.stack import stop_process, wait_for_workers
 from executor.store.records import CallRecord, JobRecord
 
 KEYS = "key-metrics-alpha:alpha"

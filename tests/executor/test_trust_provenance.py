@@ -23,7 +23,7 @@ from tests.harness.fixtures import TEST_TOOL_MODULES
 from tests.harness.jobs import publishers
 from tests.harness.processes import decider_worker
 
-from executor.stack import wait_for_job
+from executor.job_client import wait_for_job
 from tools.ledger import Ledger
 
 LEDGER_PREFIX = "provenance:ledger"

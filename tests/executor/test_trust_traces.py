@@ -21,7 +21,7 @@ from executor.worker.config import worker_queues
 from tests.harness.jobs import publishers
 from tests.harness.serving import worker_pool
 
-from executor.stack import wait_for_job
+from executor.job_client import wait_for_job
 
 KEYS = {"alpha": "key-trace-alpha", "beta": "key-trace-beta"}
 WEATHER = {"tools": ["get_weather"], "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", "date": "today"}}]}

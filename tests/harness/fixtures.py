@@ -8,6 +8,7 @@ no decider (spine tests bring their own tool calls), and the ledger on the sessi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -63,19 +64,37 @@ def worker_env() -> dict[str, str]:
             "TOOLRAIL_WEBHOOK_ALLOW_PRIVATE": "1", "TOOLRAIL_WEBHOOK_BACKOFF_S": "0.2", "TOOLRAIL_WEBHOOK_MAX_ATTEMPTS": "4",
             "TOOLRAIL_WEBHOOK_TIMEOUT_S": "2", "TOOLRAIL_WEBHOOK_SECRET": WEBHOOK_SECRET,
             # the test MCP servers' scripts, which a stdio registration names in read_paths
-            "TOOLRAIL_MCP_STDIO_READ_ROOTS": MCP_TEST_SERVERS}
+            "TOOLRAIL_MCP_STDIO_READ_ROOTS": MCP_TEST_SERVERS,
+            # no API of the tests refreshes its MCP servers in the background (each test refreshes when it means to)
+            "TOOLRAIL_MCP_REFRESH_INTERVAL_S": "0"}
 
 
 @contextmanager
 def workers_environment(worker_env: dict[str, str]) -> Iterator[None]:
     """This process sees the same tools and settings as the workers, and gets its own back afterwards."""
+    with environment({k: v for k, v in worker_env.items() if k != "TOOLRAIL_TEST_SECRET"}):
+        yield
+
+
+@contextmanager
+def environment(values: dict[str, str | None]) -> Iterator[None]:
+    """This process's environment with ``values`` set (None: unset) and every cached setting read again, then its
+    own back."""
+    from mcpbridge.settings import mcp_settings
     from toolrail.settings import get_settings
     from tools.registry import default_registry
 
-    saved = {k: os.environ.get(k) for k in worker_env}
-    os.environ.update({k: v for k, v in worker_env.items() if k != "TOOLRAIL_TEST_SECRET"})
-    default_registry.cache_clear()
-    get_settings.cache_clear()
+    def reread() -> None:
+        for cached in (default_registry, get_settings, mcp_settings):
+            cached.cache_clear()
+
+    saved = {k: os.environ.get(k) for k in values}
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    reread()
     try:
         yield
     finally:
@@ -84,8 +103,14 @@ def workers_environment(worker_env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        default_registry.cache_clear()
-        get_settings.cache_clear()
+        reread()
+
+
+def mcp_environment(**values: object) -> contextlib.AbstractContextManager[None]:
+    """:func:`environment` with ``TOOLRAIL_MCP_<NAME>`` set from ``name=value`` (the MCP extension's settings, which
+    the API reads when it mounts the bridge: build the app inside it)."""
+    return environment({f"TOOLRAIL_MCP_{name.upper()}": None if value is None else
+                        str(value).lower() if isinstance(value, bool) else str(value) for name, value in values.items()})
 
 
 @pytest.fixture(scope="session")

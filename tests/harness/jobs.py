@@ -9,7 +9,7 @@ __all__ = ["publishers", "wait_terminal"]
 
 def wait_terminal(client: httpx.Client, job_id: str, timeout_s: float = 60.0) -> dict:
     """Poll a job until it reaches a terminal status."""
-    from executor.stack import wait_for_job
+    from executor.job_client import wait_for_job
     from executor.store.records import TERMINAL_JOB
 
     job = wait_for_job(client, job_id, timeout_s=timeout_s)

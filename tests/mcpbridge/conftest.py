@@ -24,12 +24,12 @@ def keyed_api(runtime, worker) -> Iterator[str]:
     from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
-    from tests.harness.fixtures import MCP_TEST_SERVERS
+    from tests.harness.fixtures import MCP_TEST_SERVERS, mcp_environment
 
-    settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), mcp_allow_stdio=True,
-                        mcp_stdio_read_roots=MCP_TEST_SERVERS,
-                        mcp_allow_private_urls=True, decider="none", mcp_refresh_interval_s=0)
-    with api_server(create_app(settings, runtime, mount_openai=False)) as base:
+    settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), decider="none")
+    with mcp_environment(allow_stdio=True, stdio_read_roots=MCP_TEST_SERVERS, allow_private_urls=True):
+        app = create_app(settings, runtime, mount_openai=False)
+    with api_server(app) as base:
         yield base
 
 

@@ -15,7 +15,8 @@ import anyio
 import httpx
 import pytest
 
-from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from executor.job_client import wait_for_job
+from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.serving import api_server
 from tests.harness.databases import own_database
 
@@ -34,7 +35,7 @@ def scripted_api(db_url: str, tmp_path_factory) -> Iterator[str]:  # noqa: ANN00
     worker = start_worker(db_url, queues=["decide", "mcp.default.e2e"], concurrency=1, env=env,
                           log_file=tmp_path_factory.mktemp("mcp-e2e") / "worker.log", hostname="toolrail-mcp-e2e@%h")
     publisher = Celery("mcp-e2e", broker=db_url)
-    settings = Settings(decider="custom", reconcile_interval_s=0, mcp_refresh_interval_s=0)
+    settings = Settings(decider="custom", reconcile_interval_s=0)
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     app = create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
                      enqueue=lambda job: publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide"),

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from executor.stack import start_worker, stop_process, wait_for_job, wait_for_workers
+from executor.job_client import wait_for_job
+from executor.stack import start_worker, stop_process, wait_for_workers
 from tests.harness.serving import api_server
 
 INVOICES = {"kind": "tool", "tool": "mcp__bills__invoices", "mcp": True, "trusted": False}
@@ -34,7 +35,7 @@ def api(db_url: str, tmp_path_factory) -> Iterator[str]:  # noqa: ANN001 - pytes
     worker = start_worker(db_url, queues=["decide", "mcp.default.bills"], concurrency=1, env=env,
                           log_file=tmp_path_factory.mktemp("mcp-prov") / "worker.log", hostname="toolrail-mcp-prov@%h")
     publisher = Celery("mcp-prov", broker=db_url)
-    settings = Settings(decider="custom", reconcile_interval_s=0, mcp_refresh_interval_s=0)
+    settings = Settings(decider="custom", reconcile_interval_s=0)
     runtime = Runtime.from_settings(settings, redis_url=db_url)
     app = create_app(settings, runtime, mount_openai=False, ping_workers=lambda: 1,
                      enqueue=lambda job: publisher.send_task("toolrail.decide", args=[job.job_id], queue="decide"),

@@ -223,6 +223,7 @@ def test_a_tenants_calls_past_its_limit_hold_no_worker(redis_client, http_server
     from executor.calls.concurrency import ConcurrencyLimitedError
     from executor.sandbox.boundary import CallRun
     from mcpbridge.client import run_call, tenant_slot, tenant_slots
+    from tests.harness.fixtures import mcp_environment
     from toolrail.settings import Settings
 
     from toolrail import netguard
@@ -230,27 +231,28 @@ def test_a_tenants_calls_past_its_limit_hold_no_worker(redis_client, http_server
     connections: list[str] = []
     resolve = netguard.resolve_host
     monkeypatch.setattr(netguard, "resolve_host", lambda host, port: connections.append(host) or resolve(host, port))
-    rt = _Runtime(redis_client, Settings(mcp_max_concurrent_per_tenant=1, mcp_allow_private_urls=True))
-    call = CallRun(request_id="r1", job_id="job_fair", call_id="c1", idempotency_key="job_fair:c1",
-                   arguments={"a": 2, "b": 3})
-    def admitted(tenant: str):  # noqa: ANN202 - as the run loop runs it: the tenant's slot first (Runtime.admission)
-        spec = _spec(tenant, http_server)
-        with tenant_slot(rt, spec):
-            return run_call(rt, spec, call)
+    with mcp_environment(max_concurrent_per_tenant=1, allow_private_urls=True):
+        rt = _Runtime(redis_client, Settings())
+        call = CallRun(request_id="r1", job_id="job_fair", call_id="c1", idempotency_key="job_fair:c1",
+                       arguments={"a": 2, "b": 3})
+        def admitted(tenant: str):  # noqa: ANN202 - as the run loop runs it: the tenant's slot first (Runtime.admission)
+            spec = _spec(tenant, http_server)
+            with tenant_slot(rt, spec):
+                return run_call(rt, spec, call)
 
-    slots = tenant_slots(rt)
-    for tenant in ("alpha", "beta"):
-        slots.reset(tenant)
-    held = slots.try_acquire("alpha", lease_s=60)
-    try:
-        started = time.monotonic()
-        with pytest.raises(ConcurrencyLimitedError) as caught:
-            admitted("alpha")
-        assert time.monotonic() - started < 5 and isinstance(caught.value, RetryableError)
-        assert caught.value.details["limit"] == 1 and caught.value.details["retry_in_s"] is not None
-        assert connections == []  # nothing was sent: the call held no connection and no worker
-        assert admitted("beta").result == {"sum": 5}
-    finally:
-        slots.release(held)
-    assert admitted("alpha").result == {"sum": 5}
-    assert slots.state("alpha")["in_flight"] == 0
+        slots = tenant_slots(rt)
+        for tenant in ("alpha", "beta"):
+            slots.reset(tenant)
+        held = slots.try_acquire("alpha", lease_s=60)
+        try:
+            started = time.monotonic()
+            with pytest.raises(ConcurrencyLimitedError) as caught:
+                admitted("alpha")
+            assert time.monotonic() - started < 5 and isinstance(caught.value, RetryableError)
+            assert caught.value.details["limit"] == 1 and caught.value.details["retry_in_s"] is not None
+            assert connections == []  # nothing was sent: the call held no connection and no worker
+            assert admitted("beta").result == {"sum": 5}
+        finally:
+            slots.release(held)
+        assert admitted("alpha").result == {"sum": 5}
+        assert slots.state("alpha")["in_flight"] == 0

@@ -18,6 +18,8 @@ import httpx
 import pytest
 
 from mcpbridge import providers
+from mcpbridge.settings import McpSettings
+from tests.harness.fixtures import mcp_environment
 from tests.mcpbridge.mcp_servers import KEYS, serve_http
 from toolrail import netguard
 
@@ -36,11 +38,12 @@ def fair_api(runtime) -> Iterator[str]:  # noqa: ANN001 - the session runtime
     from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
-    settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), mcp_allow_private_urls=True,
-                        mcp_refresh_interval_s=0, mcp_connect_timeout_s=CONNECT_TIMEOUT_S, mcp_max_timeout_s=60,
-                        mcp_max_concurrent_per_tenant=HANGING, rate_limit_per_s=1000, rate_limit_burst=1000)
-    with api_server(create_app(settings, runtime, mount_openai=False, enqueue=_no_queue,
-                               ping_workers=lambda: 1)) as base:
+    settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), rate_limit_per_s=1000,
+                        rate_limit_burst=1000)
+    with mcp_environment(allow_private_urls=True, connect_timeout_s=CONNECT_TIMEOUT_S, max_timeout_s=60,
+                         max_concurrent_per_tenant=HANGING):
+        app = create_app(settings, runtime, mount_openai=False, enqueue=_no_queue, ping_workers=lambda: 1)
+    with api_server(app) as base:
         yield base
 
 
@@ -118,7 +121,7 @@ def test_stored_timeouts_are_clamped_at_the_call() -> None:
     from toolrail.settings import Settings
 
     record = {"timeout_s": 600, "idle_timeout_s": 30}
-    assert providers.timeouts(record, Settings(mcp_max_timeout_s=45)) == (45.0, 30.0)
+    assert providers.timeouts(record, McpSettings(max_timeout_s=45)) == (45.0, 30.0)
 
 
 @pytest.mark.parametrize("name", ["a__b", "pay__", "x_", "ok__ok"])
@@ -182,9 +185,10 @@ def test_urls_are_checked_at_registration_and_at_every_refresh(runtime, monkeypa
         return ["100.64.0.7"]
 
     monkeypatch.setattr(netguard, "resolve_host", resolver)
-    settings = Settings(api_keys="key-guard:guard", mcp_refresh_interval_s=0, mcp_connect_timeout_s=CONNECT_TIMEOUT_S)
-    with api_server(create_app(settings, runtime, mount_openai=False, enqueue=_no_queue,
-                               ping_workers=lambda: 1)) as base:
+    settings = Settings(api_keys="key-guard:guard")
+    with mcp_environment(connect_timeout_s=CONNECT_TIMEOUT_S):
+        app = create_app(settings, runtime, mount_openai=False, enqueue=_no_queue, ping_workers=lambda: 1)
+    with api_server(app) as base:
         record = {"name": "rebound", "tenant": "guard", "url": "http://rebind.example.test/mcp", "command": None,
                   "network": True, "side_effects": [], "requires_approval": [], "timeout_s": 30.0,
                   "idle_timeout_s": 10.0, "memory_mb": 1024, "queue": "mcp.guard.rebound", "refused": [], "fetched_at": 0, "tools": []}

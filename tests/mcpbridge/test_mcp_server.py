@@ -11,6 +11,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from tests.harness.fixtures import mcp_environment
 from tests.mcpbridge.mcp_servers import KEYS
 
 META = "toolrail.dev/"
@@ -130,7 +131,7 @@ def test_rate_limit_and_loopback_rule(runtime) -> None:  # noqa: ANN001 - the se
     from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
-    settings = Settings(api_keys="key-rl:rl", rate_limit_per_s=0.01, rate_limit_burst=2, mcp_refresh_interval_s=0)
+    settings = Settings(api_keys="key-rl:rl", rate_limit_per_s=0.01, rate_limit_burst=2)
     with api_server(create_app(settings, runtime, mount_openai=False, enqueue=lambda job: None,
                                ping_workers=lambda: 1)) as base:
         body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
@@ -169,9 +170,9 @@ def keyless_api(runtime):  # noqa: ANN001, ANN201 - the session runtime; yields 
     from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
-    settings = Settings(mcp_refresh_interval_s=0, mcp_allow_private_urls=True)
-    with api_server(create_app(settings, runtime, mount_openai=False, enqueue=_no_queue,
-                               ping_workers=lambda: 1)) as base:
+    with mcp_environment(allow_private_urls=True):
+        app = create_app(Settings(), runtime, mount_openai=False, enqueue=_no_queue, ping_workers=lambda: 1)
+    with api_server(app) as base:
         yield base
 
 

@@ -199,7 +199,7 @@ def strict_api(runtime) -> Iterator[str]:  # noqa: ANN001 - the session runtime
     from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
-    settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()), mcp_refresh_interval_s=0)
+    settings = Settings(api_keys=",".join(f"{k}:{t}" for t, k in KEYS.items()))
     with api_server(create_app(settings, runtime, mount_openai=False, enqueue=lambda job: None,
                                ping_workers=lambda: 1)) as base:
         yield base

@@ -44,7 +44,7 @@ def refusing_api(runtime) -> Iterator[str]:  # noqa: ANN001 - the session runtim
     from tests.harness.serving import api_server
     from toolrail.settings import Settings
 
-    settings = Settings(mcp_refresh_interval_s=0)
+    settings = Settings()
     with api_server(create_app(settings, runtime, mount_openai=False, enqueue=_refusing_broker,
                                ping_workers=lambda: 1)) as base:
         yield base

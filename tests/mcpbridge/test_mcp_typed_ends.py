@@ -22,6 +22,7 @@ def _register(client: httpx.Client, name: str, url: str) -> None:
 
 def test_a_call_over_its_tenants_limit_ends_typed_within_seconds(client: httpx.Client, http_server: str, runtime) -> None:  # noqa: ANN001
     from mcpbridge.client import tenant_slots
+    from mcpbridge.settings import mcp_settings
 
     _register(client, "busy", http_server)
     slots = tenant_slots(runtime)  # the limit the workers apply (the session's settings)
@@ -30,7 +31,7 @@ def test_a_call_over_its_tenants_limit_ends_typed_within_seconds(client: httpx.C
     while (slot := slots.try_acquire("default", lease_s=120)) is not None:  # the tenant's other calls, hanging
         held.append(slot)
     try:
-        assert len(held) == runtime.settings.mcp_max_concurrent_per_tenant
+        assert len(held) == mcp_settings().max_concurrent_per_tenant
         started = time.monotonic()
         created = client.post("/v1/jobs", json={"tools": ["mcp__busy__add"],
                                                 "tool_calls": [{"name": "mcp__busy__add", "arguments": {"a": 1, "b": 2}}]})

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from toolrail.config_cli import DEFAULT_DOCS_PATH, render_markdown
+from toolrail.config_cli import DEFAULT_DOCS_PATH
+from toolrail.config_docs import render_markdown
 from toolrail.settings import OTHER_VARIABLES, Settings, env_names
 
 REPO = Path(__file__).resolve().parents[2]

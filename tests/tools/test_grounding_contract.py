@@ -120,3 +120,17 @@ def test_tool_results_ground_values_but_assistant_words_do_not():
     evidence = ConversationValues.from_messages(messages)
     assert check_grounding(schema, {"ref": "BK-77"}, evidence, side_effects=True) == []
     assert check_grounding(schema, {"ref": "BK-1"}, evidence, side_effects=True)
+
+
+def test_a_default_never_overrides_another_value_the_user_stated_for_that_field():
+    schema = {"type": "object", "properties": {
+        "currency": {"type": "string", "enum": ["USD", "EUR"], "default": "USD"},
+        "account": {"type": "string", "pattern": "^ACC-[0-9]+$", "default": "ACC-1"},
+        "speed": {"type": "string", "enum": ["normal", "express"], "default": "normal"}}}
+    call = {"currency": "USD", "account": "ACC-1", "speed": "normal"}
+    assert check_grounding(schema, call, values("send it"), side_effects=True) == []
+    said_otherwise = values("send 5 euros from ACC-77, express please")
+    findings = check_grounding(schema, call, said_otherwise, side_effects=True)
+    assert [f["path"] for f in findings] == ["/currency", "/account", "/speed"]
+    assert check_grounding(schema, {"currency": "EUR", "account": "ACC-77", "speed": "express"}, said_otherwise,
+                           side_effects=True) == []
