@@ -20,7 +20,9 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory, not an installed p
     sys.path.insert(0, str(ROOT))
 
 from bench import quality  # noqa: E402
-from bench.quality import Case, EmptyDecider, OracleDecider, load_cases, run_cases, score_row, split_of, summarize  # noqa: E402
+from bench.quality import EmptyDecider, OracleDecider, run_cases  # noqa: E402
+from bench.quality_cases import DATA_DIR, Case, load_cases, split_of  # noqa: E402
+from bench.quality_scoring import grouped_summary, score_row, summarize  # noqa: E402
 from bench.toolsets import TOOLSETS, TUNED_TOOLSETS, builtin_specs, load_toolset, spec_map  # noqa: E402
 from decider.protocol import DecideRequest, Decision  # noqa: E402
 from tools.calls import ToolCall  # noqa: E402
@@ -51,7 +53,7 @@ def test_at_least_150_rows_half_chinese_half_english_over_three_tool_sets():
 def test_rows_have_the_documented_fields_and_unique_ids():
     required = {"id", "group", "toolset", "lang", "split", "messages", "expected_calls", "tags"}
     ids = []
-    for path in sorted(quality.DATA_DIR.glob("*.jsonl")):
+    for path in sorted(DATA_DIR.glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
             assert required <= set(row), (path.name, row.get("id"))
@@ -166,7 +168,7 @@ def _transfer(frm, to, amount, currency):
 
 def test_oracle_scores_100_percent_everywhere():
     results = run_cases(OracleDecider(ALL_CASES), ALL_CASES)
-    for label, s in quality.grouped_summary(results).items():
+    for label, s in grouped_summary(results).items():
         assert s["exact"] == 1.0 and s["count_acc"] == 1.0, label
         assert s["valid"] == 1.0 and s["field_acc"] == 1.0, label
         assert s["wrong_call_rate"] == 0.0 and s["missed_call_rate"] == 0.0, label
