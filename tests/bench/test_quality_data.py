@@ -7,7 +7,9 @@ The unseen split has its own checks in ``test_unseen_split.py``; the new metrics
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -129,12 +131,21 @@ def test_the_set_names_the_classic_traps():
     assert by_text["沪今天多少度？"].expected_calls == [{"name": "get_weather", "arguments": {"city": "Shanghai", "date": "today"}}]
 
 
-def test_builtin_specs_come_from_the_registry():
+def test_builtin_specs_are_the_platforms_own():
     from bench import toolsets
     from tools.registry import default_registry
 
     assert [s.name for s in builtin_specs()] == list(toolsets.BUILTIN_TOOL_NAMES)
-    assert all(s is default_registry().get(s.name) for s in builtin_specs())
+    assert all(s == default_registry().get(s.name) for s in builtin_specs())  # the test session enables all
+
+
+def test_the_cli_runs_with_the_demo_tools_off(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TOOLRAIL_DEMO_TOOLS"} | {"PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "bench.quality", "--decider", "oracle", "--split", "dev", "--toolset",
+                          "builtin", "--limit", "4", "--quiet", "--out", str(tmp_path / "r.json")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "| dev / builtin | 4 | 100.0 % |" in run.stdout
 
 
 def test_eval_tool_sets_are_strict_and_carry_extensions():
