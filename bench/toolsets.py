@@ -58,10 +58,11 @@ BUILTIN_TOOL_NAMES = ("get_weather", "query_balance", "transfer")
 
 
 def builtin_specs() -> list[ToolSpec]:
-    """``get_weather``, ``query_balance``, ``transfer``: the platform's own specs, from the registry."""
-    from tools.registry import default_registry  # noqa: PLC0415
+    """``get_weather``, ``query_balance``, ``transfer``: the platform's own demo specs, whether or not
+    ``TOOLRAIL_DEMO_TOOLS`` registers them in this process."""
+    from tools import registry  # noqa: PLC0415
 
-    return default_registry().specs(list(BUILTIN_TOOL_NAMES))
+    return registry.builtin_specs(BUILTIN_TOOL_NAMES)
 
 
 # --------------------------------------------------------------------------------------------

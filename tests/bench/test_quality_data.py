@@ -7,7 +7,9 @@ The unseen split has its own checks in ``test_unseen_split.py``; the new metrics
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -20,7 +22,9 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory, not an installed p
     sys.path.insert(0, str(ROOT))
 
 from bench import quality  # noqa: E402
-from bench.quality import Case, EmptyDecider, OracleDecider, load_cases, run_cases, score_row, split_of, summarize  # noqa: E402
+from bench.quality import EmptyDecider, OracleDecider, run_cases  # noqa: E402
+from bench.quality_cases import DATA_DIR, Case, load_cases, split_of  # noqa: E402
+from bench.quality_scoring import grouped_summary, score_row, summarize  # noqa: E402
 from bench.toolsets import TOOLSETS, TUNED_TOOLSETS, builtin_specs, load_toolset, spec_map  # noqa: E402
 from decider.protocol import DecideRequest, Decision  # noqa: E402
 from tools.calls import ToolCall  # noqa: E402
@@ -51,7 +55,7 @@ def test_at_least_150_rows_half_chinese_half_english_over_three_tool_sets():
 def test_rows_have_the_documented_fields_and_unique_ids():
     required = {"id", "group", "toolset", "lang", "split", "messages", "expected_calls", "tags"}
     ids = []
-    for path in sorted(quality.DATA_DIR.glob("*.jsonl")):
+    for path in sorted(DATA_DIR.glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
             assert required <= set(row), (path.name, row.get("id"))
@@ -127,12 +131,21 @@ def test_the_set_names_the_classic_traps():
     assert by_text["沪今天多少度？"].expected_calls == [{"name": "get_weather", "arguments": {"city": "Shanghai", "date": "today"}}]
 
 
-def test_builtin_specs_come_from_the_registry():
+def test_builtin_specs_are_the_platforms_own():
     from bench import toolsets
     from tools.registry import default_registry
 
     assert [s.name for s in builtin_specs()] == list(toolsets.BUILTIN_TOOL_NAMES)
-    assert all(s is default_registry().get(s.name) for s in builtin_specs())
+    assert all(s == default_registry().get(s.name) for s in builtin_specs())  # the test session enables all
+
+
+def test_the_cli_runs_with_the_demo_tools_off(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TOOLRAIL_DEMO_TOOLS"} | {"PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "bench.quality", "--decider", "oracle", "--split", "dev", "--toolset",
+                          "builtin", "--limit", "4", "--quiet", "--out", str(tmp_path / "r.json")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "| dev / builtin | 4 | 100.0 % |" in run.stdout
 
 
 def test_eval_tool_sets_are_strict_and_carry_extensions():
@@ -166,7 +179,7 @@ def _transfer(frm, to, amount, currency):
 
 def test_oracle_scores_100_percent_everywhere():
     results = run_cases(OracleDecider(ALL_CASES), ALL_CASES)
-    for label, s in quality.grouped_summary(results).items():
+    for label, s in grouped_summary(results).items():
         assert s["exact"] == 1.0 and s["count_acc"] == 1.0, label
         assert s["valid"] == 1.0 and s["field_acc"] == 1.0, label
         assert s["wrong_call_rate"] == 0.0 and s["missed_call_rate"] == 0.0, label

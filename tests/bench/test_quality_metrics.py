@@ -13,14 +13,15 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # bench/ is a plain directory, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from bench import quality  # noqa: E402
-from bench.quality import (  # noqa: E402
-    Case,
-    admitted_outcomes,
-    canonical_arguments,
+from bench import quality, quality_scoring  # noqa: E402
+from bench.quality import run_cases  # noqa: E402
+from bench.quality_cases import Case  # noqa: E402
+from bench.quality_schema import admitted_outcomes, canonical_arguments, validation_errors  # noqa: E402
+from bench.quality_scoring import (  # noqa: E402
     conversation_text,
+    headline,
     is_composition,
-    run_cases,
+    markdown_table,
     score_row,
     summarize,
 )
@@ -221,7 +222,7 @@ def test_date_times_compare_as_instants_and_a_missing_offset_is_a_different_valu
     ("next friday", False),
 ])
 def test_formats_are_part_of_validity(value, valid):
-    assert (not quality.validation_errors(REMIND, {"at": value})) is valid
+    assert (not validation_errors(REMIND, {"at": value})) is valid
 
 
 def test_nested_defaults_are_filled_through_references():
@@ -287,7 +288,7 @@ class _PlainDecider:
 @pytest.fixture
 def invented_toolset(monkeypatch):
     monkeypatch.setattr(quality, "load_toolset", lambda name: list(SPECS.values()))
-    monkeypatch.setattr(quality, "spec_map", lambda name: dict(SPECS))
+    monkeypatch.setattr(quality_scoring, "spec_map", lambda name: dict(SPECS))
 
 
 def test_needs_review_executes_nothing_and_is_counted(invented_toolset):
@@ -329,7 +330,7 @@ def test_a_decider_without_plan_or_decide_checked_reports_n_a_and_counts_every_r
     assert row.admitted is None and row.status is None and row.wrong_side_effect_calls == 1
     s = summarize([row])
     assert s["admitted_rows"] == 0 and s["admitted_one"] is None
-    assert "n/a" in quality.markdown_table({"x": s}) and "one outcome n/a" in quality.headline(s)
+    assert "n/a" in markdown_table({"x": s}) and "one outcome n/a" in headline(s)
 
 
 def test_the_share_of_rows_admitting_one_outcome(invented_toolset):

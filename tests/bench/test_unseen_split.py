@@ -14,14 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # bench/ is a plain directory, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from bench.quality import (  # noqa: E402
-    DATA_DIR,
-    canonical_arguments,
-    conversation_text,
-    is_composition,
-    load_cases,
-    validation_errors,
-)
+from bench.quality_cases import DATA_DIR, load_cases  # noqa: E402
+from bench.quality_schema import canonical_arguments, validation_errors  # noqa: E402
+from bench.quality_scoring import conversation_text, is_composition  # noqa: E402
 from bench.toolsets import UNSEEN_TOOLSETS, load_toolset, spec_map  # noqa: E402
 
 UNSEEN = load_cases(split="unseen")
