@@ -76,33 +76,35 @@ def aclient(base_url):
     return openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
 
 
-@pytest.fixture(scope="session")
-def mcp_http(request: pytest.FixtureRequest, redis_url: str, worker_env: dict[str, str]) -> dict:
-    """The job API's MCP endpoint over the session's workers, with API keys on: ``{url, headers}`` (its key).
-
-    The workers and this API's runtime are built under the workers' environment, as a deployment's are: the
-    session's ``worker`` consumes the queues of the tools its parent sees when it starts, and the executor's tests
-    that share it later need their test tools' queues."""
+@pytest.fixture(scope="module")
+def mcp_http(db_url: str, worker_env: dict[str, str]) -> dict:
+    """The job API's MCP endpoint over a worker pool of its own (the module's own Redis database: the session's
+    shared worker is never started here, since tests after this directory's need it started their way), with API
+    keys on: ``{url, headers}`` (its key). The pool and this API's runtime are built under the workers' environment,
+    as a deployment's are."""
     from executor.api.app import create_app
     from executor.runtime import Runtime
-    from executor.worker.tasks import QUEUES
+    from executor.stack import deployment_queues
+    from tests.harness.jobs import publishers
+    from tests.harness.serving import worker_pool
     from toolrail.settings import Settings
 
-    with workers_environment(worker_env):
-        request.getfixturevalue("worker")
-        settings = Settings(api_keys="key-conformance:conformance", mcp_refresh_interval_s=0)
-        app = create_app(settings, Runtime.from_settings(settings, redis_url=redis_url, queues=QUEUES),
-                         mount_openai=False)
-    with api_server(app) as base:
-        yield {"url": f"{base}/mcp", "headers": {"Authorization": "Bearer key-conformance"}}
+    enqueue, rerun = publishers(db_url)  # the API process's own Celery app is bound to the session's Redis
+    with workers_environment(worker_env), worker_pool(db_url, queues=deployment_queues(db_url), concurrency=2,
+                                                      env=worker_env, hostname="toolrail-conformance@%h"):
+        settings = Settings(api_keys="key-conformance:conformance")
+        app = create_app(settings, Runtime.from_settings(settings, redis_url=db_url), mount_openai=False,
+                         enqueue=enqueue, rerun=rerun)
+        with api_server(app) as base:
+            yield {"url": f"{base}/mcp", "headers": {"Authorization": "Bearer key-conformance"}, "redis_url": db_url}
 
 
-@pytest.fixture(scope="session")
-def mcp_stdio(redis_url: str, mcp_http: dict) -> dict:
+@pytest.fixture(scope="module")
+def mcp_stdio(mcp_http: dict) -> dict:
     """How a host launches ``toolrail mcp stdio`` (docs/mcp.md: its config names Redis only); it serves the tools the
     workers (started with ``mcp_http``) published."""
     return {"command": sys.executable, "args": ["-m", "toolrail.cli", "mcp", "stdio"], "cwd": str(ROOT),
-            "env": {"REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}}
+            "env": {"REDIS_URL": mcp_http["redis_url"], "PYTHONPATH": str(ROOT)}}
 
 
 @pytest.fixture(scope="session")
