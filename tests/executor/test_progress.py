@@ -168,7 +168,12 @@ def test_the_recorder_gives_up_quietly_when_redis_is_down(runtime) -> None:
 
     from toolrail.redis_embed import free_port
 
-    down = dataclasses.replace(runtime, redis=redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2))
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # no retries: redis-py 7's default (3, backing off up to 10 s) spent 5-10 s of this test on its first failure
+    down = dataclasses.replace(runtime, redis=redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2,
+                                                          retry=Retry(NoBackoff(), 0)))
     record = progress_recorder(down, "job_gone", CallRecord(id="call_y_0", index=0, name="progress_reporter"))
     record({"progress": 1, "total": None, "message": None})  # logged, not raised
     started = time.monotonic()
