@@ -84,26 +84,21 @@ def environment(values: dict[str, str | None]) -> Iterator[None]:
     from toolrail.settings import get_settings
     from tools.registry import default_registry
 
-    def reread() -> None:
-        for cached in (default_registry, get_settings, mcp_settings):
-            cached.cache_clear()
-
-    saved = {k: os.environ.get(k) for k in values}
-    for key, value in values.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    reread()
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
+    def apply(wanted: dict[str, str | None]) -> None:
+        for key, value in wanted.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        reread()
+        for cached in (default_registry, get_settings, mcp_settings):  # read again from the environment as it is now
+            cached.cache_clear()
+
+    saved = {k: os.environ.get(k) for k in values}
+    apply(values)
+    try:
+        yield
+    finally:
+        apply(saved)
 
 
 def mcp_environment(**values: object) -> contextlib.AbstractContextManager[None]:
