@@ -407,7 +407,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                 models=[m["id"] for m in _served_models(settings, created=started_at)], waiter=waiter,
                 create=lambda body, request_id, tenant, job_id, response: _create_job(
                     body, request_id, tenant, None, job_id=job_id, response=response)[0],
-                resolve=lambda job_id, call_id, tenant, decision: _resolve(job_id, call_id, tenant, decision))
+                resolve=lambda job_id, call_id, tenant, decision: _resolve(job_id, call_id, tenant, decision),
+                tool_names=lambda tenant: _resolve_tools(runtime, JobCreate(), settings, tenant=tenant)[0])
         except ImportError as exc:
             log.warning("openai_endpoint.unavailable", error=str(exc))
     app.state.lifespans = []  # an extension's background work, run for as long as the app serves

@@ -41,13 +41,15 @@ __all__ = ["HostedTools", "JobResponses", "add_openai_endpoints", "hosted_view"]
 
 #: Creates a job from a job API body: ``(body, request_id, tenant, job_id, response) -> job``.
 CreateJob = Callable[[JobCreate, str, str, str, dict[str, Any]], JobRecord]
-#: Approves or rejects one waiting call: ``(job_id, call_id, tenant, "approve" | "reject")``.
-Resolve = Callable[[str, str, str, str], Any]
+#: Approves or rejects one waiting call: ``(job_id, call_id, tenant, "approve" | "reject") -> Resolution.public()``.
+Resolve = Callable[[str, str, str, str], dict[str, Any]]
+#: Every tool a tenant's job may call when it names none (the job API's own default): ``tenant -> names``.
+ToolNames = Callable[[str], list[str]]
 
 
 
 def add_openai_endpoints(app: FastAPI, settings: Settings, store: JobStore, *, tenant: Any, models: list[str],
-                         create: CreateJob, resolve: Resolve, waiter: JobWaiter) -> None:
+                         create: CreateJob, resolve: Resolve, tool_names: ToolNames, waiter: JobWaiter) -> None:
     """Both endpoints under ``/v1``, each request charged to ``tenant`` (the API's rate-limited tenant dependency);
     a response with toolrail's own tools runs as a job (:class:`HostedTools` over ``create``, ``resolve``)."""
     limits = ChatLimits(max_tokens=settings.max_tokens_cap, max_schema_bytes=settings.max_schema_bytes,
@@ -55,7 +57,7 @@ def add_openai_endpoints(app: FastAPI, settings: Settings, store: JobStore, *, t
                         context_tokens=None if settings.decider == "triton" else DEFAULT_MAX_SEQ_LEN)
     app.include_router(create_router(limits=limits, models=models, dependencies=[Depends(tenant)]), prefix="/v1")
     app.include_router(responses_router(store=JobResponses(store), tenant_of=tenant, limits=limits, models=models,
-                                        hosted=HostedTools(create, resolve, waiter, store)), prefix="/v1")
+                                        hosted=HostedTools(create, resolve, tool_names, waiter)), prefix="/v1")
 
 class JobResponses:
     """A ``decider.responses_api.ResponseStore`` on the job store."""
@@ -96,8 +98,8 @@ class JobResponses:
 class HostedTools:
     """``decider.responses_api.HostedRuns`` on the job API."""
 
-    def __init__(self, create: CreateJob, resolve: Resolve, waiter: JobWaiter, store: JobStore) -> None:
-        self._create, self._resolve, self._waiter, self._store = create, resolve, waiter, store
+    def __init__(self, create: CreateJob, resolve: Resolve, tool_names: ToolNames, waiter: JobWaiter) -> None:
+        self._create, self._resolve, self._tool_names, self._waiter = create, resolve, tool_names, waiter
 
     async def respond(self, tenant: str, response: dict[str, Any], messages: list[dict[str, Any]],
                       hosted: dict[str, Any], function_tools: list[ToolSpec],
@@ -106,7 +108,7 @@ class HostedTools:
             job_id, step = await self._answer(tenant, approvals)
             job = await self._waiter.job(job_id, tenant=tenant, wait_s=MAX_WAIT_S)
             return hosted_view(job, response, from_step=step)
-        body = _job_body(messages, hosted, function_tools)
+        body = await run_in_threadpool(_job_body, messages, hosted, function_tools, lambda: self._tool_names(tenant))
         job = await run_in_threadpool(self._create, body, request_id, tenant, response["id"], response)
         if job.status not in SETTLED:
             job = await self._waiter.job(job.job_id, tenant=tenant, wait_s=MAX_WAIT_S)
@@ -122,14 +124,15 @@ class HostedTools:
                                           param=f"input[{index}].approval_request_id")
             job_id, call_id = target
             decision = "approve" if answer.get("approve") is True else "reject"
-            await run_in_threadpool(self._resolve, job_id, call_id, tenant, decision)
-            call = next((c for c in (await run_in_threadpool(self._store.get, job_id, tenant=tenant)).calls
-                         if c.id == call_id), None)
-            step = call.step if call is not None else step
+            resolved = await run_in_threadpool(self._resolve, job_id, call_id, tenant, decision)
+            step = resolved["call"]["step"]
         return job_id, step
 
 
-def _job_body(messages: list[dict[str, Any]], hosted: dict[str, Any], function_tools: list[ToolSpec]) -> JobCreate:
+def _job_body(messages: list[dict[str, Any]], hosted: dict[str, Any], function_tools: list[ToolSpec],
+              every_tool: Callable[[], list[str]]) -> JobCreate:
+    """The job a hosted response runs as; ``every_tool()``: the tools a job naming none may call (``always`` without
+    ``allowed_tools`` holds every one of them, not only the side-effecting ones)."""
     allowed = hosted.get("allowed_tools")
     names = allowed.get("tool_names") if isinstance(allowed, dict) else allowed
     if function_tools and not names:
@@ -139,7 +142,7 @@ def _job_body(messages: list[dict[str, Any]], hosted: dict[str, Any], function_t
                                                 "parameters": t.parameters}} for t in function_tools]
     policy = hosted.get("require_approval")
     if policy == "always":
-        approval: Any = list(names) if names else "side_effects"
+        approval: Any = list(names) if names else every_tool()
     elif isinstance(policy, dict) and isinstance(policy.get("always"), dict):
         approval = list(policy["always"].get("tool_names") or []) or None
     else:  # "never" or unset: the tools' own flags and the tenant's policy still hold a call for a person

@@ -100,6 +100,15 @@ def test_a_held_call_is_approved_by_mcp_approval_response_and_runs_once(api: str
     assert [item.type for item in again.output] == ["mcp_call", "message"]
 
 
+@pytest.mark.conformance("responses: require_approval always holds every tool's call, read-only ones too",
+                         "openai-python")
+def test_always_without_allowed_tools_holds_a_read_only_call(api: str) -> None:
+    client = openai.OpenAI(base_url=f"{api}/v1", api_key=KEY, max_retries=0, timeout=120)
+    held = client.responses.create(model="custom", input=_script(WEATHER, {"text": "done"}),
+                                   tools=[{**TOOLRAIL, "require_approval": "always"}])
+    assert [(item.type, item.name) for item in held.output] == [("mcp_approval_request", "get_weather")]
+
+
 @pytest.mark.conformance("responses: a rejected hosted call never runs", "openai-python")
 def test_a_rejected_call_never_runs(api: str, ledger: Ledger) -> None:
     client = openai.OpenAI(base_url=f"{api}/v1", api_key=KEY, max_retries=0, timeout=120)
