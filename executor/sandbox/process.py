@@ -338,7 +338,7 @@ class ProcessSandbox:
                       if name in ("stdout", "stderr")}
             return SandboxResult(result=frame["result"], duration_s=duration, pid=proc.pid,
                                  network=str(frame.get("network", "")), logs=logs, isolation=isolation, output=output)
-        if "exit" in frame and not frame.get("error"):
+        if died:
             raise _death_error(spec, frame.get("exit"), stderr)
         raise _tool_failure(frame.get("error") if isinstance(frame.get("error"), dict) else {})
 
