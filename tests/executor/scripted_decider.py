@@ -29,7 +29,11 @@ class ScriptedDecider:
         if item.get("sleep_s"):
             marker_dir = os.environ.get("TOOLRAIL_TEST_MARKER_DIR")
             if marker_dir:
-                Path(marker_dir, f"deciding-{request.request_id}-{step}").write_text(str(os.getpid()))
+                # written whole, then renamed: a test polling for the marker never reads it empty
+                marker = Path(marker_dir, f"deciding-{request.request_id}-{step}")
+                partial = marker.with_name(marker.name + ".partial")
+                partial.write_text(str(os.getpid()))
+                partial.replace(marker)
             time.sleep(float(item["sleep_s"]))
         if "calls" in item and request.tool_choice == "none":  # the platform offered the answer only
             text = "answer only: " + str(item.get("then", ""))
