@@ -33,6 +33,7 @@ from decider.responses_api import create_router as responses_router
 from executor.api.bodies import JobCreate
 from executor.api.waiting import MAX_WAIT_S, SETTLED, JobWaiter
 from executor.errors import JobNotFoundError
+from executor.runs.policy import conversation
 from executor.store.records import CallRecord, JobRecord, JobStore
 from toolrail.settings import Settings
 from tools.spec import ToolSpec
@@ -56,14 +57,15 @@ def add_openai_endpoints(app: FastAPI, settings: Settings, store: JobStore, *, t
                         max_schema_depth=settings.max_schema_depth,
                         context_tokens=None if settings.decider == "triton" else DEFAULT_MAX_SEQ_LEN)
     app.include_router(create_router(limits=limits, models=models, dependencies=[Depends(tenant)]), prefix="/v1")
-    app.include_router(responses_router(store=JobResponses(store), tenant_of=tenant, limits=limits, models=models,
+    app.include_router(responses_router(store=JobResponses(store, settings.tool_result_max_chars), tenant_of=tenant,
+                                        limits=limits, models=models,
                                         hosted=HostedTools(create, resolve, tool_names, waiter)), prefix="/v1")
 
 class JobResponses:
     """A ``decider.responses_api.ResponseStore`` on the job store."""
 
-    def __init__(self, store: JobStore) -> None:
-        self.store = store
+    def __init__(self, store: JobStore, tool_result_max_chars: int = 4000) -> None:
+        self.store, self.max_chars = store, tool_result_max_chars
 
     def save(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]], *, request_id: str) -> None:
         calls = [CallRecord(id=item["call_id"], index=index, name=item["name"], arguments=_object(item["arguments"]),
@@ -84,14 +86,19 @@ class JobResponses:
     def load(self, tenant: str, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         if not response_id.startswith("resp_") or not all(c.isalnum() or c in "_-" for c in response_id):
             return None
+        job_id, step = _continued(response_id) or (response_id, None)
         try:
-            job = self.store.get(response_id, tenant=tenant)
+            job = self.store.get(job_id, tenant=tenant)
         except JobNotFoundError:
             return None
-        if job.response is None:
+        if job.response is None or (step is not None and not _is_hosted(job.response)):
             return None
-        if _is_hosted(job.response):
-            return hosted_view(job, job.response), [m for m in job.messages if m.get("role") != "system"]
+        if _is_hosted(job.response):  # the run as it now stands; a continuation shows its calls from its step on
+            view = hosted_view(job, job.response) if step is None else \
+                {**hosted_view(job, job.response, from_step=step), "id": response_id}
+            # what a next response goes on from: the run's conversation, its calls and their results, its answer
+            answer = [{"role": "assistant", "content": job.content}] if job.content else []
+            return view, [m for m in conversation(job, max_chars=self.max_chars) if m.get("role") != "system"] + answer
         return job.response, job.messages
 
 
@@ -104,10 +111,10 @@ class HostedTools:
     async def respond(self, tenant: str, response: dict[str, Any], messages: list[dict[str, Any]],
                       hosted: dict[str, Any], function_tools: list[ToolSpec],
                       approvals: list[dict[str, Any]], *, request_id: str) -> dict[str, Any]:
-        if approvals:  # this response continues that run; it is not stored apart from it
+        if approvals:  # this response continues that run: its id names the run and the step (nothing more is stored)
             job_id, step = await self._answer(tenant, approvals)
             job = await self._waiter.job(job_id, tenant=tenant, wait_s=MAX_WAIT_S)
-            return hosted_view(job, response, from_step=step)
+            return {**hosted_view(job, response, from_step=step), "id": _continuation_id(job_id, step)}
         body = await run_in_threadpool(_job_body, messages, hosted, function_tools, lambda: self._tool_names(tenant))
         job = await run_in_threadpool(self._create, body, request_id, tenant, response["id"], response)
         if job.status not in SETTLED:
@@ -168,6 +175,17 @@ def _approval_target(approval_id: str) -> tuple[str, str] | None:
     if approval_id.startswith("mcpr_") and len(head) == 32 and all(c in "0123456789abcdef" for c in head) and call_id:
         return f"resp_{head}", call_id
     return None
+
+
+def _continuation_id(job_id: str, step: int) -> str:
+    """The id of the response that continued hosted run ``job_id`` at ``step`` (an approval answered there)."""
+    return f"{job_id}_s{step}"
+
+
+def _continued(response_id: str) -> tuple[str, int] | None:
+    """``(job_id, step)`` a continuation's id names (:func:`_continuation_id`)."""
+    job_id, separator, step = response_id.rpartition("_s")
+    return (job_id, int(step)) if separator and job_id.startswith("resp_") and step.isdigit() else None
 
 
 def _text(value: Any) -> str:

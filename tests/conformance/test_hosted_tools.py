@@ -98,6 +98,12 @@ def test_a_held_call_is_approved_by_mcp_approval_response_and_runs_once(api: str
     assert len([e for e in ledger.applications() if e["key"].startswith(f"{first.id}:")]) == 1
     again = client.responses.retrieve(first.id)  # the first response read again: the run as it now stands
     assert [item.type for item in again.output] == ["mcp_call", "message"]
+    continued = client.responses.retrieve(second.id)  # the continuation has an id of its own that reads back
+    assert continued.id == second.id and [item.type for item in continued.output] == kinds
+    # and a conversation goes on from it (the Agents SDK's previous_response_id = the last response's id)
+    third = client.responses.create(model="custom", previous_response_id=second.id, tools=tools, input="thanks")
+    assert third.status == "completed" and third.output[-1].type == "message", third.model_dump_json()[:2000]
+    assert len([e for e in ledger.applications() if e["key"].startswith(f"{first.id}:")]) == 1  # never again
 
 
 @pytest.mark.conformance("responses: require_approval always holds every tool's call, read-only ones too",
@@ -151,4 +157,8 @@ async def test_an_agent_approves_a_held_call_through_its_interruptions(api: str,
     state.approve(interruption)
     done = await agents.Runner.run(agent, state, max_turns=3)
     assert "sent:" in done.final_output
+    assert len([e for e in ledger.applications() if e["key"].startswith(f"{job_id}:")]) == 1
+    # the conversation goes on from the approved run's last response, server-side state: the run's calls are in it
+    later = await agents.Runner.run(agent, "thanks", previous_response_id=done.last_response_id, max_turns=2)
+    assert later.final_output and not later.interruptions
     assert len([e for e in ledger.applications() if e["key"].startswith(f"{job_id}:")]) == 1
