@@ -8,7 +8,8 @@
 - :class:`TenantStamp` — the processor that puts a job context's tenant on every span started under it;
   :class:`TraceClaims` — which tenant first used a trace id (a foreign one starts a new trace).
 - :class:`BoundedMemoryExporter` — the last spans in the process's memory (benchmarks).
-- :class:`ChildRecorder` — the sandbox child's span, recorded as data without a tracer provider.
+- :class:`ChildRecorder` — the sandbox child's span, recorded as data without a tracer provider
+  (``toolrail.span_data``, free of OpenTelemetry imports for the fork server; re-exported here).
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import os
-import re
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -30,10 +28,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from toolrail.span_data import SCOPE, ChildRecorder
+
 __all__ = ["BoundedMemoryExporter", "ChildRecorder", "RedisSpanExporter", "TENANT_ATTRIBUTE", "TenantStamp", "TraceClaims",
            "read_trace", "span_from_dict", "span_to_dict", "trace_key"]
 
-SCOPE = "toolrail"
 #: The span attribute (and baggage entry) naming the tenant whose job a span belongs to.
 TENANT_ATTRIBUTE = "toolrail.tenant"
 
@@ -193,61 +192,3 @@ class TenantStamp(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
-
-
-_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
-
-
-class _DataSpan:
-    """One span being recorded as data (``set_attribute`` as on an SDK span)."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        self.data["attributes"][key] = value
-        if key == "error.type":
-            self.data["status"], self.data["status_description"] = "ERROR", str(value)
-
-
-class ChildRecorder:
-    """The sandbox child's spans, recorded as data under the call's W3C context and returned in its frame.
-
-    No tracer provider here, on purpose: a live ``TracerProvider`` registers an at-fork handler that
-    re-detects the process's resource in every forked process, and the monitor forks the call's init
-    and tool processes inside new namespaces, where an untraced call hung on it (a futex wait in the
-    init process, with the fork server holding a warmed provider). One span needs W3C ids, two
-    timestamps and its attributes; the worker turns it into an SDK span (``span_from_dict``).
-    """
-
-    def __init__(self, trace_context: Mapping[str, str] | None) -> None:
-        match = _TRACEPARENT.match(str((trace_context or {}).get("traceparent", "")))
-        self.trace_id, self.parent_id = (match.group(1), match.group(2)) if match else (None, None)
-        self.spans: list[dict[str, Any]] = []
-
-    @contextlib.contextmanager
-    def span(self, name: str, **attributes: Any) -> Iterator[_DataSpan | None]:
-        if self.trace_id is None:
-            yield None
-            return
-        pid = attributes.get("process.pid", os.getpid())
-        data = {"name": name, "trace_id": self.trace_id, "span_id": os.urandom(8).hex(), "parent_span_id": self.parent_id,
-                "kind": "INTERNAL", "start_ns": time.time_ns(), "end_ns": None, "status": "UNSET",
-                "status_description": None, "attributes": {k: v for k, v in attributes.items() if v is not None},
-                "events": [], "links": [], "scope": SCOPE,
-                "resource": {"service.name": "toolrail-sandbox", "service.namespace": "toolrail", "process.pid": pid,
-                             "toolrail.process.kind": "sandbox"}}
-        try:
-            yield _DataSpan(data)
-        finally:
-            data["end_ns"] = time.time_ns()
-            self.spans.append(data)
-
-    @staticmethod
-    def warm() -> None:
-        """Nothing to warm (kept for the fork server's call): recording a span is plain data."""
-
-    def finished(self) -> list[dict[str, Any]]:
-        spans, self.spans = self.spans, []
-        return spans
-

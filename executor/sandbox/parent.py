@@ -37,7 +37,7 @@ from executor.sandbox.answer import (MAX_FRAME_BYTES, MAX_RESULT_BYTES, OutputEr
                                      error_frame)
 from executor.sandbox.linux import (CLONE_NEWPID, children, close_all, host_pid, kill_leftovers, libc, live_pids,
                                     new_pid_namespace)
-from toolrail.trace_sinks import ChildRecorder  # a traced call's span, as plain data: no tracer provider, no thread
+from toolrail.span_data import ChildRecorder  # a traced call's span, as plain data: no tracer provider, no thread
 
 __all__ = ["own_pid_namespace_for_children", "run_call", "start_init", "traced_run_call"]
 
