@@ -126,8 +126,9 @@ class Registry:
         return sorted({spec.queue_name for spec in self._specs.values() if spec.entrypoint})
 
     def modules(self) -> list[str]:
-        """The modules holding the registered tools' functions (what a sandbox imports)."""
-        return sorted({spec.entrypoint.partition(":")[0] for spec in self._specs.values() if spec.entrypoint})
+        """The modules holding the registered tools' functions and those they preload (what a sandbox imports)."""
+        return sorted({module for spec in self._specs.values() if spec.entrypoint
+                       for module in (spec.entrypoint.partition(":")[0], *spec.preload)})
 
 
 class _Checked:

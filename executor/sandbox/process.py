@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -233,14 +234,30 @@ class ProcessSandbox:
             while not self._closed and len(self._pool) < self._warm_target:
                 self._pool.append(spawn_call_parent(self._python, self._env(self._pool_preload)))
 
+    def _preload_of(self, spec: ToolSpec) -> str:
+        """The modules the fork server of ``spec``'s calls imports, comma separated."""
+        return self._preload if self._preload is not None else ",".join(call_modules(spec))
+
+    def _server(self, preload: str) -> ForkServer:
+        """The running fork server of ``preload``: started now if there is none, restarted if it died."""
+        server = self._forkservers.get(preload)
+        if server is None or not server.alive():
+            if server is not None:
+                server.close()
+            server = self._forkservers[preload] = ForkServer(self._python, self._env(preload))
+        return server
+
+    def start_forkservers(self, specs: Iterable[ToolSpec]) -> None:
+        """Start the fork servers of these tools' calls now, each importing its modules in a process of its own, so
+        that the first call of each pays no imports inside its task's time limit (a worker's pool process, at start)."""
+        if self._use_forkserver:
+            for preload in sorted({self._preload_of(spec) for spec in specs if spec.entrypoint}):
+                self._server(preload)
+
     def _fork(self, preload: str, request: bytes) -> CallProcess | None:
         """A call started by the fork server of ``preload`` (started, or restarted if it died); None if it cannot serve."""
         for _ in range(2):
-            server = self._forkservers.get(preload)
-            if server is None or not server.alive():
-                if server is not None:
-                    server.close()
-                server = self._forkservers[preload] = ForkServer(self._python, self._env(preload))
+            server = self._server(preload)
             try:
                 return server.fork(request)
             except (OSError, ConnectionError, ValueError) as exc:
@@ -251,7 +268,7 @@ class ProcessSandbox:
 
     def _take(self, spec: ToolSpec, request: bytes) -> tuple[CallProcess, bytes]:
         """The call's process, and what is still to be written on its stdin (the request, for a spawned one)."""
-        preload = self._preload if self._preload is not None else ",".join(call_modules(spec))
+        preload = self._preload_of(spec)
         if self._use_forkserver:
             forked = self._fork(preload, request)
             if forked is not None:

@@ -102,3 +102,32 @@ def test_one_preload_set_serves_every_call_when_given() -> None:
         assert list(shared._forkservers) == ["tools.builtin,tools.ledger,tests.executor.module_probe"]
     finally:
         shared.close()
+
+
+def test_the_tool_check_imports_what_a_tool_preloads_and_names_a_failure() -> None:
+    from executor.sandbox.toolcheck import sandbox_import_check
+    from tools.registry import Registry
+
+    assert Registry([TRANSFER]).modules() == ["tools.builtin", "tools.ledger"]
+    assert sandbox_import_check(Registry([WEATHER, TRANSFER])) == []
+    broken = TRANSFER.model_copy(update={"name": "broken_transfer", "preload": ("tests.executor.no_such_module",)})
+    (finding,) = sandbox_import_check(Registry([WEATHER, broken]))
+    assert finding.tool == "broken_transfer" and finding.fatal
+    assert "sandbox import of tests.executor.no_such_module" in finding.kind
+    assert "ModuleNotFoundError" in finding.reason
+
+
+def test_a_pool_process_prewarm_starts_the_fork_servers_of_its_tools_only() -> None:
+    from executor.runtime import Runtime
+    from toolrail.settings import get_settings
+
+    runtime = Runtime.from_settings(get_settings(), redis_url=os.environ["REDIS_URL"])
+    try:
+        runtime.prewarm_sandbox(["get_weather", "stress", "not_a_tool"])  # a worker of those two tools' queues
+        servers = runtime.sandbox._forkservers
+        assert list(servers) == ["tools.builtin"] and servers["tools.builtin"].alive()
+        assert run(runtime.sandbox, WEATHER, {"city": "Beijing", "date": "today"}).result  # served by the started one
+        assert list(servers) == ["tools.builtin"]
+    finally:
+        runtime.sandbox.close()
+        runtime.redis.close()
