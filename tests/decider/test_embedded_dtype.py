@@ -102,6 +102,7 @@ WEATHER_CALLS = {
 }
 
 
+@pytest.mark.slow  # the real model loaded twice, six unassisted decodes: ~25 s (make test-slow)
 @pytest.mark.model
 def test_hybrid_decodes_the_same_greedy_tokens_as_float32_on_a_constrained_decision():
     """bf16 decode weights round the logits; on these decisions the greedy choice never flips.

@@ -51,6 +51,7 @@ def dry_run(tmp_path_factory):
     return out, result
 
 
+@pytest.mark.slow  # the whole script, both flavours built and published: ~25 s (make test-slow)
 def test_dry_run_goes_through_both_flavours_to_tritonserver(dry_run):
     out, result = dry_run
     summary = json.loads((out / "summary.json").read_text())
@@ -64,6 +65,7 @@ def test_dry_run_goes_through_both_flavours_to_tritonserver(dry_run):
     assert {step["detail"] for step in summary["steps"] if step["step"].startswith(("ready-", "probe-"))} == {"dry run: not run"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flavour", "entry"), [("pytorch", "llmapi"), ("engine", "tensorrt_llm_bls")])
 def test_the_entrypoint_serves_what_publish_uploaded(dry_run, flavour, entry):
     out, _ = dry_run
