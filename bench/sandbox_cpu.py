@@ -47,10 +47,7 @@ for i in range(5):
 calls, out = int(sys.argv[2]), sys.argv[3]
 perf = None
 if out:
-    # the fork server that served get_weather (a tree of one server per worker: ``_forkserver``), and its child,
-    # where the server made itself PID 1 of a namespace of its own
-    servers = getattr(box, "_forkservers", None)
-    server = (next(iter(servers.values())) if servers else box._forkserver).proc.pid
+    server = box._forkserver.proc.pid  # and its child, where the server made itself PID 1 of a namespace of its own
     pids = [os.getpid(), server, *open(f"/proc/{server}/task/{server}/children").read().split()]
     perf = subprocess.Popen(["perf", "record", "-q", "-F", "%d", "-g", "-p", ",".join(map(str, pids)),
                              "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

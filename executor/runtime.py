@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -120,13 +120,6 @@ class Runtime:
         if self._sandbox is None:
             self._sandbox = self.sandbox_factory()
         return self._sandbox
-
-    def prewarm_sandbox(self, tools: Iterable[str]) -> None:
-        """Build this process's sandbox now and, for a process sandbox, start the fork servers of ``tools`` (those of
-        them the registry has): their imports then happen before the first call, not inside its task's time limit."""
-        sandbox = self.sandbox
-        if isinstance(sandbox, ProcessSandbox):
-            sandbox.start_forkservers(self.registry.specs([name for name in tools if name in self.registry]))
 
     def tenant_specs(self, tenant: str, names: list[str] | None = None) -> dict[str, ToolSpec]:
         """The tenant's tools from every source beyond the registry (all, or those of ``names`` they provide)."""

@@ -33,10 +33,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "TOOLRAIL_URL": "`toolrail run`: the API to submit to (default: start a local stack).",
     "TOOLRAIL_API_KEY": "`toolrail run`: the API key sent as `Authorization: Bearer`.",
     "TOOLRAIL_TOOL_MODULES": "Comma-separated Python modules whose `register(registry)` adds tools (see docs/tools.md).",
-    "TOOLRAIL_SANDBOX_PRELOAD": "Set by the sandbox for each fork server (and spawned call parent): the modules it imports before "
-                                "its first call, a tool's entrypoint module and its spec's `preload` (internal).",
-    "TOOLRAIL_SANDBOX_PREWARM": "Set by a tool worker's main process to the tools of its queues: its pool processes start their "
-                                "sandbox and those tools' fork servers at once (internal).",
+    "TOOLRAIL_SANDBOX_PRELOAD": "Modules the sandbox's warm tool process imports before the first call (internal).",
+    "TOOLRAIL_SANDBOX_PREWARM": "Set by a tool worker's main process: its pool processes start their sandbox at once (internal).",
     "TOOLRAIL_DECIDER_PREWARM": "Set by a deciding worker's main process: its pool processes load the decider and compile the "
                                 "base grammars at start (internal).",
     "TOOLRAIL_LAUNCH_ENV": "Set by the sandbox's launcher for its relay: the variables a launched server declares (internal).",

@@ -2,10 +2,6 @@
 
 Each tool is a parameter model plus a function taking that model. The functions run
 inside the sandbox child process, never in the Celery worker.
-
-The ledger tools import ``tools.ledger`` (redis-py, ~16 MB of a process's memory) inside their
-functions, and their specs name it in ``preload``: their fork server imports it before any call,
-and the fork server of ``get_weather`` and ``stress`` never holds it.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tools.context import current_call
+from tools.ledger import ledger_from_env, to_cents
 
 __all__ = [
     "BalanceArgs",
@@ -113,8 +110,6 @@ def get_weather(args: WeatherArgs) -> dict[str, Any]:
 
 def query_balance(args: BalanceArgs) -> dict[str, Any]:
     """Balances of an account per currency, from the ledger."""
-    from tools.ledger import ledger_from_env  # lazy: redis-py stays out of every other tool's fork server (preload)
-
     balances = ledger_from_env().balance(args.account)
     if not balances:
         return {"account": args.account, "found": False, "balances": {}}
@@ -124,8 +119,6 @@ def query_balance(args: BalanceArgs) -> dict[str, Any]:
 
 def transfer(args: TransferArgs) -> dict[str, Any]:
     """Move money between ledger accounts, applied once per idempotency key."""
-    from tools.ledger import ledger_from_env, to_cents  # lazy: as in query_balance
-
     call = current_call()
     return ledger_from_env().transfer(from_account=args.from_account, to=args.to, cents=to_cents(args.amount),
                                       currency=args.currency, idempotency_key=call.idempotency_key)

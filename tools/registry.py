@@ -126,9 +126,8 @@ class Registry:
         return sorted({spec.queue_name for spec in self._specs.values() if spec.entrypoint})
 
     def modules(self) -> list[str]:
-        """The modules holding the registered tools' functions and those they preload (what a sandbox imports)."""
-        return sorted({module for spec in self._specs.values() if spec.entrypoint
-                       for module in (spec.entrypoint.partition(":")[0], *spec.preload)})
+        """The modules holding the registered tools' functions (what a sandbox imports)."""
+        return sorted({spec.entrypoint.partition(":")[0] for spec in self._specs.values() if spec.entrypoint})
 
 
 class _Checked:
@@ -232,17 +231,13 @@ def demo_tools_from_settings(value: str | None = None) -> tuple[str, ...]:
     return tuple(name for name in DEMO_TOOLS if name in names)
 
 
-#: What the ledger tools import inside their functions (``tools.builtin``): their fork server preloads it.
-_LEDGER_MODULES = ("tools.ledger",)
-
-
 def _all_builtin_specs() -> list[ToolSpec]:
     return [
         ToolSpec.from_model("get_weather", WeatherArgs, entrypoint="tools.builtin:get_weather", timeout_s=5, memory_mb=512),
         ToolSpec.from_model("query_balance", BalanceArgs, entrypoint="tools.builtin:query_balance", timeout_s=5,
-                            memory_mb=512, networked=True, preload=_LEDGER_MODULES),
+                            memory_mb=512, networked=True),
         ToolSpec.from_model("transfer", TransferArgs, entrypoint="tools.builtin:transfer", side_effects=True, timeout_s=10,
-                            memory_mb=512, networked=True, preload=_LEDGER_MODULES),
+                            memory_mb=512, networked=True),
         ToolSpec.from_model("stress", StressArgs, entrypoint="tools.builtin:stress", timeout_s=3, memory_mb=384, cpu_s=2),
     ]
 

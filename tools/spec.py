@@ -28,7 +28,6 @@ from tools.schema_walk import PARTIAL, children, declared_types, subschemas
 __all__ = ["ToolSpec", "strict_schema"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def strict_schema(schema: dict[str, Any], *, allow_extra: bool = False) -> dict[str, Any]:
@@ -84,11 +83,6 @@ class ToolSpec(BaseModel):
     error_traceback: bool = False
     #: ``module:function`` executed in the sandbox; None for inline specs the client executes.
     entrypoint: str | None = None
-    #: Modules the tool imports inside its function (lazily), which the sandbox's fork server for this tool imports
-    #: before any call, beside the entrypoint's module: each fork server holds only its own tools' modules, so a
-    #: call copies no more than it needs, and no call imports them after confinement (``tools.builtin.transfer``
-    #: and ``tools.ledger``, which brings redis-py).
-    preload: tuple[str, ...] = ()
     model: type[BaseModel] | None = Field(default=None, exclude=True)
 
     @field_validator("name")
@@ -96,14 +90,6 @@ class ToolSpec(BaseModel):
     def _valid_name(cls, value: str) -> str:
         if not _NAME.match(value):
             raise ValueError(f"invalid tool name {value!r}: letters, digits, _ . - only, at most 64")
-        return value
-
-    @field_validator("preload")
-    @classmethod
-    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [name for name in value if not _MODULE.match(name)]
-        if bad:
-            raise ValueError(f"preload names no module: {', '.join(map(repr, bad))} (dotted module names only)")
         return value
 
     @model_validator(mode="after")

@@ -1,7 +1,7 @@
 """The worker's handle on a call's process, and ending it.
 
-By default a fork server of the worker's (``ForkServer``: ``python -m executor.sandbox.serve --forkserver FD``; one
-per set of tool modules) is the parent of every call; without it each call spawns a call parent of its own (``spawn_call_parent``). Either way
+By default the worker's fork server (``ForkServer``: ``python -m executor.sandbox.serve --forkserver FD``) is the
+parent of every call; without it each call spawns a call parent of its own (``spawn_call_parent``). Either way
 the sandbox holds a ``CallProcess``: ``Popen``'s surface and the parent's ends of the call's pipes.
 """
 
@@ -54,10 +54,6 @@ class ForkedCall:
     def kill(self) -> None:
         if self.returncode is None:
             self._server.ask_kill()
-
-    def server_alive(self) -> bool:
-        """Whether the fork server that serves this call still runs (a call that died with it is the sandbox's end)."""
-        return self._server.alive()
 
     def abandon(self) -> None:
         """The server never reported this call's end: close it (and what it runs); the next call starts another."""

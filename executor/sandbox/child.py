@@ -421,8 +421,7 @@ def check_entrypoints(entrypoints: list[str]) -> dict[str, Any]:
     """A "tool" that checks, confined like any tool, that every tool function can be loaded and read.
 
     Runs in a tool process after confinement: each module was imported by the sandbox
-    before (as for a real call); its reason is kept if that failed. Every module that failed
-    there (a tool's ``preload`` too) is in ``preload_errors``. Its source must still
+    before (as for a real call); its reason is kept if that failed. Its source must still
     be readable under Landlock, since a tool's lazy imports happen after confinement.
     """
     report: dict[str, str | None] = {}
@@ -442,7 +441,7 @@ def check_entrypoints(entrypoints: list[str]) -> dict[str, Any]:
             report[entrypoint] = None
         except Exception as exc:  # noqa: BLE001 - every failure is reported by name
             report[entrypoint] = f"{type(exc).__name__}: {exc}"
-    return {"entrypoints": report, "preload_errors": dict(preload_errors), "sys_path": [p for p in sys.path if p][:50]}
+    return {"entrypoints": report, "sys_path": [p for p in sys.path if p][:50]}
 
 
 _reachable_done = False

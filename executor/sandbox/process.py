@@ -23,12 +23,9 @@ typed ``ToolOutputError``.
 
 Starting Python and importing the tool modules costs far more than the tool itself, so
 by default a fork server imports them once and is the parent of every call: one fork of it
-per call (the tool process) and a ``posix_spawn`` (the call's init). The kernel copies the
-server's whole image at every fork, so there is one fork server per set of modules a tool
-needs (``call_modules``: its entrypoint's module and its spec's ``preload``), started at that
-set's first call: a ``get_weather`` call is forked from a server that never imported redis-py
-for the ledger tools. ``warm`` pre-started children are the fallback; ``bench/sandbox.py``
-measures the start, ``bench/sandbox_cpu.py`` the CPU per call by process.
+per call (the tool process) and a ``posix_spawn`` (the call's init). ``warm`` pre-started
+children are the fallback; ``bench/sandbox.py`` measures the start, ``bench/sandbox_cpu.py``
+the CPU per call by process.
 """
 
 from __future__ import annotations
@@ -44,7 +41,6 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +48,7 @@ from executor.errors import (SandboxError, ToolCpuLimitError, ToolCrashedError, 
                              ToolRaisedError, ToolTimeoutError)
 from executor.sandbox.answer import MAX_FRAME_BYTES, MAX_RESULT_DEPTH, OutputError, decode_object
 from executor.sandbox.boundary import CallRun, SandboxResult
-from executor.sandbox.call_process import (CallProcess, ForkedCall, ForkServer, end_call, kill_group, kill_uid,
-                                           spawn_call_parent)
+from executor.sandbox.call_process import CallProcess, ForkServer, end_call, kill_group, kill_uid, spawn_call_parent
 from executor.sandbox.pipes import Captured, collect, log_output
 from executor.sandbox.progress import ProgressReader
 from tools.registry import default_registry
@@ -63,7 +58,7 @@ from toolrail.settings import get_settings
 from toolrail.tracing import adopt_spans
 
 __all__ = ["ProcessSandbox", "SandboxDeniedError", "ScratchRootError", "ToolLeftProcessError", "ToolProcessLimitError",
-           "call_modules", "default_scratch_root", "module_search_path", "prepare_scratch_root"]
+           "default_scratch_root", "module_search_path", "prepare_scratch_root"]
 
 log = get_logger("toolrail.sandbox")
 
@@ -150,21 +145,10 @@ def module_search_path(*, exclude: Path | None = None) -> list[str]:
     return out
 
 
-def call_modules(spec: ToolSpec) -> tuple[str, ...]:
-    """What the fork server of ``spec``'s calls imports: its entrypoint's module and its ``preload``, sorted.
-
-    Tools with the same set share one server (``get_weather`` and ``stress``: ``tools.builtin``).
-    """
-    return tuple(sorted({(spec.entrypoint or "").partition(":")[0], *getattr(spec, "preload", ())} - {""}))
-
-
 def registry_modules() -> str:
-    """What every registered tool's calls import, comma separated: a spawned call parent (it serves any tool) preloads
-    them all."""
+    """The modules of every registered tool's entrypoint, comma separated (the fork server preloads them)."""
     modules = {"tools.builtin"}
-    for spec in default_registry().specs():
-        if spec.entrypoint:
-            modules.update(call_modules(spec))
+    modules.update(spec.entrypoint.partition(":")[0] for spec in default_registry().specs() if spec.entrypoint)
     return ",".join(sorted(modules))
 
 
@@ -172,12 +156,7 @@ def registry_modules() -> str:
 
 
 class ProcessSandbox:
-    """Fork-per-call sandbox (a fork server per set of tool modules), or spawn-per-call with an optional pool of
-    pre-started children.
-
-    ``preload`` (comma-separated modules) makes every call use one fork server that imports exactly those; without
-    it each tool's calls go to the server of its own modules (``call_modules``), started at their first call.
-    """
+    """Fork-per-call sandbox (a fork server), or spawn-per-call with an optional pool of pre-started children."""
 
     def __init__(self, *, warm: int = 1, scratch_root: Path | None = None, python: str = sys.executable,
                  preload: str | None = None, own_uid: bool | None = None, confine: bool = True,
@@ -191,8 +170,7 @@ class ProcessSandbox:
         #: server being every call's parent; what the server does where it cannot own a PID namespace.
         self._parent_per_call = parent_per_call
         self._use_forkserver = forkserver
-        #: The fork servers by the modules they preload (comma separated), each started at its first call.
-        self._forkservers: dict[str, ForkServer] = {}
+        self._forkserver: ForkServer | None = None
         self._scratch_root = prepare_scratch_root(scratch_root or default_scratch_root())
         #: A uid of its own per call: only possible (and only needed) as root.
         self._own_uid = os.geteuid() == 0 if own_uid is None else own_uid and os.geteuid() == 0
@@ -203,15 +181,13 @@ class ProcessSandbox:
         self._confine = confine
         self._max_processes = max_processes
         self._python = python
-        #: One preload set for every call; None: each tool's own (``call_modules``).
-        self._preload = preload
-        #: What a pre-started call parent imports: it may serve any tool.
-        self._pool_preload = preload if preload is not None else registry_modules()
+        self._preload = preload if preload is not None else registry_modules()
         self._pool: deque[CallProcess] = deque()
         self._lock = threading.Lock()
         self._closed = False
         if forkserver:
-            self._warm_target = 0  # the fork servers replace the pool of pre-started interpreters
+            self._warm_target = 0  # the fork server replaces the pool of pre-started interpreters
+            self._forkserver = ForkServer(self._python, self._env())
         self._refill()
 
     @property
@@ -220,11 +196,11 @@ class ProcessSandbox:
 
     # -- pool ---------------------------------------------------------------
 
-    def _env(self, preload: str) -> dict[str, str]:
+    def _env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
         env.update({"PYTHONPATH": os.pathsep.join(module_search_path(exclude=self._scratch_root)),
                     "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HOME": str(self._scratch_root),
-                    "TOOLRAIL_SANDBOX_PRELOAD": preload, "TOOLRAIL_SANDBOX_OWN_UID": "1" if self._own_uid else "0",
+                    "TOOLRAIL_SANDBOX_PRELOAD": self._preload, "TOOLRAIL_SANDBOX_OWN_UID": "1" if self._own_uid else "0",
                     "TOOLRAIL_SANDBOX_SCRATCH_ROOT": str(self._scratch_root),
                     "TOOLRAIL_SANDBOX_PARENT_PER_CALL": "1" if self._parent_per_call else "0"})
         return env
@@ -232,45 +208,27 @@ class ProcessSandbox:
     def _refill(self) -> None:
         with self._lock:
             while not self._closed and len(self._pool) < self._warm_target:
-                self._pool.append(spawn_call_parent(self._python, self._env(self._pool_preload)))
+                self._pool.append(spawn_call_parent(self._python, self._env()))
 
-    def _preload_of(self, spec: ToolSpec) -> str:
-        """The modules the fork server of ``spec``'s calls imports, comma separated."""
-        return self._preload if self._preload is not None else ",".join(call_modules(spec))
-
-    def _server(self, preload: str) -> ForkServer:
-        """The running fork server of ``preload``: started now if there is none, restarted if it died."""
-        server = self._forkservers.get(preload)
-        if server is None or not server.alive():
-            if server is not None:
-                server.close()
-            server = self._forkservers[preload] = ForkServer(self._python, self._env(preload))
-        return server
-
-    def start_forkservers(self, specs: Iterable[ToolSpec]) -> None:
-        """Start the fork servers of these tools' calls now, each importing its modules in a process of its own, so
-        that the first call of each pays no imports inside its task's time limit (a worker's pool process, at start)."""
-        if self._use_forkserver:
-            for preload in sorted({self._preload_of(spec) for spec in specs if spec.entrypoint}):
-                self._server(preload)
-
-    def _fork(self, preload: str, request: bytes) -> CallProcess | None:
-        """A call started by the fork server of ``preload`` (started, or restarted if it died); None if it cannot serve."""
+    def _fork(self, request: bytes) -> CallProcess | None:
+        """A call started by the fork server (restarted if it died); None if it cannot serve."""
         for _ in range(2):
-            server = self._server(preload)
+            if self._forkserver is None or not self._forkserver.alive():
+                if self._forkserver is not None:
+                    self._forkserver.close()
+                self._forkserver = ForkServer(self._python, self._env())
             try:
-                return server.fork(request)
+                return self._forkserver.fork(request)
             except (OSError, ConnectionError, ValueError) as exc:
                 _warn_once("forkserver", "the sandbox fork server failed; restarting it", error=str(exc))
-                self._forkservers.pop(preload, None)
-                server.close()
+                self._forkserver.close()
+                self._forkserver = None
         return None
 
-    def _take(self, spec: ToolSpec, request: bytes) -> tuple[CallProcess, bytes]:
+    def _take(self, request: bytes) -> tuple[CallProcess, bytes]:
         """The call's process, and what is still to be written on its stdin (the request, for a spawned one)."""
-        preload = self._preload_of(spec)
         if self._use_forkserver:
-            forked = self._fork(preload, request)
+            forked = self._fork(request)
             if forked is not None:
                 return forked, b""
         with self._lock:
@@ -282,17 +240,17 @@ class ProcessSandbox:
             else:
                 warm = None
         if warm is None:
-            warm = spawn_call_parent(self._python, self._env(preload))
+            warm = spawn_call_parent(self._python, self._env())
         # Refill on this thread: children die with the thread that started them
         # (PR_SET_PDEATHSIG), and a spawn is only fork+exec; the imports run in the child.
         self._refill()
         return warm, request
 
     def close(self) -> None:
-        """Kill the warm children and the fork servers."""
-        servers, self._forkservers = list(self._forkservers.values()), {}
-        for server in servers:
-            server.close()
+        """Kill the warm children and the fork server."""
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None
         with self._lock:
             self._closed = True
             pool, self._pool = list(self._pool), deque()
@@ -328,7 +286,7 @@ class ProcessSandbox:
                 "traceback": bool(getattr(spec, "error_traceback", False) or self._error_tracebacks),
                 "trace_context": call.trace_context,
             }
-            warm, pending = self._take(spec, json.dumps(request, ensure_ascii=False).encode() + b"\n")
+            warm, pending = self._take(json.dumps(request, ensure_ascii=False).encode() + b"\n")
             proc = warm.proc
             try:
                 streams = collect(warm.fds, pending, timeout=spec.timeout_s, cancelled=call.cancelled,
@@ -366,7 +324,7 @@ class ProcessSandbox:
                 duration: float) -> SandboxResult:
         stderr = bytes(streams["stderr"].data) if "stderr" in streams else b""
         died = frame is None or (isinstance(frame, dict) and "exit" in frame and not frame.get("error"))
-        if died and isinstance(proc, ForkedCall) and not proc.server_alive():
+        if died and self._forkserver is not None and not self._forkserver.alive():
             # the call's process died with the fork server above it: the sandbox's end, not the tool's
             raise SandboxError(f"the sandbox's fork server died while {spec.name} ran; the call did not finish",
                                cause="forkserver_died")

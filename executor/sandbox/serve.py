@@ -50,10 +50,6 @@ class _Lines:
 def serve_forks(sock_fd: int) -> int:
     """Fork server ("zygote"): import once, then serve one call at a time for one worker process.
 
-    It imports only the modules of ``TOOLRAIL_SANDBOX_PRELOAD`` (the tools it serves: a worker keeps one
-    server per set, ``executor.sandbox.process.call_modules``) and this sandbox's own, which import no
-    OpenTelemetry, pydantic or redis: every call's fork copies this process's page tables and touches its pages.
-
     Protocol on the Unix socket shared with the worker process: ``call <n>`` with four fds (the
     call's stdout, stderr, result and progress pipes), then the ``n``-byte JSON request; we answer
     ``pid <pid> <how>`` once the tool process exists (``how``: ``ask`` — send ``kill`` to end the

@@ -5,8 +5,8 @@ Three checks, each naming the module, the tool and the reason:
 1. the registry's own refusals while loading (a module or entry point that fails to
    import, a duplicate name, a tool function whose signature cannot take its arguments);
 2. the sandbox import: one real sandbox child, confined like any call, imports every
-   tool module (and every module a tool's spec preloads) with the worker's module search
-   path and reads each tool's source under Landlock — what a call does, before any call is accepted;
+   tool module with the worker's module search path and reads each tool's source under
+   Landlock — what a call does, before any call is accepted;
 3. a schema self-test: each tool's parameter schema is valid JSON Schema and is
    accepted by the decider's schema preparation.
 
@@ -81,14 +81,11 @@ def sandbox_import_check(registry: Registry, *, sandbox_factory: Callable[..., A
     finally:
         box.close()
     report = result.result.get("entrypoints", {})
-    failed = result.result.get("preload_errors", {})
     findings = []
     for spec in specs:
-        module = spec.entrypoint.partition(":")[0]
         reason = report.get(spec.entrypoint, "not checked")
-        if not reason:  # its function loads: what its fork server preloads beside it must import there too
-            module, reason = next(((m, failed[m]) for m in spec.preload if m in failed), (module, None))
         if reason:
+            module = spec.entrypoint.partition(":")[0]
             source = registry.source(spec.name)
             kind = "sandbox import" if source == f"module {module}" else f"sandbox import of {module}"
             findings.append(Refusal(source, reason, spec.name, kind, fatal=True))

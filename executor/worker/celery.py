@@ -93,8 +93,8 @@ def _configure_child_logging(**_: object) -> None:
     instrument_celery("worker")  # tracing after the prefork fork: the batch processor's thread lives here
 
 
-#: Set by the main process of a worker that runs tools, to the tools of its queues (comma separated): each pool
-#: process starts its sandbox and those tools' fork servers at once (``executor.worker.tasks`` warms it).
+#: Set by the main process of a worker that runs tools: each pool process starts its sandbox at once
+#: (``executor.worker.tasks`` warms it).
 PREWARM_ENV = "TOOLRAIL_SANDBOX_PREWARM"
 #: Set by the main process of a worker that decides: each pool process loads its decider at once.
 WARM_DECIDER_ENV = "TOOLRAIL_DECIDER_PREWARM"
@@ -140,11 +140,9 @@ def _check_tools(sender: object = None, **_: object) -> None:
               file=sys.stderr, flush=True)
         raise SystemExit(TOOL_CHECK_EXIT)
     log.info("tools.checked", tools=len(report.checked), refused=sorted(report.failed_tools()))
-    registry = default_registry()
-    served = [name for name in registry.names() if name not in report.failed_tools()]
-    _publish_tools(str(getattr(sender, "hostname", "") or ""), served)
-    # pool processes are forked after this: they inherit it, and start the fork servers of this worker's queues' tools
-    os.environ[PREWARM_ENV] = ",".join(name for name in served if names is None or registry.get(name).queue_name in names)
+    _publish_tools(str(getattr(sender, "hostname", "") or ""), [name for name in default_registry().names()
+                                                                 if name not in report.failed_tools()])
+    os.environ[PREWARM_ENV] = "1"  # pool processes are forked after this: they inherit it
 
 
 def _publish_tools(worker: str, tools: list[str]) -> None:

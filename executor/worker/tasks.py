@@ -178,14 +178,13 @@ def _warm_decider() -> None:
         log.warning("decider.warm_unrecorded", error=type(exc).__name__)
 
 
-def _prewarm_sandbox(tools: list[str]) -> None:
-    """Start this pool process's sandbox, and the fork servers of ``tools`` (each imports its tools' modules), before
-    the first task.
+def _prewarm_sandbox() -> None:
+    """Start this pool process's sandbox (its fork server imports the tool modules) before the first task.
 
-    Otherwise the first call of each set of tool modules pays those imports inside its task's time limit.
+    Otherwise the first call of each pool process pays those imports inside its task's time limit.
     """
     try:
-        runtime().prewarm_sandbox(tools)
+        runtime().sandbox  # noqa: B018 - built on first access
     except Exception as exc:  # noqa: BLE001 - the first call builds it again and reports a typed error
         log.warning("sandbox.prewarm_failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -193,8 +192,8 @@ def _prewarm_sandbox(tools: list[str]) -> None:
 @worker_process_init.connect
 def _warm(**_: object) -> None:
     """A pool process's sandbox and decider, started before its first task when its worker said so (``worker_init``)."""
-    if PREWARM_ENV in os.environ:
-        _prewarm_sandbox([name for name in os.environ[PREWARM_ENV].split(",") if name])
+    if os.environ.get(PREWARM_ENV) == "1":
+        _prewarm_sandbox()
     if os.environ.get(WARM_DECIDER_ENV) == "1":  # a thread: Celery gives a pool process 4 s to say it is up
         threading.Thread(target=_warm_decider, name="toolrail-decider-warmup", daemon=True).start()
 

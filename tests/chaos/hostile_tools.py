@@ -256,11 +256,11 @@ ESCAPE_SPEC = ToolSpec.from_model("escape", EscapeArgs, entrypoint="tests.chaos.
                                   memory_mb=256, cpu_s=2)
 CHAOS_TRANSFER_SPEC = ToolSpec.from_model("chaos_transfer", ChaosTransferArgs,
                                           entrypoint="tests.chaos.hostile_tools:chaos_transfer", side_effects=True,
-                                          networked=True, timeout_s=3, memory_mb=512, preload=("tools.ledger",))
+                                          networked=True, timeout_s=3, memory_mb=512)
 
 
 LINGER_SPEC = ToolSpec.from_model("linger", LingerArgs, entrypoint="tests.chaos.hostile_tools:linger", networked=True,
-                                  timeout_s=6.5, memory_mb=512, preload=("redis",))
+                                  timeout_s=6.5, memory_mb=512)
 
 
 def register(registry) -> None:  # noqa: ANN001 - the registry plug-in hook

@@ -115,5 +115,4 @@ def register(registry) -> None:  # noqa: ANN001 - the registry plug-in hook
     registry.add(ToolSpec.from_model("inspect_sandbox", InspectArgs, entrypoint="tests.executor.tools_for_tests:inspect_sandbox",
                                      timeout_s=5, memory_mb=512))
     registry.add(ToolSpec.from_model("slow_transfer", SlowTransferArgs, entrypoint="tests.executor.tools_for_tests:slow_transfer",
-                                     side_effects=True, networked=True, timeout_s=8, memory_mb=512,
-                                     preload=("tools.ledger",)))  # imported in the function: its fork server preloads it
+                                     side_effects=True, networked=True, timeout_s=8, memory_mb=512))
