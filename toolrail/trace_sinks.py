@@ -8,8 +8,6 @@
 - :class:`TenantStamp` — the processor that puts a job context's tenant on every span started under it;
   :class:`TraceClaims` — which tenant first used a trace id (a foreign one starts a new trace).
 - :class:`BoundedMemoryExporter` — the last spans in the process's memory (benchmarks).
-- :class:`ChildRecorder` — the sandbox child's span, recorded as data without a tracer provider
-  (``toolrail.span_data``, free of OpenTelemetry imports for the fork server; re-exported here).
 """
 
 from __future__ import annotations
@@ -28,9 +26,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from toolrail.span_data import SCOPE, ChildRecorder
+from toolrail.span_data import SCOPE
 
-__all__ = ["BoundedMemoryExporter", "ChildRecorder", "RedisSpanExporter", "TENANT_ATTRIBUTE", "TenantStamp", "TraceClaims",
+__all__ = ["BoundedMemoryExporter", "RedisSpanExporter", "TENANT_ATTRIBUTE", "TenantStamp", "TraceClaims",
            "read_trace", "span_from_dict", "span_to_dict", "trace_key"]
 
 #: The span attribute (and baggage entry) naming the tenant whose job a span belongs to.

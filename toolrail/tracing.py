@@ -11,8 +11,8 @@ brings none), but nothing leaves the process unless a sink is configured:
 - ``TOOLRAIL_TRACE_STORE=memory``: the last spans in each process's memory (benchmarks);
 - ``memory=True`` (tests, benchmarks): the SDK's in-memory exporter.
 
-The sandbox child has no network: it records its span as data (:class:`ChildRecorder`, no tracer
-provider there) and returns it in its result frame; the worker hands it to its own sinks
+The sandbox child has no network: it records its span as data (``toolrail.span_data.ChildRecorder``, no
+tracer provider there) and returns it in its result frame; the worker hands it to its own sinks
 (:func:`adopt_spans`).
 
 Spans (GenAI semantic conventions where they exist):
@@ -58,7 +58,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from toolrail.trace_sinks import (TENANT_ATTRIBUTE, BoundedMemoryExporter, ChildRecorder, RedisSpanExporter, TenantStamp,
+from toolrail.span_data import SCOPE
+from toolrail.trace_sinks import (TENANT_ATTRIBUTE, BoundedMemoryExporter, RedisSpanExporter, TenantStamp,
                                   span_from_dict)
 from toolrail.redis_embed import redis_url
 from toolrail.settings import get_settings
@@ -68,7 +69,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONTENT_ENV",
-    "ChildRecorder",
     "MAX_CHILD_SPANS",
     "PARENT_KEY",
     "REQUEST_ID_BAGGAGE",
@@ -103,8 +103,6 @@ __all__ = [
     "use_context",
 ]
 
-#: Instrumentation scope of toolrail's own spans.
-SCOPE = "toolrail"
 #: Environment switch of content capture (messages, tool arguments and results): off unless "1".
 CONTENT_ENV = "TOOLRAIL_TRACE_CONTENT"
 #: ``trace_context`` key holding the span id of the job span's parent (the POST's server span).
