@@ -64,7 +64,7 @@ def add_openai_endpoints(app: FastAPI, settings: Settings, store: JobStore, *, t
 class JobResponses:
     """A ``decider.responses_api.ResponseStore`` on the job store."""
 
-    def __init__(self, store: JobStore, tool_result_max_chars: int = 4000) -> None:
+    def __init__(self, store: JobStore, tool_result_max_chars: int) -> None:
         self.store, self.max_chars = store, tool_result_max_chars
 
     def save(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]], *, request_id: str) -> None:
@@ -94,8 +94,7 @@ class JobResponses:
         if job.response is None or (step is not None and not _is_hosted(job.response)):
             return None
         if _is_hosted(job.response):  # the run as it now stands; a continuation shows its calls from its step on
-            view = hosted_view(job, job.response) if step is None else \
-                {**hosted_view(job, job.response, from_step=step), "id": response_id}
+            view = {**hosted_view(job, job.response, from_step=step or 0), "id": response_id}
             # what a next response goes on from: the run's conversation, its calls and their results, its answer
             answer = [{"role": "assistant", "content": job.content}] if job.content else []
             return view, [m for m in conversation(job, max_chars=self.max_chars) if m.get("role") != "system"] + answer

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from executor.job_client import wait_for_job
+from executor.stack import wait_http_ok
 from tests.harness.receiver import Receiver, wait_for
 from toolrail.redis_embed import EmbeddedRedis, free_port
 
@@ -222,10 +223,7 @@ def test_sigkilled_worker_under_serve_loses_no_job(serve: tuple[str, subprocess.
         assert statuses.count("succeeded") == 30, f"{statuses}: {log.read_text()[-3000:]}"
         assert down_seen.is_set(), "/readyz never answered 503 worker_down while the pool was down"
         # ready again once the new pool answers a ping by its name: that can come a little after it took the jobs
-        deadline = time.monotonic() + 20
-        while not _ready(base) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _ready(base), httpx.get(f"{base}/readyz", timeout=2).text
+        wait_http_ok(base, path="/readyz", timeout_s=20)
     new_main = _celery_main(proc.pid)
     assert new_main is not None and new_main != main
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
