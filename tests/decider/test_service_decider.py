@@ -124,7 +124,9 @@ def test_real_model_end_to_end(real_decider):  # noqa: F811
     assert isinstance(value["city"], str) and json.dumps(value)
 
 
-def test_cli_generate_prints_valid_json(tiny_engine, capsys):  # noqa: F811
+def test_cli_generate_prints_valid_json(tiny_engine, capsys, monkeypatch):  # noqa: F811
+    # the default decider, whatever a session fixture run earlier in this process left in the environment
+    monkeypatch.delenv("TOOLRAIL_DECIDER", raising=False)
     from decider.schema import validation_errors
     from decider_fixtures import SCHEMA_DIR
     from toolrail.cli import main

@@ -110,6 +110,7 @@ def test_writes_outside_scratch_are_refused(sandbox: ProcessSandbox) -> None:
     still_serves(sandbox)
 
 
+@pytest.mark.alone  # counts every per-call uid's processes on the machine
 @pytest.mark.skipif(not ROOT, reason="RLIMIT_NPROC binds only a uid of the call's own (needs root to switch)")
 def test_fork_bomb_hits_the_process_limit_and_is_cleaned_up(sandbox: ProcessSandbox) -> None:
     started = time.monotonic()
@@ -140,6 +141,7 @@ def test_network_is_unreachable_when_not_declared(sandbox: ProcessSandbox, redis
     still_serves(sandbox)
 
 
+@pytest.mark.alone  # looks for every left-over sleep(60) on the machine
 @pytest.mark.parametrize("mode", ["leave_child", "leave_daemon"])
 def test_processes_left_after_return_are_killed_and_reported(sandbox: ProcessSandbox, mode: str) -> None:
     error = attempt(sandbox, mode)
