@@ -22,19 +22,18 @@ from executor.job_client import wait_for_job
 from executor.stack import LocalStack
 from executor.store.records import TERMINAL_JOB
 from executor.worker.config import DECIDER_WARM_KEY
-from tests.harness.databases import own_database
 
-pytestmark = pytest.mark.model
+#: ``alone``: its pool works the session broker's queues (the API it starts in-process publishes through the Celery
+#: app, bound to the session's database), so no decider-less pool of the session may be up in the same process.
+pytestmark = [pytest.mark.model, pytest.mark.alone]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """Its worker pool started as the demo starts it (``start_worker``: the embedded decider, warmed at start, warnings
     only), its output kept in ``log_file``."""
-    # a database of its own: the session's decider-less pool, if one is up in this process, never takes its steps
-    redis_url = own_database(__name__)
-    redis.Redis.from_url(redis_url).delete(DECIDER_WARM_KEY)  # an earlier pool's mark says nothing of this one
-    with LocalStack(redis_url=redis_url, concurrency=1, log_file=tmp_path_factory.mktemp("e2e") / "worker.log",
+    redis.Redis.from_url(os.environ["REDIS_URL"]).delete(DECIDER_WARM_KEY)  # an earlier pool's mark says nothing of this one
+    with LocalStack(redis_url=os.environ["REDIS_URL"], concurrency=1, log_file=tmp_path_factory.mktemp("e2e") / "worker.log",
                     worker_env={"TOOLRAIL_DECIDER": "embedded", "TOOLRAIL_LOG_JSON": "1",
                                 "TOOLRAIL_LOG_LEVEL": "WARNING"}) as running:
         yield running
