@@ -32,6 +32,24 @@ def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook
     os.environ.setdefault("TOOLRAIL_LOG_JSON", "1")
 
 
+#: Under pytest-xdist (``make test``) whole files are handed to the processes in collection order: the directories
+#: whose files start worker pools, browsers and models go first and the quick unit tests fill in at the end, so the
+#: processes finish together. A plain ``pytest`` keeps the alphabetical order.
+_HEAVY_FIRST = ("executor", "chaos", "console", "mcpbridge", "conformance", "e2e", "decider", "engine_build")
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest hook
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    root = Path(__file__).parent
+
+    def rank(item) -> int:  # noqa: ANN001
+        folder = Path(str(item.fspath)).relative_to(root).parts[0]
+        return _HEAVY_FIRST.index(folder) if folder in _HEAVY_FIRST else len(_HEAVY_FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests stay together, in their order
+
+
 def pytest_unconfigure(config) -> None:  # noqa: ANN001 - pytest hook
     if _SESSION_REDIS is not None:
         _SESSION_REDIS.stop()

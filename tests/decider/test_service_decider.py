@@ -124,15 +124,16 @@ def test_real_model_end_to_end(real_decider):  # noqa: F811
     assert isinstance(value["city"], str) and json.dumps(value)
 
 
-def test_cli_generate_prints_valid_json(tiny_engine, capsys, monkeypatch):  # noqa: F811
-    # the default decider, whatever a session fixture run earlier in this process left in the environment
-    monkeypatch.delenv("TOOLRAIL_DECIDER", raising=False)
+def test_cli_generate_prints_valid_json(tiny_engine, capsys):  # noqa: F811
     from decider.schema import validation_errors
     from decider_fixtures import SCHEMA_DIR
+    from tests.harness.fixtures import environment
     from toolrail.cli import main
 
     path = SCHEMA_DIR / "27_weather_call.json"
-    assert main(["generate", "--schema", str(path), "--prompt", "weather", "--model", str(tiny_engine.model_path)]) == 0
+    # the default decider, whatever a session fixture run earlier in this process left in the environment
+    with environment({"TOOLRAIL_DECIDER": None}):
+        assert main(["generate", "--schema", str(path), "--prompt", "weather", "--model", str(tiny_engine.model_path)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()[-1]
     assert validation_errors(json.loads(path.read_text()), json.loads(printed)) == []
 
