@@ -162,9 +162,11 @@ def pytest_runtest_makereport(item, call):  # noqa: ANN001 - pytest hook
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ANN001 - pytest hook
-    # only a run of the whole suite (every file, no -k / -m selection that drops rows) rewrites the table
+    # only a run of the whole suite (every file, no -k / -m selection that drops rows) rewrites the table; a process
+    # of pytest-xdist (make test) ran only its share of the files it collected
     if not _RESULTS or _COLLECTED.get("files") != _COLLECTED["all"] or session.config.option.keyword \
-            or session.config.option.deselect or os.environ.get("TOOLRAIL_CONFORMANCE_NO_TABLE"):
+            or session.config.option.deselect or os.environ.get("TOOLRAIL_CONFORMANCE_NO_TABLE") \
+            or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     TABLE.write_text(render(), encoding="utf-8")
 
