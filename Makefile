@@ -42,13 +42,14 @@ model: $(STAMP)
 	$(VENV)/bin/toolrail model pull
 
 # The suite in $(TEST_WORKERS) processes (pytest-xdist; a file's tests stay together, on one process), then the
-# few tests marked `alone` (they look at every process on the machine) by themselves; `pytest` alone runs all in one.
-# Exit status 5 (PYTEST_ARGS chose no test of a phase) is not a failure.
+# few tests marked `alone` (see pyproject.toml) by themselves; `pytest` alone runs all in one process. Exit status 5
+# (PYTEST_ARGS chose no test of a phase) is not a failure. checkov (its own venv) runs meanwhile, its output after.
 TEST_WORKERS ?= 2
 test: $(STAMP) model chromium
+	@rm -f .checkov.rc; { bash scripts/checkov.sh > .checkov.log 2>&1; echo $$? > .checkov.rc; } &
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not gpu and not alone" $(PYTEST_ARGS) || test $$? -eq 5
 	$(PY) -m pytest -m "alone and not slow and not gpu" $(PYTEST_ARGS) || test $$? -eq 5
-	bash scripts/checkov.sh
+	@while [ ! -f .checkov.rc ]; do sleep 1; done; cat .checkov.log; exit $$(cat .checkov.rc)
 
 test-slow: $(STAMP) model chromium
 	$(PY) -m pytest -m "slow or not slow" $(PYTEST_ARGS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 from tests.harness.jobs import wait_terminal
@@ -144,6 +145,16 @@ def _sent_together(api: str, requests: list[tuple[str, bytes]]) -> list[int]:
     return codes
 
 
+def _calls_settled(client: httpx.Client, job_id: str, timeout_s: float = 30.0) -> dict:
+    """The job once none of its calls is ``running`` (or as it is after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if all(c["status"] != "running" for c in job["calls"]) or time.monotonic() > deadline:
+            return job
+        time.sleep(0.1)
+
+
 def test_a_review_and_a_cancel_sent_at_once_are_ordered_and_leave_nothing_pending(api: str) -> None:
     """20 pairs, both requests in flight together (review first in half of them). Each is one compare-and-set of the
     job, so the outcome is one of two orders and the record says which: the cancel first (the review is 409 and no
@@ -160,6 +171,10 @@ def test_a_review_and_a_cancel_sent_at_once_are_ordered_and_leave_nothing_pendin
             kinds = ["review", "cancel"] if n % 2 == 0 else ["cancel", "review"]
             codes = dict(zip(kinds, _sent_together(api, pair if n % 2 == 0 else pair[::-1])))
             final = wait_terminal(client, job["job_id"])
+            assert "pending" not in [c["status"] for c in final["calls"]], (n, codes, final)
+            # a call the review started before the cancel landed is stopped by the pipeline's cancellation watch,
+            # which can come after the job reads cancelled
+            final = _calls_settled(client, job["job_id"])
             statuses = [c["status"] for c in final["calls"]]
             assert "pending" not in statuses and "running" not in statuses, (n, codes, final)
             reviewed = [s["review"] for s in final["steps"] if s.get("review")]
