@@ -55,7 +55,7 @@ from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
 from executor.api.bodies import refuse_invalid_calls as _refuse_invalid_calls
 from executor.api.bodies import run_fields as _run_fields
-from executor.api.middleware import BodyGuard, Correlate, LocalOnly
+from executor.api.middleware import LocalOnly, RequestGate
 from executor.errors import JobNotFoundError
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector, PublicView
 from executor.api.ratelimit import install_load_control, rate_limited
@@ -173,8 +173,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
 
     app = FastAPI(title="toolrail", version="0.1.0", description="Serverless tool execution for LLM agents.",
                   lifespan=lifespan, **native_telemetry_off())
-    app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth)
-    instrument_api(app, runtime)  # server spans (traceparent honoured or generated), links from job requests
+    spans = instrument_api(app, runtime)  # server spans (traceparent honoured or generated), links from job requests
     metrics = CollectorRegistry()
     shared_dir = os.environ.get(MULTIPROCESS_DIR_ENV)  # several API processes: their counters are summed at the scrape
     counters = None if shared_dir else metrics
@@ -189,9 +188,10 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     started_at = int(time.time())
     install_load_control(app, settings=settings, runtime=runtime, metrics=metrics, counters=counters)
 
-    app.add_middleware(LocalOnly, keyed=bool(tenants), allowed_hosts=settings.allowed_hosts,  # before any route, inside
-                       allowed_origins=settings.allowed_origins)  # Correlate: a refusal has its request id and log line
-    app.add_middleware(Correlate, latency=http_latency)
+    app.add_middleware(RequestGate, latency=http_latency, max_bytes=settings.max_body_bytes,  # outside every route
+                       max_depth=settings.max_json_depth, trace_context=not spans, local=LocalOnly(
+                           keyed=bool(tenants), allowed_hosts=settings.allowed_hosts,
+                           allowed_origins=settings.allowed_origins))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
