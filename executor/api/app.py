@@ -81,6 +81,7 @@ from tools.validator import validator_for
 from executor.runs.review import review
 from executor.runs.approvals import resolve
 from executor.runs.reconcile import Reconciler
+from executor.runs.loop import job_specs
 from executor.runs.webhooks import deliveries
 from decider.model import DEFAULT_MODEL_NAME
 
@@ -274,7 +275,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None, *,
                     job_id: str | None = None, response: dict[str, Any] | None = None) -> tuple[JobRecord, bool]:
         app.state.rate_limiter.check(tenant)
-        names, inline = _resolve_tools(runtime, body, settings, tenant=tenant)
+        names, inline_specs = _resolve_tools(runtime, body, settings, tenant=tenant)
+        inline = [spec.to_openai() for spec in inline_specs]
         if not body.messages and body.tool_calls is None and body.raw_output is None:
             raise ApiError(422, "validation_error", "give messages to decide on, or tool_calls / raw_output to validate")
         if body.tool_calls is not None and body.raw_output is not None:
@@ -299,20 +301,21 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         max_reasks = settings.default_max_reasks if body.max_reasks is None else body.max_reasks
         if max_reasks > settings.max_reasks_limit:
             raise ApiError(422, "validation_error", f"max_reasks may be at most {settings.max_reasks_limit}")
+        trace_context = tracing.new_job_context(request_id, tenant=tenant, claim=trace_claims)
+        run = _run_fields(runtime, body, settings, client_output=client_output, names=names, inline=inline)
         job = JobRecord(job_id=job_id or f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
                         messages=messages, tools=names, response=response,
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
-                        max_reasks=max_reasks, client_output=client_output,
-                        trace_context=tracing.new_job_context(request_id, tenant=tenant, claim=trace_claims))
-        run = _run_fields(runtime, body, settings, client_output=client_output, names=names, inline=inline)
-        job = job.model_copy(update=run)
-        _refuse_invalid_calls(runtime, body, job)  # the client's own malformed calls: 422 with their paths, nothing stored
+                        max_reasks=max_reasks, client_output=client_output, trace_context=trace_context, **run)
+        # the client's output is checked twice (refused if malformed, then as the job's step 0): one set of specs
+        specs = job_specs(runtime, job, inline=inline_specs) if client_output is not None else None
+        _refuse_invalid_calls(body, specs)  # the client's own malformed calls: 422 with their paths, nothing stored
         body_hash = hashlib.sha256(body.model_dump_json().encode()).hexdigest() if idempotency_key else None
         # The client's own calls are checked here and stored decided, their calls queued straight to the tool
         # queues: no decide task (unless the check needs a decider's re-ask). The one path MCP takes too.
         job, created = submit(runtime, job, enqueue=enqueue, dispatch=rerun, idempotency_key=idempotency_key,
-                              body_hash=body_hash)  # a broker refusal: the job ended failed, 503
+                              body_hash=body_hash, specs=specs)  # a broker refusal: the job ended failed, 503
         if created:
             jobs_created.labels(tenant).inc()
             log.info("job.created", job_id=job.job_id, tenant=tenant, tools=len(names) + len(inline))
@@ -446,7 +449,8 @@ def _valid_stream_id(value: str) -> bool:
 
 
 def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
-                   tenant: str = "default") -> tuple[list[str], list[dict[str, Any]]]:
+                   tenant: str = "default") -> tuple[list[str], list[ToolSpec]]:
+    """The job's registered (or MCP) tool names, and its inline tools' specs, each checked: 422 for any refused."""
     if body.tools is None:
         return runtime.registry.names() + sorted(runtime.tenant_specs(tenant)), []
     # the tenant's MCP tools are read only when a name is not a registered tool (no Redis read otherwise)
@@ -475,7 +479,7 @@ def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
             except (SchemaError, ValueError) as exc:
                 message = exc.message if isinstance(exc, SchemaError) else str(exc)
                 raise ApiError(422, "invalid_tool_schema", f"tool {fn.name!r}: {message}", tool=fn.name) from None
-            inline.append(spec.to_openai())
+            inline.append(spec)
     return names, inline
 
 

@@ -46,13 +46,13 @@ Dispatch = Callable[[JobRecord, CallRecord], None]
 NextStep = Callable[[JobRecord], None]
 
 
-def job_specs(rt: Runtime, job: JobRecord) -> dict[str, ToolSpec]:
-    """The tools this job may call: registered names plus inline specs."""
+def job_specs(rt: Runtime, job: JobRecord, *, inline: list[ToolSpec] | None = None) -> dict[str, ToolSpec]:
+    """The tools this job may call: registered names plus inline specs (``inline``: those of ``job.inline_tools``
+    already built, as the API builds them to check them)."""
     unregistered = [name for name in job.tools if name not in rt.registry]
     extra = rt.tenant_specs(job.tenant, unregistered) if unregistered else {}  # e.g. the tenant's MCP tools
     specs = {name: extra[name] if name in extra else rt.registry.get(name) for name in job.tools}
-    for raw in job.inline_tools:
-        spec = ToolSpec.from_openai(raw)
+    for spec in inline if inline is not None else map(ToolSpec.from_openai, job.inline_tools):
         specs[spec.name] = spec
     return specs
 
@@ -244,7 +244,7 @@ class _EarlyDispatch:
             step.decision_ended_at, step.early_dispatch = self.ended, self.early
 
 
-def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
+def check_client_output(rt: Runtime, job: JobRecord, *, specs: dict[str, ToolSpec] | None = None) -> JobRecord | None:
     """Step 0 of a job that brings its own calls, decided where it is submitted: no decide task.
 
     Checks the client's output through the same path as :func:`decide_job` (``decide_checked`` with
@@ -252,15 +252,16 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
     calls — for the store to write in one go (``JobStore.create``); the caller dispatches its
     ``pending`` calls. Returns None when the job still needs the decide task: no client output, a
     deadline already passed, or calls a guard stops. An output that fails its check ends ``needs_review``
-    here: the client's output is never re-asked (``decider.checked``).
+    here: the client's output is never re-asked (``decider.checked``). ``specs``: the job's (:func:`job_specs`), when
+    the caller has them.
     """
     first = _client_output(job)
     if first is None or job.step > 0 or runs.deadline_passed(job):
         return None
-    specs = job_specs(rt, job)
+    specs = job_specs(rt, job) if specs is None else specs
     tool_choice = runs.step_tool_choice(job)
     started = time.time()
-    job = job.model_copy(deep=True)
+    job = job.model_copy(update={"steps": list(job.steps)})  # what changes is set anew, but the journal grows in place
     runs.open_step(job, tool_choice=tool_choice)
     request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
                             tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls,
