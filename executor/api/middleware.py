@@ -119,21 +119,17 @@ _PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 class RequestGate:
-    """ASGI middleware, every request's way in and out, one layer (each concern was its own layer: about a tenth of
-    the API's CPU per job went to the hops between them and to reading the headers once per layer):
+    """ASGI middleware, every request's way in and out in one layer (four before, each reading the headers again):
 
     1. correlation: the request id (bound to the logs, on ``request.state``, echoed on the response), the latency
        histogram, the access log, and a JSON 500 as the last line of defence — around everything below;
     2. local means local (:class:`LocalOnly`): 403 before any route or byte of the body, websockets closed (1008);
-    3. the body, before routing and auth: its framing, JSON content type, size and nesting checked before any byte
-       of it is parsed —
-
-       - ``Content-Length`` beside ``Transfer-Encoding`` is a request smuggler's framing (RFC 9112 §6.3): 400
-         ``conflicting_framing``, and the connection closed (h11 would read the chunked body that ``Content-Length:
-         0`` claimed was not there);
-       - a body is counted as it streams, chunked or not: 413 ``body_too_large`` the moment it passes the limit,
-         the rest never read (the connection is closed), so memory stays flat whatever a client sends, key or no key;
-       - nesting deeper than the limit: 400 ``too_deep``, before a JSON parser recurses into it;
+    3. the body, before routing and auth: ``Content-Length`` beside ``Transfer-Encoding`` is a request smuggler's
+       framing (RFC 9112 §6.3): 400 ``conflicting_framing``, the connection closed (h11 would read the chunked body
+       that ``Content-Length: 0`` claimed was not there); a body is counted as it streams, chunked or not: 413
+       ``body_too_large`` the moment it passes the limit, the rest never read (the connection is closed), so memory
+       stays flat whatever a client sends, key or no key; nesting deeper than the limit: 400 ``too_deep``, before
+       a JSON parser recurses into it;
     4. ``trace_context`` (an API that records no spans; one that does gets FastAPI's instrumentation): the request's
        W3C context (``traceparent``, ``tracestate``, ``baggage``) current while the route runs.
 
@@ -149,10 +145,7 @@ class RequestGate:
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         kind = scope["type"]
-        if kind != "http":
-            if kind == "websocket" and self._refused(scope) is not None:
-                await send({"type": "websocket.close", "code": 1008})
-                return
+        if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         raw_id = host = origin = None
@@ -172,6 +165,12 @@ class RequestGate:
                 raw_id = value if raw_id is None else raw_id
             elif key in _CONTEXT_KEYS:
                 carrier[key.decode()] = value.decode("latin-1")
+        if kind == "websocket":
+            refused = self.local.refusal(host, origin)
+            if refused is not None:
+                log.warning("http.refused", reason=refused[0], path=scope.get("path", "")[:200])
+            await (self.app(scope, receive, send) if refused is None else send({"type": "websocket.close", "code": 1008}))
+            return
         request_id = sanitize_request_id(raw_id.decode("latin-1") if raw_id is not None else None)
         bind_request(request_id)
         # when the request arrived: what a cancel is ordered by against a review that lands while it is handled
@@ -214,16 +213,6 @@ class RequestGate:
         else:
             log.info("http.request", method=scope["method"], path=path, status=status, duration_ms=round(elapsed * 1000, 2))
 
-    def _refused(self, scope: dict) -> tuple[str, str] | None:
-        """The local-only refusal of a websocket (logged), or None."""
-        headers = dict(scope.get("headers", ()))  # the last of a repeated header, as before: host and origin only
-        host, origin = headers.get(b"host"), headers.get(b"origin")
-        refused = self.local.refusal(host.decode("latin-1") if host is not None else None,
-                                     origin.decode("latin-1") if origin is not None else None)
-        if refused is not None:
-            log.warning("http.refused", reason=refused[0], path=scope.get("path", "")[:200])
-        return refused
-
     async def _guarded(self, scope: dict, receive: Callable, send: Callable, lengths: list[bytes],
                        encodings: list[bytes], ctype: str, carrier: dict[str, str]) -> None:
         """Step 3 and 4 of the class docstring: the body checked, then the route under the request's context."""
@@ -233,51 +222,33 @@ class RequestGate:
             return
         if encodings or not all(length.strip() == b"0" for length in lengths):  # else no body (a GET, …/cancel)
             if scope["method"] not in {"POST", "PUT", "PATCH"}:
-                receive = _bodiless(receive)  # no route here reads a body: none is handed on
+                receive = _replaying(b"", receive)  # no route here reads a body: an empty one, whatever streams
             elif ctype != "application/json":
                 await _refuse(send, 415, "unsupported_media_type", "send the body as application/json",
                               {"content_type": ctype or None})
                 return
             else:
-                receive = await self._checked_body(receive, send, lengths[0] if lengths else b"")
-                if receive is None:
+                declared = lengths[0] if lengths else b""
+                too_large = declared.isdigit() and int(declared) > self.max_bytes  # then not a byte of it is read
+                body = None if too_large else await _read_at_most(receive, self.max_bytes)
+                if too_large or body is not None and len(body) > self.max_bytes:
+                    await _refuse(send, 413, "body_too_large", f"body exceeds {self.max_bytes} bytes",
+                                  {"limit": self.max_bytes})
                     return
+                if body is None:  # the client went away
+                    return
+                if _json_depth_exceeds(body, self.max_depth):
+                    await _send_json(send, 400, _error_body("too_deep", f"JSON nested deeper than {self.max_depth} "
+                                                            "levels", {"limit": self.max_depth}))
+                    return
+                receive = _replaying(body, receive)
         ctx = tracing.context_from(carrier) if carrier and self.trace_context else None
-        if ctx is None:
-            await self.app(scope, receive, send)
-            return
-        token = otel_context.attach(ctx)
+        token = otel_context.attach(ctx) if ctx is not None else None
         try:
             await self.app(scope, receive, send)
         finally:
-            otel_context.detach(token)
-
-    async def _checked_body(self, receive: Callable, send: Callable, declared: bytes) -> Callable | None:
-        """``receive`` replaying the body once it passed its size and nesting checks; None when it was refused (or
-        the client went away)."""
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            await _refuse(send, 413, "body_too_large", f"body exceeds {self.max_bytes} bytes", {"limit": self.max_bytes})
-            return None
-        body = await _read_at_most(receive, self.max_bytes)
-        if body is None:  # the client went away
-            return None
-        if len(body) > self.max_bytes:
-            await _refuse(send, 413, "body_too_large", f"body exceeds {self.max_bytes} bytes", {"limit": self.max_bytes})
-            return None
-        if _json_depth_exceeds(body, self.max_depth):
-            await _send_json(send, 400, _error_body("too_deep", f"JSON nested deeper than {self.max_depth} levels",
-                                                    {"limit": self.max_depth}))
-            return None
-        sent = False
-
-        async def replay() -> dict:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return replay
+            if token is not None:
+                otel_context.detach(token)
 
 
 async def _read_at_most(receive: Callable, limit: int) -> bytes | None:
@@ -295,18 +266,18 @@ async def _read_at_most(receive: Callable, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _bodiless(receive: Callable) -> Callable:
-    """``receive`` for a route that takes no body: an empty one, whatever the client streams (never read)."""
+def _replaying(body: bytes, receive: Callable) -> Callable:
+    """``receive`` that hands on ``body`` (already read) first, then whatever the client sends next."""
     sent = False
 
-    async def empty() -> dict:
+    async def replay() -> dict:
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": b"", "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
 
-    return empty
+    return replay
 
 
 async def _refuse(send: Callable, status: int, kind: str, message: str, details: dict[str, Any] | None = None) -> None:
