@@ -55,7 +55,7 @@ from executor.api.bodies import check_conversation as _check_conversation
 from executor.api.bodies import error_body as _error_body
 from executor.api.bodies import refuse_invalid_calls as _refuse_invalid_calls
 from executor.api.bodies import run_fields as _run_fields
-from executor.api.middleware import BodyGuard, Correlate, LocalOnly
+from executor.api.middleware import LocalOnly, RequestGate
 from executor.errors import JobNotFoundError
 from executor.metrics import MULTIPROCESS_DIR_ENV, OutcomeCollector, PublicView
 from executor.api.ratelimit import install_load_control, rate_limited
@@ -81,6 +81,7 @@ from tools.validator import validator_for
 from executor.runs.review import review
 from executor.runs.approvals import resolve
 from executor.runs.reconcile import Reconciler
+from executor.runs.loop import job_specs
 from executor.runs.webhooks import deliveries
 from decider.model import DEFAULT_MODEL_NAME
 
@@ -173,8 +174,7 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
 
     app = FastAPI(title="toolrail", version="0.1.0", description="Serverless tool execution for LLM agents.",
                   lifespan=lifespan, **native_telemetry_off())
-    app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth)
-    instrument_api(app, runtime)  # server spans (traceparent honoured or generated), links from job requests
+    spans = instrument_api(app, runtime)  # server spans (traceparent honoured or generated), links from job requests
     metrics = CollectorRegistry()
     shared_dir = os.environ.get(MULTIPROCESS_DIR_ENV)  # several API processes: their counters are summed at the scrape
     counters = None if shared_dir else metrics
@@ -189,9 +189,10 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     started_at = int(time.time())
     install_load_control(app, settings=settings, runtime=runtime, metrics=metrics, counters=counters)
 
-    app.add_middleware(LocalOnly, keyed=bool(tenants), allowed_hosts=settings.allowed_hosts,  # before any route, inside
-                       allowed_origins=settings.allowed_origins)  # Correlate: a refusal has its request id and log line
-    app.add_middleware(Correlate, latency=http_latency)
+    app.add_middleware(RequestGate, latency=http_latency, max_bytes=settings.max_body_bytes,  # outside every route
+                       max_depth=settings.max_json_depth, trace_context=not spans, local=LocalOnly(
+                           keyed=bool(tenants), allowed_hosts=settings.allowed_hosts,
+                           allowed_origins=settings.allowed_origins))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -274,7 +275,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
     def _create_job(body: JobCreate, request_id: str, tenant: str, idempotency_key: str | None, *,
                     job_id: str | None = None, response: dict[str, Any] | None = None) -> tuple[JobRecord, bool]:
         app.state.rate_limiter.check(tenant)
-        names, inline = _resolve_tools(runtime, body, settings, tenant=tenant)
+        names, inline_specs = _resolve_tools(runtime, body, settings, tenant=tenant)
+        inline = [spec.to_openai() for spec in inline_specs]
         if not body.messages and body.tool_calls is None and body.raw_output is None:
             raise ApiError(422, "validation_error", "give messages to decide on, or tool_calls / raw_output to validate")
         if body.tool_calls is not None and body.raw_output is not None:
@@ -299,20 +301,21 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         max_reasks = settings.default_max_reasks if body.max_reasks is None else body.max_reasks
         if max_reasks > settings.max_reasks_limit:
             raise ApiError(422, "validation_error", f"max_reasks may be at most {settings.max_reasks_limit}")
+        trace_context = tracing.new_job_context(request_id, tenant=tenant, claim=trace_claims)
+        run = _run_fields(runtime, body, settings, client_output=client_output, names=names, inline=inline)
         job = JobRecord(job_id=job_id or f"job_{uuid.uuid4().hex}", request_id=request_id, tenant=tenant,
                         messages=messages, tools=names, response=response,
                         inline_tools=inline, tool_choice=body.tool_choice if isinstance(body.tool_choice, str)
                         else body.tool_choice.model_dump(), parallel_tool_calls=body.parallel_tool_calls,
-                        max_reasks=max_reasks, client_output=client_output,
-                        trace_context=tracing.new_job_context(request_id, tenant=tenant, claim=trace_claims))
-        run = _run_fields(runtime, body, settings, client_output=client_output, names=names, inline=inline)
-        job = job.model_copy(update=run)
-        _refuse_invalid_calls(runtime, body, job)  # the client's own malformed calls: 422 with their paths, nothing stored
+                        max_reasks=max_reasks, client_output=client_output, trace_context=trace_context, **run)
+        # the client's output is checked twice (refused if malformed, then as the job's step 0): one set of specs
+        specs = job_specs(runtime, job, inline=inline_specs) if client_output is not None else None
+        checked = _refuse_invalid_calls(body, specs)  # the client's own malformed calls: 422 with paths, nothing stored
         body_hash = hashlib.sha256(body.model_dump_json().encode()).hexdigest() if idempotency_key else None
         # The client's own calls are checked here and stored decided, their calls queued straight to the tool
         # queues: no decide task (unless the check needs a decider's re-ask). The one path MCP takes too.
         job, created = submit(runtime, job, enqueue=enqueue, dispatch=rerun, idempotency_key=idempotency_key,
-                              body_hash=body_hash)  # a broker refusal: the job ended failed, 503
+                              body_hash=body_hash, specs=specs, checked=checked)  # a broker refusal: failed, 503
         if created:
             jobs_created.labels(tenant).inc()
             log.info("job.created", job_id=job.job_id, tenant=tenant, tools=len(names) + len(inline))
@@ -446,7 +449,8 @@ def _valid_stream_id(value: str) -> bool:
 
 
 def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
-                   tenant: str = "default") -> tuple[list[str], list[dict[str, Any]]]:
+                   tenant: str = "default") -> tuple[list[str], list[ToolSpec]]:
+    """The job's registered (or MCP) tool names, and its inline tools' specs, each checked: 422 for any refused."""
     if body.tools is None:
         return runtime.registry.names() + sorted(runtime.tenant_specs(tenant)), []
     # the tenant's MCP tools are read only when a name is not a registered tool (no Redis read otherwise)
@@ -475,7 +479,7 @@ def _resolve_tools(runtime: Runtime, body: JobCreate, settings: Settings,
             except (SchemaError, ValueError) as exc:
                 message = exc.message if isinstance(exc, SchemaError) else str(exc)
                 raise ApiError(422, "invalid_tool_schema", f"tool {fn.name!r}: {message}", tool=fn.name) from None
-            inline.append(spec.to_openai())
+            inline.append(spec)
     return names, inline
 
 

@@ -17,11 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from executor.errors import JobNotFoundError
-from executor.worker.tracing import CONTEXT_HEADERS, instrument_celery
+from executor.worker.tracing import instrument_celery
 from toolrail import tracing
 from toolrail.trace_sinks import read_trace
 
@@ -30,18 +29,18 @@ __all__ = ["instrument_api", "trace_router"]
 _JOB_PATH = re.compile(r"^/v1/jobs/(job_[0-9a-f]{1,64})(?:/[a-z]+)?$")
 
 
-def instrument_api(app: Any, runtime: Any, **setup_options: Any) -> None:
-    """FastAPI's instrumentation on ``app``, Celery's for publishing, and links from job requests to the job span.
+def instrument_api(app: Any, runtime: Any, **setup_options: Any) -> bool:
+    """FastAPI's instrumentation on ``app``, Celery's for publishing, and links from job requests to the job span;
+    whether the API's spans are recorded.
 
-    Where the API's spans go nowhere (no sink), neither instrumentation runs: a plain ASGI
-    middleware makes an incoming ``traceparent`` current for the request (the job joins the
+    Where the API's spans go nowhere (no sink), neither instrumentation runs (False): the API's
+    ``RequestGate`` makes an incoming ``traceparent`` current for the request (the job joins the
     client's trace, and what the request publishes carries it), and Celery gets the relay.
     The instrumentation cost about 0.85 ms of the API's CPU per job that way (bench/worker_cpu.py).
     """
     instrument_celery("api", **setup_options)
     if not tracing.recording():
-        app.add_middleware(_IncomingContext)
-        return
+        return False
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor  # noqa: PLC0415 - only where spans are made
 
     FastAPIInstrumentor.instrument_app(app, tracer_provider=tracing.setup("api", **setup_options),
@@ -59,30 +58,7 @@ def instrument_api(app: Any, runtime: Any, **setup_options: Any) -> None:
                 pass
         return await call_next(request)  # a cancelled job's span: set_status writes it (executor.runs.submit.cancel)
 
-
-class _IncomingContext:
-    """Plain ASGI middleware of an API that records no spans: the request's W3C context is current while it runs."""
-
-    _NAMES = tuple(name.encode() for name in CONTEXT_HEADERS)
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope.get("type") != "http":
-            await self.app(scope, receive, send)
-            return
-        carrier = {name.decode(): value.decode("latin-1") for name, value in scope.get("headers", ())
-                   if name in self._NAMES}
-        ctx = tracing.context_from(carrier) if carrier else None
-        if ctx is None:
-            await self.app(scope, receive, send)
-            return
-        token = otel_context.attach(ctx)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            otel_context.detach(token)
+    return True
 
 
 def trace_router(runtime: Any, tenant: Any) -> Any:

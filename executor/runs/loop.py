@@ -16,7 +16,7 @@ from typing import Any
 
 from decider.errors import DeciderPermanentError
 from decider.checked import CheckedDecision, ClientOutput, decide_checked
-from tools.check import CallCheck
+from tools.check import CallCheck, OutputCheck
 from decider.protocol import DecideRequest
 from executor import metrics
 from executor.runs import policy as runs
@@ -46,13 +46,13 @@ Dispatch = Callable[[JobRecord, CallRecord], None]
 NextStep = Callable[[JobRecord], None]
 
 
-def job_specs(rt: Runtime, job: JobRecord) -> dict[str, ToolSpec]:
-    """The tools this job may call: registered names plus inline specs."""
+def job_specs(rt: Runtime, job: JobRecord, *, inline: list[ToolSpec] | None = None) -> dict[str, ToolSpec]:
+    """The tools this job may call: registered names plus inline specs (``inline``: those of ``job.inline_tools``
+    already built, as the API builds them to check them)."""
     unregistered = [name for name in job.tools if name not in rt.registry]
     extra = rt.tenant_specs(job.tenant, unregistered) if unregistered else {}  # e.g. the tenant's MCP tools
     specs = {name: extra[name] if name in extra else rt.registry.get(name) for name in job.tools}
-    for raw in job.inline_tools:
-        spec = ToolSpec.from_openai(raw)
+    for spec in inline if inline is not None else map(ToolSpec.from_openai, job.inline_tools):
         specs[spec.name] = spec
     return specs
 
@@ -244,7 +244,8 @@ class _EarlyDispatch:
             step.decision_ended_at, step.early_dispatch = self.ended, self.early
 
 
-def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
+def check_client_output(rt: Runtime, job: JobRecord, *, specs: dict[str, ToolSpec] | None = None,
+                        checked: OutputCheck | None = None) -> JobRecord | None:
     """Step 0 of a job that brings its own calls, decided where it is submitted: no decide task.
 
     Checks the client's output through the same path as :func:`decide_job` (``decide_checked`` with
@@ -252,20 +253,21 @@ def check_client_output(rt: Runtime, job: JobRecord) -> JobRecord | None:
     calls — for the store to write in one go (``JobStore.create``); the caller dispatches its
     ``pending`` calls. Returns None when the job still needs the decide task: no client output, a
     deadline already passed, or calls a guard stops. An output that fails its check ends ``needs_review``
-    here: the client's output is never re-asked (``decider.checked``).
+    here: the client's output is never re-asked (``decider.checked``). ``specs``: the job's (:func:`job_specs`), and
+    ``checked``: its client calls checked against them (``decide_checked``'s ``first_check``), when the caller has them.
     """
     first = _client_output(job)
     if first is None or job.step > 0 or runs.deadline_passed(job):
         return None
-    specs = job_specs(rt, job)
+    specs = job_specs(rt, job) if specs is None else specs
     tool_choice = runs.step_tool_choice(job)
     started = time.time()
-    job = job.model_copy(deep=True)
+    job = job.model_copy(update={"steps": list(job.steps)})  # what changes is set anew, but the journal grows in place
     runs.open_step(job, tool_choice=tool_choice)
     request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
                             tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls,
                             now=job.created_at, time_zone=job.time_zone)
-    decision = decide_checked(None, request, first_output=first, max_reasks=job.max_reasks)
+    decision = decide_checked(None, request, first_output=first, first_check=checked, max_reasks=job.max_reasks)
     ended = time.time()
     attempts = _attempts(decision)
     status, calls = decision.status, []

@@ -493,6 +493,9 @@ import json
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from prometheus_client import CollectorRegistry, Histogram
+
+from executor.api.middleware import LocalOnly, RequestGate
 from executor.api.tracing import instrument_api
 from toolrail import tracing
 
@@ -504,7 +507,9 @@ def probe() -> dict:
     return {"job": tracing.new_job_context("req-1"), "current": tracing.current_context()}
 
 
-instrument_api(app, runtime=None)
+spans = instrument_api(app, runtime=None)  # and the API's gate, as create_app adds it: the context without spans
+app.add_middleware(RequestGate, latency=Histogram("latency", "", ["method", "route", "status"], registry=CollectorRegistry()),
+                   local=LocalOnly(keyed=True), max_bytes=1000, max_depth=8, trace_context=not spans)
 parent = "00-" + "c" * 32 + "-" + "d" * 16 + "-01"
 with TestClient(app) as client:
     joined = client.get("/probe", headers={"traceparent": parent}).json()
@@ -515,8 +520,8 @@ print(json.dumps({"recording": tracing.recording(), "instrumented": bool(getattr
 
 
 def test_an_api_without_a_sink_makes_no_spans_and_the_job_joins_the_clients_trace() -> None:
-    """No sink: no FastAPI instrumentation, yet a client's ``traceparent`` is current for the request, so the job's
-    context continues the client's trace (and what the request publishes carries it); with a sink, the instrumentation."""
+    """No sink: no FastAPI instrumentation, yet a client's ``traceparent`` is current for the request (the API's
+    ``RequestGate``), so the job's context continues the client's trace (and what the request publishes carries it); with a sink, the instrumentation."""
     seen = _probe_without_and_with_a_sink(_API_PROBE)
     assert seen["none"]["recording"] is False and seen["none"]["instrumented"] is False
     assert seen["memory"]["recording"] is True and seen["memory"]["instrumented"] is True
