@@ -144,17 +144,15 @@ def client_turn(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, A
     return [dict(m) for m in messages[:-1]], [dict(c) for c in last["tool_calls"]]
 
 
-def _check_client(output: ClientOutput, specs: Mapping[str, Any], evidence: ConversationValues | None,
-                  checked: OutputCheck | None = None) -> tuple[str, OutputCheck]:
+def _check_client(output: ClientOutput, specs: Mapping[str, Any],
+                  evidence: ConversationValues | None) -> tuple[str, OutputCheck]:
     if isinstance(output, str):
         native = read_native_calls(output)  # a client's own model writing its family's syntax
         if native is not None:
             return output, check_tool_calls(native[1], specs, evidence=evidence)
         return output, check_output(output, specs, evidence=evidence)
     calls = [dict(c) for c in output]
-    if checked is None or evidence is not None:  # ``checked``: these calls' check with no conversation, done already
-        checked = check_tool_calls(calls, specs, evidence=evidence)
-    return json.dumps(calls, ensure_ascii=False, default=str), checked
+    return json.dumps(calls, ensure_ascii=False, default=str), check_tool_calls(calls, specs, evidence=evidence)
 
 
 def _check_decision(decision: Decision, specs: Mapping[str, Any], evidence: ConversationValues | None) -> OutputCheck:
@@ -323,7 +321,7 @@ def _decide(decider: Decider, request: DecideRequest, chat: list[Any],
 
 
 def decide_checked(decider: Decider | Callable[[], Decider | None] | None, request: DecideRequest, *,
-                   first_output: ClientOutput | None = None, first_check: OutputCheck | None = None,
+                   first_output: ClientOutput | None = None,
                    max_reasks: int = DEFAULT_MAX_REASKS,
                    on_attempt: Callable[[CheckedAttempt], None] | None = None,
                    on_call: OnCheckedCall | None = None) -> CheckedDecision:
@@ -331,8 +329,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
 
     ``first_output``: the client's own output, final (see the module docstring): ``decider`` is then never
     asked, nor loaded — it may be None, or a zero-argument callable that is called only when the decider
-    decides. ``first_check``: ``check_tool_calls`` of those calls (a list) with the same tools and no evidence, when
-    the caller made it (the job API, to refuse malformed calls); used where the request has no conversation.
+    decides.
     ``on_attempt`` sees each attempt as it is recorded (logs are written here). ``on_call(attempt,
     call)`` is told, while a decider attempt is still decoding, of each call whose JSON just closed and
     that passes its check on its own (same check path, same conversation evidence); the call's id is
@@ -381,7 +378,7 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
             on_attempt(attempt)
 
     if first_output is not None:
-        raw, check = _check_client(first_output, specs, evidence, first_check)
+        raw, check = _check_client(first_output, specs, evidence)
         enforce(check, require=require)
         record(_attempt(0, "client", raw, check, platform={"grounding": "checked against the conversation" if evidence
                         else "not checked: no conversation (the client's calls carry its own values)"}))

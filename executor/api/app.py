@@ -310,12 +310,12 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
                         max_reasks=max_reasks, client_output=client_output, trace_context=trace_context, **run)
         # the client's output is checked twice (refused if malformed, then as the job's step 0): one set of specs
         specs = job_specs(runtime, job, inline=inline_specs) if client_output is not None else None
-        checked = _refuse_invalid_calls(body, specs)  # the client's own malformed calls: 422 with paths, nothing stored
+        _refuse_invalid_calls(body, specs)  # the client's own malformed calls: 422 with their paths, nothing stored
         body_hash = hashlib.sha256(body.model_dump_json().encode()).hexdigest() if idempotency_key else None
         # The client's own calls are checked here and stored decided, their calls queued straight to the tool
         # queues: no decide task (unless the check needs a decider's re-ask). The one path MCP takes too.
         job, created = submit(runtime, job, enqueue=enqueue, dispatch=rerun, idempotency_key=idempotency_key,
-                              body_hash=body_hash, specs=specs, checked=checked)  # a broker refusal: failed, 503
+                              body_hash=body_hash, specs=specs)  # a broker refusal: the job ended failed, 503
         if created:
             jobs_created.labels(tenant).inc()
             log.info("job.created", job_id=job.job_id, tenant=tenant, tools=len(names) + len(inline))

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from executor.errors import ExecutorError
 from executor.runtime import Runtime
 from toolrail.settings import Settings
-from tools.check import CONTRACT_VALIDATORS, OutputCheck, check_tool_calls
+from tools.check import CONTRACT_VALIDATORS, check_tool_calls
 from tools.spec import ToolSpec
 from executor.runs.webhooks import validate_webhook_url
 from toolrail.errors import ToolrailError
@@ -273,7 +273,7 @@ class ReviewBody(BaseModel):
         return self
 
 
-def refuse_invalid_calls(body: JobCreate, specs: dict[str, ToolSpec] | None) -> OutputCheck | None:
+def refuse_invalid_calls(body: JobCreate, specs: dict[str, ToolSpec] | None) -> None:
     """422 ``invalid_tool_calls`` when the client's own ``tool_calls`` fail validation and cleaning: nothing stored.
 
     As the OpenAI API answers a malformed request, with the JSON path into the request body of every
@@ -283,7 +283,7 @@ def refuse_invalid_calls(body: JobCreate, specs: dict[str, ToolSpec] | None) -> 
     to review as before. ``raw_output`` is model text, checked by the job (a conversation keeps its re-ask).
     """
     if body.tool_calls is None or specs is None:  # specs: the job's (``executor.runs.loop.job_specs``)
-        return None
+        return
 
     check = check_tool_calls([call.flat() for call in body.tool_calls], specs)
     problems = [{"path": "/tool_calls" + str(e.get("path") or "").rstrip("/"), "message": str(e.get("message", "")),
@@ -305,7 +305,6 @@ def refuse_invalid_calls(body: JobCreate, specs: dict[str, ToolSpec] | None) -> 
         shown = "; ".join(f"{p['path']}: {p['message']}" for p in problems[:3])
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise ApiError(422, "invalid_tool_calls", f"tool_calls fail their tools' schemas: {shown}{more}", errors=problems)
-    return check  # the step-0 check's own, where the job has no conversation to ground the calls in
 
 
 def run_fields(runtime: Runtime, body: JobCreate, settings: Settings, *, client_output: dict[str, Any] | None,

@@ -16,7 +16,7 @@ from typing import Any
 
 from decider.errors import DeciderPermanentError
 from decider.checked import CheckedDecision, ClientOutput, decide_checked
-from tools.check import CallCheck, OutputCheck
+from tools.check import CallCheck
 from decider.protocol import DecideRequest
 from executor import metrics
 from executor.runs import policy as runs
@@ -244,8 +244,7 @@ class _EarlyDispatch:
             step.decision_ended_at, step.early_dispatch = self.ended, self.early
 
 
-def check_client_output(rt: Runtime, job: JobRecord, *, specs: dict[str, ToolSpec] | None = None,
-                        checked: OutputCheck | None = None) -> JobRecord | None:
+def check_client_output(rt: Runtime, job: JobRecord, *, specs: dict[str, ToolSpec] | None = None) -> JobRecord | None:
     """Step 0 of a job that brings its own calls, decided where it is submitted: no decide task.
 
     Checks the client's output through the same path as :func:`decide_job` (``decide_checked`` with
@@ -253,8 +252,8 @@ def check_client_output(rt: Runtime, job: JobRecord, *, specs: dict[str, ToolSpe
     calls — for the store to write in one go (``JobStore.create``); the caller dispatches its
     ``pending`` calls. Returns None when the job still needs the decide task: no client output, a
     deadline already passed, or calls a guard stops. An output that fails its check ends ``needs_review``
-    here: the client's output is never re-asked (``decider.checked``). ``specs``: the job's (:func:`job_specs`), and
-    ``checked``: its client calls checked against them (``decide_checked``'s ``first_check``), when the caller has them.
+    here: the client's output is never re-asked (``decider.checked``). ``specs``: the job's (:func:`job_specs`), when
+    the caller has them.
     """
     first = _client_output(job)
     if first is None or job.step > 0 or runs.deadline_passed(job):
@@ -267,7 +266,7 @@ def check_client_output(rt: Runtime, job: JobRecord, *, specs: dict[str, ToolSpe
     request = DecideRequest(request_id=job.request_id, messages=runs.conversation(job, max_chars=rt.settings.tool_result_max_chars),
                             tools=list(specs.values()), tool_choice=tool_choice, parallel_tool_calls=job.parallel_tool_calls,
                             now=job.created_at, time_zone=job.time_zone)
-    decision = decide_checked(None, request, first_output=first, first_check=checked, max_reasks=job.max_reasks)
+    decision = decide_checked(None, request, first_output=first, max_reasks=job.max_reasks)
     ended = time.time()
     attempts = _attempts(decision)
     status, calls = decision.status, []

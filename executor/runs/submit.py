@@ -23,7 +23,6 @@ from executor.runs.loop import Dispatch, NextStep, advance, check_client_output,
 from executor.ports import Runtime
 from executor.store.models import TERMINAL_CALL, TERMINAL_JOB, JobRecord, RecordedError
 from toolrail.logging import get_logger
-from tools.check import OutputCheck
 from tools.spec import ToolSpec
 
 __all__ = ["cancel", "end_call", "end_stranded", "enqueue_failed", "submit"]
@@ -33,17 +32,15 @@ log = get_logger("toolrail.submit")
 
 def submit(rt: Runtime, job: JobRecord, *, enqueue: NextStep, dispatch: Dispatch | None,
            idempotency_key: str | None = None, body_hash: str | None = None,
-           specs: dict[str, ToolSpec] | None = None, checked: OutputCheck | None = None) -> tuple[JobRecord, bool]:
+           specs: dict[str, ToolSpec] | None = None) -> tuple[JobRecord, bool]:
     """Store a new job and queue its first step; ``(job, created)`` (an idempotent repeat is not queued again).
 
     ``dispatch`` None: the client's own calls go through the decide task too (an API built with a no-op
-    ``enqueue``). ``specs``, ``checked``: the job's tools and its client calls' check, when the caller made them
-    (``executor.runs.loop.check_client_output``).
+    ``enqueue``). ``specs``: the job's tools, when the caller built them (``executor.runs.loop.job_specs``).
     Raises ``StoreUnavailableError`` when the broker refused, after ending the job ``failed``."""
     if job.deadline_at is None:
         job = job.model_copy(update={"deadline_at": time.time() + rt.settings.run_deadline_s})
-    checked = check_client_output(rt, job, specs=specs, checked=checked) \
-        if job.client_output is not None and dispatch is not None else None
+    checked = check_client_output(rt, job, specs=specs) if job.client_output is not None and dispatch is not None else None
     job, created = rt.store.create(checked or job, idempotency_key=idempotency_key, body_hash=body_hash)
     if not created:
         return job, False
