@@ -1,7 +1,10 @@
 """Built-in tools: deterministic and offline.
 
 Each tool is a parameter model plus a function taking that model. The functions run
-inside the sandbox child process, never in the Celery worker.
+inside the sandbox child process, never in the Celery worker. The two ledger tools'
+functions (``query_balance``, ``transfer``) live in :mod:`tools.ledger` beside the Redis
+client they need: a fork server preloads the modules of its enabled tools, and this one
+stays free of redis-py (which would double the image every call's fork copies).
 """
 
 from __future__ import annotations
@@ -9,14 +12,11 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from decimal import Decimal
 from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tools.context import current_call
-from tools.ledger import ledger_from_env, to_cents
 
 __all__ = [
     "BalanceArgs",
@@ -24,9 +24,7 @@ __all__ = [
     "TransferArgs",
     "WeatherArgs",
     "get_weather",
-    "query_balance",
     "stress",
-    "transfer",
 ]
 
 CITY_ALIASES = {
@@ -106,22 +104,6 @@ def get_weather(args: WeatherArgs) -> dict[str, Any]:
     temperature = celsius if args.unit == "celsius" else round(celsius * 9 / 5 + 32, 1)
     return {"city": args.city, "date": args.date, "unit": args.unit, "temperature": temperature,
             "condition": conditions[(seed >> 8) % len(conditions)], "humidity": 30 + (seed >> 16) % 60}
-
-
-def query_balance(args: BalanceArgs) -> dict[str, Any]:
-    """Balances of an account per currency, from the ledger."""
-    balances = ledger_from_env().balance(args.account)
-    if not balances:
-        return {"account": args.account, "found": False, "balances": {}}
-    return {"account": args.account, "found": True,
-            "balances": {currency: f"{Decimal(cents) / 100:.2f}" for currency, cents in sorted(balances.items())}}
-
-
-def transfer(args: TransferArgs) -> dict[str, Any]:
-    """Move money between ledger accounts, applied once per idempotency key."""
-    call = current_call()
-    return ledger_from_env().transfer(from_account=args.from_account, to=args.to, cents=to_cents(args.amount),
-                                      currency=args.currency, idempotency_key=call.idempotency_key)
 
 
 def stress(args: StressArgs) -> dict[str, Any]:

@@ -16,9 +16,11 @@ from typing import Any
 
 import redis
 
+from tools.builtin import BalanceArgs, TransferArgs
+from tools.context import current_call
 from tools.errors import InsufficientFundsError, ToolInputError
 
-__all__ = ["DEMO_BALANCES", "Ledger", "ledger_from_env"]
+__all__ = ["DEMO_BALANCES", "Ledger", "ledger_from_env", "query_balance", "transfer"]
 
 #: Seed balances in cents, per (account, currency).
 DEMO_BALANCES: dict[str, dict[str, int]] = {
@@ -122,3 +124,19 @@ def ledger_from_env() -> Ledger:
     ledger = Ledger(redis.Redis.from_url(url, socket_timeout=5), prefix=os.environ.get("TOOLRAIL_LEDGER_PREFIX", "toolrail:ledger"))
     ledger.seed()
     return ledger
+
+
+def query_balance(args: BalanceArgs) -> dict[str, Any]:
+    """The ``query_balance`` tool: balances of an account per currency, from the ledger."""
+    balances = ledger_from_env().balance(args.account)
+    if not balances:
+        return {"account": args.account, "found": False, "balances": {}}
+    return {"account": args.account, "found": True,
+            "balances": {currency: f"{Decimal(cents) / 100:.2f}" for currency, cents in sorted(balances.items())}}
+
+
+def transfer(args: TransferArgs) -> dict[str, Any]:
+    """The ``transfer`` tool: move money between ledger accounts, applied once per idempotency key."""
+    call = current_call()
+    return ledger_from_env().transfer(from_account=args.from_account, to=args.to, cents=to_cents(args.amount),
+                                      currency=args.currency, idempotency_key=call.idempotency_key)

@@ -234,9 +234,9 @@ def demo_tools_from_settings(value: str | None = None) -> tuple[str, ...]:
 def _all_builtin_specs() -> list[ToolSpec]:
     return [
         ToolSpec.from_model("get_weather", WeatherArgs, entrypoint="tools.builtin:get_weather", timeout_s=5, memory_mb=512),
-        ToolSpec.from_model("query_balance", BalanceArgs, entrypoint="tools.builtin:query_balance", timeout_s=5,
+        ToolSpec.from_model("query_balance", BalanceArgs, entrypoint="tools.ledger:query_balance", timeout_s=5,
                             memory_mb=512, networked=True),
-        ToolSpec.from_model("transfer", TransferArgs, entrypoint="tools.builtin:transfer", side_effects=True, timeout_s=10,
+        ToolSpec.from_model("transfer", TransferArgs, entrypoint="tools.ledger:transfer", side_effects=True, timeout_s=10,
                             memory_mb=512, networked=True),
         ToolSpec.from_model("stress", StressArgs, entrypoint="tools.builtin:stress", timeout_s=3, memory_mb=384, cpu_s=2),
     ]

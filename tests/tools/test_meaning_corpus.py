@@ -66,7 +66,7 @@ NOTE_PROSE = _tool("post_prose", {"channel": {"type": "string", "pattern": "^#[a
                                   "text": {"type": "string", "x-grounded": False}})
 BATCH = _tool("batch_pay", {"payments": {"type": "array", "items": {"type": "object", "properties": {
     "to": {"type": "string"}, "amount": {"type": "number", "x-unit": {"currency": "EUR"}}}}}})
-TRANSFER = ToolSpec.from_model("transfer", TransferArgs, entrypoint="tools.builtin:transfer", side_effects=True)
+TRANSFER = ToolSpec.from_model("transfer", TransferArgs, entrypoint="tools.ledger:transfer", side_effects=True)
 PAY_SCHEMA = {"recipient": {"type": "string"}, "amount": {"type": "integer"},
               "meta": {"type": "object", "properties": {"iban": {"type": "string"}}}}
 MCP_PAY = _mcp("pay", PAY_SCHEMA, {"destructiveHint": True})
