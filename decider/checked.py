@@ -368,7 +368,10 @@ def decide_checked(decider: Decider | Callable[[], Decider | None] | None, reque
         attempts.append(attempt)
         if chat:
             tracing.finish_chat(chat.pop(), errors=attempt.errors)
-        logger.info("decider.decided", request_id=request.request_id, attempt=attempt.attempt, source=attempt.source,
+        # a client's own output that passed its check was not decided here: its attempt is on the job's record and
+        # the submit's ``job.created`` line says it; INFO is for what a decider answered or what a check refused
+        said = logger.debug if attempt.source == "client" and not attempt.errors else logger.info
+        said("decider.decided", request_id=request.request_id, attempt=attempt.attempt, source=attempt.source,
                     calls=[c.name for c in (check.calls if check else [])], text=check.content is not None if check else False,
                     latency_s=attempt.latency_s, prompt_tokens=attempt.usage.get("prompt_tokens"),
                     completion_tokens=attempt.usage.get("completion_tokens"),

@@ -316,9 +316,8 @@ def create_app(settings: Settings, runtime: Runtime, *, enqueue: Callable[[JobRe
         # queues: no decide task (unless the check needs a decider's re-ask). The one path MCP takes too.
         job, created = submit(runtime, job, enqueue=enqueue, dispatch=rerun, idempotency_key=idempotency_key,
                               body_hash=body_hash, specs=specs)  # a broker refusal: the job ended failed, 503
-        if created:
+        if created:  # its ``job.created`` line is the submit's (MCP's jobs have one too)
             jobs_created.labels(tenant).inc()
-            log.info("job.created", job_id=job.job_id, tenant=tenant, tools=len(names) + len(inline))
         return job, created
 
     @app.post("/v1/jobs/{job_id}/calls/{call_id}/approve", tags=["jobs"])

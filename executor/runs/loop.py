@@ -296,8 +296,9 @@ def check_client_output(rt: Runtime, job: JobRecord, *, specs: dict[str, ToolSpe
     return job
 
 
-def start_checked(rt: Runtime, job: JobRecord, dispatch: Dispatch) -> None:
-    """After a job from :func:`check_client_output` is stored: its webhook, approval index, span, calls queued."""
+def start_checked(rt: Runtime, job: JobRecord, dispatch: Dispatch) -> int:
+    """After a job from :func:`check_client_output` is stored: its webhook, approval index, span, calls queued; how
+    many calls it queued."""
     if job.status != "queued":
         notify(rt, job)
     if job.status == "awaiting_approval":
@@ -307,8 +308,7 @@ def start_checked(rt: Runtime, job: JobRecord, dispatch: Dispatch) -> None:
     to_run = [c for c in job.calls if c.status == "pending"] if job.status == "running" else []
     for call in to_run:
         dispatch(job, call)
-    log.info("job.calls_dispatched", job_id=job.job_id, step=job.step, calls=len(job.calls), dispatched=len(to_run),
-             checked_in="api")
+    return len(to_run)  # said on the submit's ``job.created`` line
 
 
 def _call_records(rt: Runtime, job: JobRecord, specs: dict[str, ToolSpec], decision: CheckedDecision) -> list[CallRecord]:
@@ -467,7 +467,12 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
     elif outcome.error is not None:
         log.warning("call.failed", job_id=job_id, call_id=call.id, error_type=outcome.error.type,
                     message=outcome.error.message)
+    tool: dict[str, Any] = {}  # the sandbox's own start and end records, said on ``call.end``; a tool's own, each a line
     for line in outcome.ran.logs if outcome.ran is not None else ():
+        if line.get("logger") == "toolrail.sandbox" and line.get("event") in ("tool.start", "tool.end"):
+            tool.setdefault("tool_request_id", line.get("request_id"))
+            tool["tool_pid"] = line.get("pid") or tool.get("tool_pid")
+            continue
         log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
                  tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))
     call.finished_at = time.time()
@@ -478,7 +483,7 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
     else:
         call.status, call.error = "failed", outcome.error
     remaining, read = rt.store.finish_call_and_read(job_id, call)  # the last call of its step: the job as it ended
-    log.info("call.end", job_id=job_id, call_id=call.id, status=call.status, remaining=remaining)
+    log.info("call.end", job_id=job_id, call_id=call.id, status=call.status, remaining=remaining, **tool)
     if remaining == 0:
         advance(rt, job_id, next_step, read=read)
     return call

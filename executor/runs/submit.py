@@ -44,13 +44,17 @@ def submit(rt: Runtime, job: JobRecord, *, enqueue: NextStep, dispatch: Dispatch
     job, created = rt.store.create(checked or job, idempotency_key=idempotency_key, body_hash=body_hash)
     if not created:
         return job, False
+    dispatched = 0
     try:
         if checked is None:
             enqueue(job)
         else:
-            start_checked(rt, job, dispatch)  # type: ignore[arg-type] - checked implies dispatch
+            dispatched = start_checked(rt, job, dispatch)  # type: ignore[arg-type] - checked implies dispatch
     except Exception as exc:  # noqa: BLE001 - the broker is down: the job must not stay queued silently
         raise enqueue_failed(rt, job, exc) from exc
+    log.info("job.created", job_id=job.job_id, tenant=job.tenant, tools=len(job.tools) + len(job.inline_tools),
+             status=job.status, calls=len(job.calls), dispatched=dispatched,
+             decided_in="the decide task" if checked is None else "the submit (the client's own calls)")
     return job, True
 
 

@@ -55,12 +55,14 @@ def test_every_log_line_of_a_job_carries_its_request_id(client: httpx.Client, wo
     worker_lines = [json.loads(line) for line in worker_log.read_text().splitlines() if line.startswith("{")]
     job_lines = [line for line in worker_lines if line.get("job_id") == job_id]
     events = {line["event"] for line in job_lines}
-    assert {"call.start", "call.end", "tool.log", "job.finished"} <= events, events  # client calls: dispatched by the API
+    assert {"call.start", "call.end", "job.finished"} <= events, events  # client calls: dispatched by the API
     assert all(line.get("request_id") == "corr-logs-1" for line in job_lines), [l for l in job_lines if l.get("request_id") != "corr-logs-1"]
-    tool_lines = [line for line in job_lines if line["event"] == "tool.log"]
-    assert tool_lines and all(line["tool_request_id"] == "corr-logs-1" for line in tool_lines)
+    ends = [line for line in job_lines if line["event"] == "call.end"]  # the tool process's own records, said there
+    assert len(ends) == 2 and all(line["tool_request_id"] == "corr-logs-1" and line["tool_pid"] for line in ends), ends
     api_lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
     api_job_lines = [line for line in api_lines if line.get("job_id") == job_id or line.get("event") == "http.request"
                      and line.get("request_id") == "corr-logs-1"]
     assert api_job_lines and all(line["request_id"] == "corr-logs-1" for line in api_job_lines)
-    assert {"job.calls_dispatched", "job.created", "http.request"} <= {line["event"] for line in api_job_lines}
+    assert {"job.created", "http.request"} <= {line["event"] for line in api_job_lines}
+    created = next(line for line in api_job_lines if line["event"] == "job.created")
+    assert created["dispatched"] == 2 and created["status"] == "running", created
