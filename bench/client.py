@@ -225,9 +225,11 @@ def median_row(runs: list[dict]) -> dict:
             **{k: statistics.median(r[k] for r in runs) for k in keys}}
 
 
-def report(results: dict[str, dict], *, clients: int, seconds: float, repeat: int, concurrency: int, load: list,
-           decider: str) -> str:
-    noop_, fork_ = results["celery-noop"], results["celery-fork"]
+def report(results: dict[str, dict], runs: dict[str, list[dict]], *, clients: int, seconds: float, repeat: int,
+           concurrency: int, load: list, decider: str) -> str:
+    """The table of the rows run, then each ratio whose two rows ran: the median of the runs' own ratios (each run
+    measures the two rows within a minute of each other, so a machine that slows down for minutes moves both) with
+    every run's ratio beside it."""
     others = statistics.median(r["others_cores"] for r in results.values())
     lines = [f"### client's-eye benchmark: {clients} clients, {seconds:g} s per row, median of {repeat} run(s)", "",
              f"`toolrail serve` (worker pool of {concurrency}, decider {decider}) and a bare Celery pool of {concurrency} "
@@ -238,13 +240,16 @@ def report(results: dict[str, dict], *, clients: int, seconds: float, repeat: in
     for name, r in results.items():
         lines.append(f"| {name} | {r['jobs_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
                      f"{r['server_cpu_ms']:.2f} | {r['api_cpu_ms']:.2f} | {r['client_cpu_ms']:.2f} | {r['jobs']} ({r['errors']}) |")
-    lines += ["", "| ratio | throughput | server CPU per job (reference ÷ ours: higher is better) |", "| --- | ---: | ---: |"]
+    lines += ["", "| ratio | throughput | of each run | server CPU per job (reference ÷ ours: higher is better) |",
+              "| --- | ---: | --- | ---: |"]
     for name, reference in (("api-validate", "celery-noop"), ("api-sandboxed", "celery-fork"),
                             ("api-validate-poll", "celery-noop"), ("api-sandboxed-poll", "celery-fork")):
-        if name in results:
-            ours, ref = results[name], results[reference]
-            lines.append(f"| {name} ÷ {reference} | {ours['jobs_per_s'] / ref['jobs_per_s']:.2f}× | "
-                         f"{ref['server_cpu_ms'] / ours['server_cpu_ms']:.2f}× |")
+        if name in runs and reference in runs:
+            pairs = list(zip(runs[name], runs[reference]))
+            speed = [ours["jobs_per_s"] / ref["jobs_per_s"] for ours, ref in pairs]
+            cpu = [ref["server_cpu_ms"] / ours["server_cpu_ms"] for ours, ref in pairs]
+            lines.append(f"| {name} ÷ {reference} | {statistics.median(speed):.2f}× | "
+                         f"{', '.join(f'{x:.2f}' for x in speed)} | {statistics.median(cpu):.2f}× |")
     return "\n".join(lines) + "\n"
 
 
@@ -343,9 +348,8 @@ def main() -> int:
             stop_process(serve.proc)
     load_after = os.getloadavg()
     results = {name: median_row(r) for name, r in runs.items()}
-    text = report(results, clients=args.clients, seconds=args.seconds, repeat=args.repeat, concurrency=concurrency,
-                  load=[load_before[0], load_after[0]], decider=args.decider) \
-        if {"celery-noop", "celery-fork", "api-validate", "api-sandboxed"} <= set(results) else json.dumps(results, indent=2)
+    text = report(results, runs, clients=args.clients, seconds=args.seconds, repeat=args.repeat, concurrency=concurrency,
+                  load=[load_before[0], load_after[0]], decider=args.decider)
     print(text)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "client.md").write_text(text)
