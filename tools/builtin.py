@@ -24,22 +24,8 @@ __all__ = [
     "TransferArgs",
     "WeatherArgs",
     "get_weather",
-    "query_balance",
     "stress",
-    "transfer",
 ]
-
-_IN_LEDGER = ("query_balance", "transfer")
-
-
-def __getattr__(name: str) -> Any:
-    """``tools.builtin.transfer`` and ``query_balance`` still import, from :mod:`tools.ledger` on first use: this
-    module itself never imports redis-py."""
-    if name in _IN_LEDGER:
-        from tools import ledger  # noqa: PLC0415
-
-        return getattr(ledger, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 CITY_ALIASES = {
     "沪": "Shanghai", "上海": "Shanghai", "上海市": "Shanghai", "申城": "Shanghai", "魔都": "Shanghai",
