@@ -63,6 +63,7 @@ def test_job_and_call_outcomes_are_counted(client: httpx.Client) -> None:
 def test_reasks_and_decision_time_come_from_the_job_record(runtime) -> None:
     """The store counts re-asks (attempts after the first) and times deciding → needs_review once."""
     from executor.metrics import OutcomeCollector
+    from executor.store.models import Attempt
     from executor.store.records import JobRecord, RedisJobStore
 
     prefix = f"test:metrics:{time.time_ns()}"
@@ -78,7 +79,7 @@ def test_reasks_and_decision_time_come_from_the_job_record(runtime) -> None:
 
     store.update("job_m1", to("deciding"))
     time.sleep(0.05)
-    attempts = [{"attempt": n, "source": "decider"} for n in range(3)]
+    attempts = [Attempt(attempt=n, source="decider") for n in range(3)]  # as the decide step journals them
     done = store.update("job_m1", to("needs_review", attempts=attempts))
     store.update("job_m1", to("needs_review"))  # no status change: nothing counted again
     assert done.decision_s is not None and done.decision_s >= 0.05
