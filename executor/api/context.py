@@ -44,7 +44,7 @@ class JobDesk:
     async def settled(self, job_id: str, *, wait_s: float,
                       on_event: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> str | None:
         return await settled(self.async_redis(), self.runtime.store.events_key(job_id), wait_s=wait_s, block_s=1.0,
-                             on_event=on_event)
+                             on_event=on_event, statuses=self.runtime.store.statuses_key(job_id))
 
 
 @dataclass

@@ -5,11 +5,11 @@
                                     ``Preference-Applied: wait=S`` whenever it waited (RFC 7240 §4.3)
 
 "Settled" is what a client waits for: a terminal status (``succeeded``, ``failed``, ``needs_review``, ...) or
-``awaiting_approval``. A waiter is one coroutine blocking in ``XREAD`` on the job's event stream (the stream SSE
-reads, written in the same script as each status change): no thread is held while it waits, and it wakes the
-moment the status event lands — Celery's ``.get()`` for the job API, without a poll interval's latency or its
-requests. The stream is read from its start and the *latest* status event decides, so a job that waited for
-approval and then resumed does not wake a later waiter.
+``awaiting_approval``. A waiter is one coroutine blocking in ``XREAD`` on the job's status stream (written in the
+same script as each status event of the stream SSE reads, and holding nothing else, so a call's or a progress event
+does not wake it): no thread is held while it waits, and it wakes the moment the status lands — Celery's
+``.get()`` for the job API, without a poll interval's latency or its requests. The stream is read from its start
+and the *latest* status decides, so a job that waited for approval and then resumed does not wake a later waiter.
 
 Each tenant may hold ``limit`` waiters per API process (like SSE streams); past it ``GET ?wait`` is 429 and
 ``POST``'s preference is not applied (202 at once, no ``Preference-Applied``): the job was created either way.
@@ -60,27 +60,38 @@ def preferred_wait(prefer: str | None) -> float | None:
 
 
 async def settled(client: aredis.Redis, key: str, *, wait_s: float, block_s: float = MAX_WAIT_S,
-                  on_event: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> str | None:
+                  on_event: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+                  statuses: str | None = None) -> str | None:
     """The settled status the job's event stream ``key`` reaches within ``wait_s`` seconds, or None.
 
     One ``XREAD`` per batch of events (each blocking at most ``block_s``): the backlog returns at once, then it
-    blocks until the next event. ``on_event``: awaited with every other event (a call's progress, say).
+    blocks until the next event. ``on_event``: awaited with every other event (a call's progress, say). Without it,
+    ``statuses`` (the job's status-only stream, ``RedisJobStore.statuses_key``) is read instead, so that no call or
+    progress event wakes the waiter; a job stored before that stream existed has none, and ``key`` is read.
     """
     deadline = time.monotonic() + wait_s
-    last, latest = "0", None
-    while (left := deadline - time.monotonic()) > 0:
-        chunk = await client.xread({key: last}, count=100, block=max(1, int(min(left, block_s) * 1000)))
+    last, latest, field, chunk = "0", None, b"data", None
+    if statuses is not None and on_event is None:
+        chunk = await client.xread({statuses: "0"}, count=100)  # its backlog at once; none: read the events
+        if chunk:
+            key, field = statuses, b"status"
+    while True:
         for _stream, entries in chunk or []:
             for entry_id, fields in entries:
                 last = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                event = json.loads(fields[b"data"])
+                if field == b"status":
+                    latest = fields[field].decode()
+                    continue
+                event = json.loads(fields[field])
                 if event.get("type") == "status":
                     latest = event.get("status")
                 elif on_event is not None:
                     await on_event(event)
         if latest in SETTLED:
             return latest
-    return None
+        if (left := deadline - time.monotonic()) <= 0:
+            return None
+        chunk = await client.xread({key: last}, count=100, block=max(1, int(min(left, block_s) * 1000)))
 
 
 class RecordResponse(JSONResponse):
@@ -139,7 +150,8 @@ class JobWaiter:
 
     async def _wait(self, job_id: str, wait_s: float) -> bool:
         try:
-            return await settled(self._events.client(), self._store.events_key(job_id), wait_s=wait_s) is not None
+            return await settled(self._events.client(), self._store.events_key(job_id), wait_s=wait_s,
+                                 statuses=self._store.statuses_key(job_id)) is not None
         except redis.RedisError as exc:  # the record is still readable or the caller says 503: not this wait's call
             log.warning("job.wait_failed", job_id=job_id, error=f"{type(exc).__name__}: {exc}")
             return False

@@ -8,6 +8,7 @@ every job has its own record, keyed by job id, owned by a tenant, carrying the
     tr:job:<id>:calls      hash call_id → JSON of the call
     tr:job:<id>:pending    calls not yet terminal
     tr:job:<id>:events     stream of state changes (Server-Sent Events read it)
+    tr:job:<id>:statuses   stream of its status changes alone (a waiter reads it: woken by no call or progress event)
     tr:job:<id>:cancelled  set in the write that cancels the job: what a running call's watch reads
     tr:tenant:<t>:jobs     sorted set of job ids by creation time
     tr:idemkey:<t>:<key>   Idempotency-Key of the API → {job_id, body_hash}
@@ -231,6 +232,10 @@ class RedisJobStore:
         """The Redis stream of the job's state changes (what :meth:`events` reads; async readers read it too)."""
         return self._k(job_id, ":events")
 
+    def statuses_key(self, job_id: str) -> str:
+        """The Redis stream of the job's status changes alone (field ``status``), written with each status event."""
+        return self._k(job_id, ":statuses")
+
     @_guard
     def create(self, job: JobRecord, *, idempotency_key: str | None = None, body_hash: str | None = None) -> tuple[JobRecord, bool]:
         """Store a new job (with its ``calls``, if it has any); with an idempotency key, return the existing job
@@ -267,6 +272,9 @@ class RedisJobStore:
                 event["error"] = job.error.model_dump()
             pipe.command("XADD", events, "MAXLEN", "~", 1000, "*", "data", json.dumps(event, ensure_ascii=False, default=str))
         pipe.command("EXPIRE", events, ttl)
+        if job.status not in TERMINAL_JOB:  # what its waiters read (a waiter wants the latest status, not the ones before)
+            pipe.command("XADD", self.statuses_key(job.job_id), "MAXLEN", "~", 100, "*", "status", job.status)
+            pipe.command("EXPIRE", self.statuses_key(job.job_id), ttl)
         if job.calls:
             calls = self._k(job.job_id, ":calls")
             pipe.command("HSET", calls, *(x for c in job.calls for x in (c.id, c.model_dump_json())))
@@ -335,6 +343,10 @@ class RedisJobStore:
             for item in events:
                 pipe.command("XADD", self._k(job_id, ":events"), "MAXLEN", "~", 1000, "*", "data",
                              json.dumps(item, ensure_ascii=False, default=str))
+                if item.get("type") == "status" and isinstance(item.get("status"), str):  # NOMKSTREAM: a job stored
+                    # before this stream existed gets none (and no key without a TTL); its waiters read the events
+                    pipe.command("XADD", self.statuses_key(job_id), "NOMKSTREAM", "MAXLEN", "~", 100, "*", "status",
+                                 item["status"])
             if job.status == "cancelled" and before != "cancelled":  # running calls watch for it (cheap to poll)
                 pipe.command("SET", self._k(job_id, ":cancelled"), "1", "EX", self._ttl)
             if job.status in TERMINAL_JOB:

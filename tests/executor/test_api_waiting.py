@@ -63,6 +63,27 @@ def test_prefer_wait_past_its_time_is_202_and_a_long_poll_wakes_at_the_end(clien
     assert finished - started < 10
 
 
+def test_a_waiter_wakes_at_the_status_alone_and_a_job_without_that_stream_is_still_woken(client: httpx.Client,
+                                                                                         runtime) -> None:
+    store = runtime.store
+    response = client.post("/v1/jobs", json=_echo("statuses", 1.0))
+    job_id = response.json()["job_id"]
+    # the status stream holds statuses alone (no call event), and the latest is what a waiter reads
+    job = client.get(f"/v1/jobs/{job_id}?wait=20").json()
+    assert job["status"] == "succeeded", job
+    statuses = [fields[b"status"].decode() for _, fields in runtime.redis.xrange(store.statuses_key(job_id))]
+    assert statuses[-1] == "succeeded" and set(statuses) <= {"queued", "running", "succeeded"}, statuses
+    assert len(runtime.redis.xrange(store.events_key(job_id))) > len(statuses)  # the call's events are not there
+    # a job stored before the status stream existed (an API of the version before) is woken through its events
+    response = client.post("/v1/jobs", json=_echo("older", 1.0))
+    job_id = response.json()["job_id"]
+    runtime.redis.delete(store.statuses_key(job_id))
+    started = time.monotonic()
+    job = client.get(f"/v1/jobs/{job_id}?wait=20").json()
+    assert job["status"] == "succeeded", job
+    assert time.monotonic() - started < 10 and not runtime.redis.exists(store.statuses_key(job_id))  # none made
+
+
 def test_without_a_preference_nothing_changes(client: httpx.Client) -> None:
     response = client.post("/v1/jobs", json={"tools": ["get_weather"], "tool_calls": [WEATHER]})
     assert response.status_code == 202 and "Preference-Applied" not in response.headers
