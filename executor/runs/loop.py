@@ -470,8 +470,9 @@ def run_call(rt: Runtime, job_id: str, call_id_: str, *, next_step: NextStep | N
     tool: dict[str, Any] = {}  # the sandbox's own start and end records, said on ``call.end``; a tool's own, each a line
     for line in outcome.ran.logs if outcome.ran is not None else ():
         if line.get("logger") == "toolrail.sandbox" and line.get("event") in ("tool.start", "tool.end"):
+            # the first is the sandbox's start, written before any tool code runs: a later look-alike changes nothing
             tool.setdefault("tool_request_id", line.get("request_id"))
-            tool["tool_pid"] = line.get("pid") or tool.get("tool_pid")
+            tool.setdefault("tool_pid", line.get("pid"))
             continue
         log.info("tool.log", job_id=job_id, call_id=call.id, tool_event=line.get("event"),
                  tool_request_id=line.get("request_id"), tool_pid=line.get("pid"))

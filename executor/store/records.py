@@ -273,8 +273,9 @@ class RedisJobStore:
             pipe.command("XADD", events, "MAXLEN", "~", 1000, "*", "data", json.dumps(event, ensure_ascii=False, default=str))
         pipe.command("EXPIRE", events, ttl)
         if job.status not in TERMINAL_JOB:  # what its waiters read (a waiter wants the latest status, not the ones before)
-            pipe.command("XADD", self.statuses_key(job.job_id), "MAXLEN", "~", 100, "*", "status", job.status)
-            pipe.command("EXPIRE", self.statuses_key(job.job_id), ttl)
+            waiters = self.statuses_key(job.job_id)
+            pipe.command("XADD", waiters, "MAXLEN", "~", 100, "*", "status", job.status)
+            pipe.command("EXPIRE", waiters, ttl)
         if job.calls:
             calls = self._k(job.job_id, ":calls")
             pipe.command("HSET", calls, *(x for c in job.calls for x in (c.id, c.model_dump_json())))
